@@ -1,0 +1,1 @@
+"""Narrow compatibility fixes for the modern torch stack (filled by issue 2)."""

@@ -1,0 +1,1 @@
+"""Models of pola_mm; importing this module registers them."""
