@@ -1,0 +1,1 @@
+"""Small helpers of pola_mm that need only numpy and PIL."""
