@@ -1,0 +1,144 @@
+"""Tests of the benchmark function (fields, isolation, tables); no timing."""
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+
+from pola_mm.analysis.benchmark import (BenchmarkCase, BenchmarkResult,
+                                        benchmark_model, check_goals,
+                                        compute_growth, compute_ratios,
+                                        format_table, parse_size,
+                                        plot_results, run_benchmarks)
+
+CONV = dict(type='torch.nn:Conv2d', in_channels=3, out_channels=4,
+            kernel_size=3)
+TINY_SWIN = dict(type='PolaSwinTransformer',
+                 arch=dict(embed_dims=16, depths=(1, 1, 1, 1),
+                           num_heads=(1, 1, 2, 2)))
+TINY_PVT = dict(type='PolaPVT',
+                arch=dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
+                          num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2)))
+
+
+def _has_backbones() -> bool:
+    import pola_mm  # noqa: F401
+    from pola_mm.registry import MODELS
+    return MODELS.get('PolaSwinTransformer') is not None and MODELS.get(
+        'PolaPVT') is not None
+
+
+def test_parse_size():
+    assert parse_size('224') == (224, 224)
+    assert parse_size('800x1344') == (800, 1344)
+    assert parse_size(32) == (32, 32)
+    assert parse_size((3, 5)) == (3, 5)
+    with pytest.raises(ValueError):
+        parse_size('1x2x3')
+
+
+@pytest.mark.parametrize('mode', ['infer', 'train'])
+def test_isolated_worker_returns_fields(mode):
+    r = benchmark_model(CONV, mode=mode, size='16x24', batch=2, warmup=1,
+                        repeats=2, threads=1, name='conv', timeout=300)
+    assert r.error is None, r.error
+    assert (r.name, r.mode, r.size, r.batch) == ('conv', mode, (16, 24), 2)
+    assert len(r.times) == 2 and all(t > 0 for t in r.times)
+    assert r.time_min <= r.time_median
+    assert r.peak_mem_mb >= r.base_mem_mb > 0
+    assert r.extra_mem_mb >= 0
+    assert r.threads == 1
+    assert r.num_params == 4 * 3 * 9 + 4
+    json.dumps(r.to_dict())
+
+
+def test_isolation_runs_in_another_process():
+    """The worker's peak memory is its own: a big allocation here does not
+    show in it, while an in-process measurement sees it."""
+    import numpy as np
+    import resource
+    ballast = np.ones(300 * 2**20 // 8)  # 300 MiB touched in this process
+    mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    r = benchmark_model(CONV, size=8, repeats=1, timeout=300)
+    local = benchmark_model(CONV, size=8, repeats=1, isolate=False)
+    assert r.error is None and local.error is None
+    assert local.peak_mem_mb >= mine
+    assert r.peak_mem_mb < local.peak_mem_mb - 200
+    del ballast
+
+
+def test_worker_error_is_reported():
+    r = benchmark_model(dict(type='torch.nn:Conv2d', in_channels=5,
+                             out_channels=4, kernel_size=3), size=8,
+                        repeats=1, timeout=300)
+    assert r.error is not None and 'RuntimeError' in r.error
+    assert r.time_median is None
+    r = benchmark_model('no_such_model', size=8, repeats=1, timeout=300)
+    assert 'KeyError' in r.error
+
+
+def _fake(name, title, size, t, mem, base=100.0, mode='infer'):
+    return BenchmarkResult(
+        name=name, mode=mode, size=size, batch=1, device='cpu',
+        dtype='float32', times=[t], time_median=t, time_min=t,
+        peak_mem_mb=mem, base_mem_mb=base, title=title)
+
+
+def test_ratios_growth_goals_and_table(tmp_path):
+    rs = [
+        _fake('pola_pvt_t', 'PVT-T infer 800x1344', (800, 1344), 1.0, 1000),
+        _fake('pvt_t', 'PVT-T infer 800x1344', (800, 1344), 4.0, 2000),
+        _fake('pola_pvt_t', 'PVT-T infer 1600x2688', (1600, 2688), 4.2, 3000),
+        _fake('pvt_t', 'PVT-T infer 1600x2688', (1600, 2688), 40.0, 9000),
+    ]
+    ratios = compute_ratios(rs)
+    assert ratios[0] == pytest.approx((0.25, 0.5))
+    assert ratios[2] == pytest.approx((4.2 / 40, 3000 / 9000))
+    assert 1 not in ratios and 3 not in ratios
+    growth = compute_growth(rs)
+    assert any('pola_pvt_t' in g and 'time x4.20' in g for g in growth)
+    goals = check_goals(rs)
+    assert any('PVT-T infer 800x1344 time <= 0.5: 0.25 ok' in g
+               for g in goals)
+    assert any('growth' in g and 'ok' in g for g in goals)
+    assert any('Swin-T train 224 b8' in g and 'not measured' in g
+               for g in goals)
+    table = format_table(rs + [BenchmarkResult(
+        'swin_t', 'infer', (8, 8), 1, 'cpu', 'float32', error='boom')])
+    assert '| 0.25 | 0.50 |' in table and 'failed: boom' in table
+    pytest.importorskip('matplotlib')
+    png = tmp_path / 'p.png'
+    plot_results(rs, str(png))
+    assert png.stat().st_size > 0
+
+
+def test_run_benchmarks_rounds_pool_times(monkeypatch):
+    from pola_mm.analysis import benchmark as bm
+    monkeypatch.setitem(bm.MODEL_ZOO, 'conv', CONV)
+    case = BenchmarkCase('conv', ('conv', ), 'infer', (8, 8), 1)
+    lines = []
+    rs = run_benchmarks([case], rounds=2, log=lines.append, repeats=1,
+                        timeout=300)
+    assert len(rs) == 1 and rs[0].error is None, rs[0].error
+    assert len(rs[0].times) == 2 and rs[0].title == 'conv'
+    assert len(lines) == 2
+
+
+@pytest.mark.skipif(not _has_backbones(), reason='backbones not built yet')
+@pytest.mark.parametrize('cfg', [TINY_SWIN, TINY_PVT])
+@pytest.mark.parametrize('mode', ['infer', 'train'])
+def test_tiny_pola_backbones(cfg, mode):
+    r = benchmark_model(cfg, mode=mode, size='64x96', batch=1, repeats=1,
+                        timeout=300)
+    assert r.error is None, r.error
+    assert r.num_params > 0
+
+
+def test_cli_help():
+    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, osp.join(root, 'tools', 'analysis', 'benchmark.py'),
+         '--help'], capture_output=True, text=True, env=dict(os.environ))
+    assert out.returncode == 0 and '--preset' in out.stdout

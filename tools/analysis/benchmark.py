@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""Time and peak memory of Pola and softmax backbones, side by side.
+
+Each model runs in its own process. Examples::
+
+    # issue 5's goal table (CPU; the large sizes take minutes and ~10 GB)
+    python tools/analysis/benchmark.py --preset issue5 --rounds 2
+
+    # one comparison
+    python tools/analysis/benchmark.py --models pola_swin_t swin_t \\
+        --mode train --size 224 --batch 8
+
+    # a sweep over resolutions with a plot
+    python tools/analysis/benchmark.py --models pola_pvt_t pvt_t \\
+        --size 256 512 800x1344 --plot pvt_sweep.png
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import platform
+import sys
+import time
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
+    __file__)))))
+
+from pola_mm.analysis.benchmark import (  # noqa: E402
+    MODEL_ZOO, PRESETS, BenchmarkCase, check_goals, format_table,
+    parse_size, plot_results, run_benchmarks, size_str)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--preset', choices=sorted(PRESETS),
+                        help='a named list of comparisons (overrides '
+                        '--models/--size/--mode/--batch)')
+    parser.add_argument('--models', nargs='+', default=['pola_swin_t'],
+                        choices=sorted(MODEL_ZOO), metavar='NAME',
+                        help=f'models to measure: {", ".join(MODEL_ZOO)}')
+    parser.add_argument('--mode', choices=['infer', 'train'], default='infer',
+                        help='infer: no_grad forward; train: forward+backward')
+    parser.add_argument('--size', nargs='+', default=['224'],
+                        help='input sizes, N or HxW (several for a sweep)')
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--device', default='cpu', help='cpu, cuda, cuda:N')
+    parser.add_argument('--dtype', default='float32',
+                        choices=['float32', 'bf16', 'fp16'],
+                        help='bf16/fp16 run under torch.autocast')
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--repeats', type=int, default=3,
+                        help='timed steps per process (median reported)')
+    parser.add_argument('--rounds', type=int, default=1,
+                        help='measure every comparison this many times, '
+                        'alternating the order of the models')
+    parser.add_argument('--threads', type=int, default=None,
+                        help='torch.set_num_threads in each worker')
+    parser.add_argument('--timeout', type=float, default=None,
+                        help='seconds after which a worker is killed')
+    parser.add_argument('--plot', metavar='PNG',
+                        help='write time and memory against resolution')
+    parser.add_argument('--json', metavar='FILE', help='write raw results')
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.preset:
+        cases = PRESETS[args.preset]
+    else:
+        cases = []
+        for s in args.size:
+            hw = parse_size(s)
+            cases.append(
+                BenchmarkCase(f'{args.mode} {size_str(hw)} b{args.batch}',
+                              tuple(args.models), args.mode, hw, args.batch))
+    import torch
+    load0 = os.getloadavg()
+    t0 = time.time()
+    results = run_benchmarks(
+        cases, rounds=args.rounds, log=lambda m: print(m, flush=True),
+        device=args.device, dtype=args.dtype, warmup=args.warmup,
+        repeats=args.repeats, threads=args.threads, timeout=args.timeout)
+    load1 = os.getloadavg()
+    threads = sorted({r.threads for r in results if r.threads})
+    print()
+    cpu = platform.processor() or platform.machine()
+    print(f'torch {torch.__version__}, {cpu}, {os.cpu_count()} CPUs, '
+          f'threads {threads}, device {args.device}, '
+          f'dtype {args.dtype}, warm-up {args.warmup}, median of '
+          f'{args.repeats} x {args.rounds} round(s); load average '
+          f'{load0[0]:.2f} at start, {load1[0]:.2f} at end; '
+          f'{time.time() - t0:.0f} s in all')
+    print()
+    print(format_table(results))
+    if args.preset == 'issue5':
+        print()
+        print('Goals of issue 5:')
+        for line in check_goals(results):
+            print('- ' + line)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump([r.to_dict() for r in results], f, indent=1)
+    if args.plot:
+        plot_results(results, args.plot)
+        print(f'plot written to {args.plot}')
+
+
+if __name__ == '__main__':
+    main()
