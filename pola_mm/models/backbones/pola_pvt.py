@@ -1,0 +1,258 @@
+"""Pola-PVT: Pyramid Vision Transformer with polarity-aware linear attention."""
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
+from mmcv.cnn.bricks import DropPath
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+from torch import Tensor
+
+from ...registry import register_model
+from ..checkpoint import load_pretrained
+from ..layers import (Mlp, PatchEmbed, PolarityAttention,
+                      SpatialReductionAttention, resize_pos_table)
+from .utils import (check_out_indices, freeze, init_module, pair,
+                    resolve_arch)
+
+Size2 = Tuple[int, int]
+
+
+class PolaPVTBlock(BaseModule):
+    """PVT block: ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``.
+
+    ``'L'``: polarity attention over all tokens of the stage (``qg``, ``kv``
+    projections, ``positional_encoding`` on the stage's 224 grid, resized
+    bicubically at other sizes). ``'S'``: PVT's spatial-reduction softmax
+    attention.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 ref_hw: Size2,
+                 mlp_ratio: float,
+                 attn_type: str = 'L',
+                 sr_ratio: int = 1,
+                 qkv_bias: bool = True,
+                 alpha: float = 4,
+                 kernel_size: int = 5,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 act_cfg: dict = dict(type='GELU'),
+                 norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 with_cp: bool = False,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if attn_type not in ('L', 'S'):
+            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
+        self.with_cp = with_cp
+        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        if attn_type == 'L':
+            self.attn = PolarityAttention(
+                embed_dims, num_heads, ref_hw, fused_qkvg=False,
+                qkv_bias=qkv_bias, alpha=alpha, kernel_size=kernel_size,
+                attn_drop=attn_drop_rate, proj_drop=drop_rate)
+        else:
+            self.attn = SpatialReductionAttention(
+                embed_dims, num_heads, sr_ratio, qkv_bias=qkv_bias,
+                attn_drop=attn_drop_rate, proj_drop=drop_rate,
+                norm_cfg=norm_cfg)
+        self.drop_path = (DropPath(drop_path_rate)
+                          if drop_path_rate > 0 else nn.Identity())
+        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), act_cfg,
+                       drop_rate)
+
+    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x), hw))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
+        return self._forward(x, hw)
+
+
+@register_model
+class PolaPVT(BaseModule):
+    """Pola-PVT backbone (PolaFormer, ICLR 2025) for any input size.
+
+    Stage ``i`` (1-based, the authors' names): ``patch_embed{i}`` (the input
+    is zero-padded bottom/right to a multiple of the patch size), plus the
+    learned ``pos_embed{i}`` (bicubic-resized from its 224 grid when the
+    stage grid differs), dropout, the blocks ``block{i}``, then the tokens
+    are laid out as NCHW for the next stage. At 224 this is exactly the
+    published model. There are no output norms: the published classifier
+    does not apply the final ``norm`` (the converter drops it).
+
+    Args:
+        arch: ``'tiny'``/``'small'``/``'medium'``/``'large'`` (``'t'``/``'s'``/
+            ``'m'``/``'l'``) or a dict with ``embed_dims``, ``depths``,
+            ``num_heads``, ``mlp_ratios`` (one entry per stage).
+        pretrain_img_size: pre-training image size (grid of the tables).
+        in_channels: input channels.
+        patch_sizes: patch size per stage.
+        attn_layout: ``'L'`` polarity / ``'S'`` spatial-reduction softmax.
+        sr_ratios: spatial reduction of ``'S'`` stages.
+        qkv_bias, alpha, kernel_size: attention options.
+        drop_rate, attn_drop_rate: dropout rates.
+        drop_path_rate: stochastic depth, linearly spaced over all blocks.
+        out_indices: stages returned (0-based); only stages up to
+            ``max(out_indices)`` are built.
+        frozen_stages: mmdet's meaning: -1 nothing; 0 ``patch_embed1`` and
+            ``pos_embed1``; ``k`` also stages 1..k (their patch embedding,
+            ``pos_embed`` and blocks). Frozen parts stay in eval mode.
+        with_cp: gradient checkpointing per block.
+        norm_cfg: norm of the blocks (LayerNorm eps 1e-6); the patch
+            embeddings use LayerNorm with the default eps.
+        act_cfg: MLP activation.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])``.
+
+    Output: tuple of ``(B, embed_dims[i], ceil(H / s_i), ceil(W / s_i))`` with
+    strides ``s_i`` 4, 8, 16, 32 (for the default patch sizes).
+    """
+    _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8),
+                   mlp_ratios=(8, 8, 4, 4))
+    arch_zoo: Dict[str, dict] = {
+        **dict.fromkeys(['t', 'tiny'], dict(_common, depths=(2, 2, 2, 2))),
+        **dict.fromkeys(['s', 'small'], dict(_common, depths=(3, 4, 6, 3))),
+        **dict.fromkeys(['m', 'medium'], dict(_common, depths=(3, 4, 18, 3))),
+        **dict.fromkeys(['l', 'large'], dict(_common, depths=(3, 8, 27, 3))),
+    }
+    _arch_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 pretrain_img_size: Union[int, Sequence[int]] = 224,
+                 in_channels: int = 3,
+                 patch_sizes: Sequence[int] = (4, 2, 2, 2),
+                 attn_layout: str = 'LLLL',
+                 sr_ratios: Sequence[int] = (8, 4, 2, 1),
+                 qkv_bias: bool = True,
+                 alpha: float = 4,
+                 kernel_size: int = 5,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 with_cp: bool = False,
+                 norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 act_cfg: dict = dict(type='GELU'),
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        arch = resolve_arch(arch, self.arch_zoo, self._arch_keys, type(self))
+        embed_dims = tuple(int(c) for c in arch['embed_dims'])
+        depths = tuple(int(d) for d in arch['depths'])
+        num_heads = tuple(int(h) for h in arch['num_heads'])
+        mlp_ratios = tuple(float(r) for r in arch['mlp_ratios'])
+        num_stages = len(depths)
+        for name, seq in (('embed_dims', embed_dims), ('num_heads', num_heads),
+                          ('mlp_ratios', mlp_ratios), ('attn_layout',
+                                                       attn_layout),
+                          ('patch_sizes', patch_sizes), ('sr_ratios',
+                                                         sr_ratios)):
+            if len(seq) != num_stages:
+                raise ValueError(f'{name} {seq!r} needs {num_stages} entries '
+                                 f'(one per stage, as depths {depths})')
+        self.arch = dict(embed_dims=embed_dims, depths=depths,
+                         num_heads=num_heads, mlp_ratios=mlp_ratios)
+        self.out_indices = check_out_indices(out_indices, num_stages)
+        self.frozen_stages = frozen_stages
+        self.num_stages = num_stages
+        self.num_built = max(self.out_indices) + 1
+        self.num_features = list(embed_dims)
+        img_hw = pair(pretrain_img_size)
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        self.ref_grids = []
+        stride = 1
+        # Parameters first so the state dict follows the authors' order.
+        for i in range(self.num_built):
+            stride *= patch_sizes[i]
+            ref = (img_hw[0] // stride, img_hw[1] // stride)
+            self.ref_grids.append(ref)
+            self.register_parameter(
+                f'pos_embed{i + 1}',
+                nn.Parameter(torch.zeros(1, ref[0] * ref[1], embed_dims[i])))
+        for i in range(self.num_built):
+            self.add_module(f'patch_embed{i + 1}', PatchEmbed(
+                in_channels if i == 0 else embed_dims[i - 1], embed_dims[i],
+                patch_sizes[i], norm_cfg=dict(type='LN')))
+            self.add_module(f'pos_drop{i + 1}', nn.Dropout(drop_rate))
+            start = sum(depths[:i])
+            self.add_module(f'block{i + 1}', nn.ModuleList([
+                PolaPVTBlock(
+                    embed_dims[i], num_heads[i], self.ref_grids[i],
+                    mlp_ratios[i], attn_type=attn_layout[i],
+                    sr_ratio=sr_ratios[i], qkv_bias=qkv_bias, alpha=alpha,
+                    kernel_size=kernel_size, drop_rate=drop_rate,
+                    attn_drop_rate=attn_drop_rate,
+                    drop_path_rate=dpr[start + j], act_cfg=act_cfg,
+                    norm_cfg=norm_cfg, with_cp=with_cp)
+                for j in range(depths[i])
+            ]))
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------
+    def init_weights(self) -> None:
+        """Default init (trunc-normal Linear and ``pos_embed``, zero
+        ``power``/``scale``/``positional_encoding`` as the authors), then the
+        pretrained checkpoint of ``init_cfg`` if any."""
+        cfg = self.init_cfg if isinstance(self.init_cfg, dict) else None
+        self.apply(init_module)
+        for i in range(self.num_built):
+            trunc_normal_(getattr(self, f'pos_embed{i + 1}'), std=.02)
+        if cfg is not None and cfg.get('type') == 'Pretrained':
+            load_pretrained(
+                self, cfg['checkpoint'], lambda key: False,
+                self._expected_unexpected,
+                'a Pola-PVT checkpoint of the same arch (the authors\' file '
+                'or one converted by tools/model_converters/'
+                'pola_official_to_mm.py)', prefix=cfg.get('prefix'))
+        elif self.init_cfg is not None:
+            super().init_weights()
+        self._is_init = True
+
+    def _expected_unexpected(self, key: str) -> bool:
+        head = key.split('.')[0]
+        for name in ('patch_embed', 'pos_embed', 'block'):
+            if head.startswith(name) and head[len(name):].isdigit():
+                return int(head[len(name):]) > self.num_built
+        return head == 'norm'  # the authors' unused final norm
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages >= 0:
+            freeze(self.patch_embed1)
+            self.pos_embed1.requires_grad = False
+        for i in range(1, min(self.frozen_stages, self.num_built) + 1):
+            freeze(getattr(self, f'patch_embed{i}'))
+            getattr(self, f'pos_embed{i}').requires_grad = False
+            freeze(getattr(self, f'block{i}'))
+
+    def train(self, mode: bool = True) -> 'PolaPVT':
+        """Set the mode; frozen stages stay in eval mode."""
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
+        B = x.shape[0]
+        outs = []
+        for i in range(self.num_built):
+            x, hw = getattr(self, f'patch_embed{i + 1}')(x)
+            pos = resize_pos_table(getattr(self, f'pos_embed{i + 1}'),
+                                   self.ref_grids[i], hw)
+            x = getattr(self, f'pos_drop{i + 1}')(x + pos)
+            for block in getattr(self, f'block{i + 1}'):
+                x = block(x, hw)
+            x = x.transpose(1, 2).reshape(B, self.num_features[i], hw[0],
+                                          hw[1])
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)

@@ -1,0 +1,378 @@
+"""Pola-Swin: Swin Transformer with polarity-aware linear attention."""
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
+from mmcv.cnn.bricks import DropPath
+from mmengine.model import BaseModule
+from torch import Tensor
+
+from ...registry import register_model
+from ..checkpoint import load_pretrained
+from ..layers import Mlp, PatchEmbed, PatchMerging, PolarityAttention, WindowMSA
+from ..layers.window import (crop_map, cyclic_shift, effective_window,
+                             grid_padding, key_padding_logits, key_valid_mask,
+                             pad_map, shift_region_mask, valid_token_map,
+                             window_partition, window_reverse)
+from .utils import (check_out_indices, freeze, init_module, pair,
+                    resolve_arch)
+
+Size2 = Tuple[int, int]
+
+
+class PolaSwinBlock(BaseModule):
+    """One Swin block with polarity (``'L'``) or softmax (``'S'``) attention.
+
+    Window rules at run time, per dimension: if the map is not larger than
+    the block's window, the window shrinks to the map and the shift is 0;
+    otherwise the map is padded to a multiple of the window.
+
+    Shifted windows (odd blocks, shift = window // 2):
+
+    - ``'S'`` (softmax): Swin's cyclic shift with the region mask, padded
+      keys masked as well (exactly the authors' computation at 224).
+    - ``'L'`` (polarity): an *offset window grid*: the map is padded at the
+      top/left by ``window - shift`` (= ``shift`` for even windows) and at
+      the bottom/right to a multiple of the window, partitioned, and padded
+      keys are masked. For maps that are multiples of the window this gives
+      every token exactly the set of keys it has under Swin's cyclic shift +
+      region mask (regions start at ``shift + k * window``; the wrapped last
+      window of the cyclic shift is split into the border pieces). The
+      authors' code rolls without a mask, which is harmless at 224 (all
+      polarity shifts are 0 there) but at larger sizes would let tokens of
+      opposite image borders attend to each other; a masked cyclic shift
+      would need one key-value product per region of a window. The offset
+      grid needs neither and reduces to the authors' computation when the
+      shift is 0. Padded tokens are absent keys and zero ``v`` for the
+      depth-wise conv, so window borders act like the conv's zero padding.
+
+    Args:
+        embed_dims: channels.
+        num_heads: heads.
+        window_size: build-time window ``(wh, ww)`` (the polarity
+            ``positional_encoding`` grid / the softmax bias table window).
+        shift: whether this block shifts (odd blocks).
+        attn_type: ``'L'`` or ``'S'``.
+        mlp_ratio, qkv_bias, alpha, kernel_size, drop_rate, attn_drop_rate,
+        drop_path_rate, act_cfg, norm_cfg: as in :class:`PolaSwinTransformer`.
+        with_cp: gradient checkpointing of the whole block.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 window_size: Size2,
+                 shift: bool = False,
+                 attn_type: str = 'L',
+                 mlp_ratio: float = 4.,
+                 qkv_bias: bool = True,
+                 alpha: float = 4,
+                 kernel_size: int = 5,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 act_cfg: dict = dict(type='GELU'),
+                 norm_cfg: dict = dict(type='LN'),
+                 with_cp: bool = False,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if attn_type not in ('L', 'S'):
+            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
+        self.attn_type = attn_type
+        self.window_size = pair(window_size)
+        self.shift_size = ((self.window_size[0] // 2, self.window_size[1] // 2)
+                           if shift else (0, 0))
+        self.with_cp = with_cp
+        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        if attn_type == 'L':
+            self.attn = PolarityAttention(
+                embed_dims, num_heads, self.window_size, fused_qkvg=True,
+                qkv_bias=qkv_bias, alpha=alpha, kernel_size=kernel_size,
+                attn_drop=attn_drop_rate, proj_drop=drop_rate)
+        else:
+            self.attn = WindowMSA(
+                embed_dims, num_heads, self.window_size, qkv_bias=qkv_bias,
+                attn_drop=attn_drop_rate, proj_drop=drop_rate)
+        self.drop_path = (DropPath(drop_path_rate)
+                          if drop_path_rate > 0 else nn.Identity())
+        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), act_cfg,
+                       drop_rate)
+
+    def _polarity(self, x: Tensor, hw: Size2) -> Tensor:
+        B, L, C = x.shape
+        win, shift = effective_window(hw, self.window_size, self.shift_size)
+        # Per-token projections before padding: padded tokens are masked
+        # keys and their outputs are discarded, so nothing is lost.
+        qkvg = self.attn.project(x)
+        offset = ((win[0] - shift[0]) % win[0], (win[1] - shift[1]) % win[1])
+        pad = grid_padding(hw, win, offset)
+        padded = pad_map(qkvg.view(B, hw[0], hw[1], 4 * C), pad)
+        padded_hw = (padded.shape[1], padded.shape[2])
+        windows = window_partition(padded, win)  # (B * nW, N, 4C)
+        valid = None
+        if any(pad):
+            valid = key_valid_mask(valid_token_map(hw, pad, x.device), win)
+            valid = valid.repeat(B, 1)  # (B * nW, N)
+        y = self.attn.mix(windows, win, valid)
+        y = crop_map(window_reverse(y, win, padded_hw), pad).reshape(B, L, C)
+        return self.attn.output(y, self.attn.gate(qkvg))
+
+    def _softmax(self, x: Tensor, hw: Size2) -> Tensor:
+        B, L, C = x.shape
+        win, shift = effective_window(hw, self.window_size, self.shift_size)
+        pad = grid_padding(hw, win)
+        padded = pad_map(x.view(B, hw[0], hw[1], C), pad)
+        padded_hw = (padded.shape[1], padded.shape[2])
+        mask = None
+        if shift != (0, 0):
+            padded = cyclic_shift(padded, shift)
+            mask = shift_region_mask(padded_hw, win, shift, x.device)
+        if any(pad):
+            vmap = cyclic_shift(valid_token_map(hw, pad, x.device), shift)
+            kpl = key_padding_logits(key_valid_mask(vmap, win))
+            mask = kpl if mask is None else mask + kpl
+        y = self.attn(window_partition(padded, win), win, mask)
+        y = cyclic_shift(window_reverse(y, win, padded_hw), shift, reverse=True)
+        return crop_map(y, pad).reshape(B, L, C)
+
+    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
+        y = self.norm1(x)
+        y = self._polarity(y, hw) if self.attn_type == 'L' else \
+            self._softmax(y, hw)
+        x = x + self.drop_path(y)
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
+        return self._forward(x, hw)
+
+
+class PolaSwinStage(BaseModule):
+    """Blocks of one stage (``blocks``) and the optional patch merging at its
+    end (``downsample``), the authors' ``BasicLayer``."""
+
+    def __init__(self,
+                 embed_dims: int,
+                 depth: int,
+                 num_heads: int,
+                 window_size: Size2,
+                 attn_type: str,
+                 drop_paths: Sequence[float],
+                 downsample: bool,
+                 norm_cfg: dict,
+                 block_cfg: dict,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.blocks = nn.ModuleList([
+            PolaSwinBlock(embed_dims, num_heads, window_size, shift=j % 2 == 1,
+                          attn_type=attn_type, drop_path_rate=drop_paths[j],
+                          norm_cfg=norm_cfg, **block_cfg) for j in range(depth)
+        ])
+        self.downsample = (PatchMerging(embed_dims, norm_cfg=norm_cfg)
+                           if downsample else None)
+
+    def forward(self, x: Tensor, hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
+        """Returns the stage output ``(B, H * W, C)`` with its ``hw`` and the
+        downsampled tokens with theirs (the same when there is no
+        downsample)."""
+        for block in self.blocks:
+            x = block(x, hw)
+        if self.downsample is None:
+            return x, hw, x, hw
+        down, down_hw = self.downsample(x, hw)
+        return x, hw, down, down_hw
+
+
+@register_model
+class PolaSwinTransformer(BaseModule):
+    """Pola-Swin backbone (PolaFormer, ICLR 2025) for any input size.
+
+    Exactly the published model at 224 (fed a converted or authors'
+    checkpoint); at other sizes windows are padded, windows larger than the
+    map shrink to it, and learned tables are resized (see
+    :class:`PolaSwinBlock`).
+
+    Window sizes: the polarity window of stage ``i`` is fixed at build time
+    as ``min(window_size, pretrain_img_size / (patch_size * 2**i))`` (the
+    authors' rule: 56x56 in stage 0 and 28x28 in stage 1 of T/S/B at 224);
+    its ``positional_encoding`` has that many tokens and is bicubic-resized
+    only when the run-time window differs. Softmax stages use
+    ``softmax_window_size`` (7, or 12 when ``window_size > 56``) with the same
+    ``min`` rule.
+
+    Args:
+        arch: ``'tiny'``/``'small'``/``'base'`` (``'t'``/``'s'``/``'b'``) or a
+            dict with ``embed_dims``, ``depths``, ``num_heads``.
+        pretrain_img_size: image size of pre-training (int or pair).
+        patch_size: patch size of the patch embedding.
+        in_channels: input channels.
+        window_size: polarity window.
+        softmax_window_size: window of ``'S'`` stages.
+        attn_layout: one letter per stage, ``'L'`` polarity, ``'S'`` softmax.
+        mlp_ratio: MLP hidden ratio.
+        qkv_bias: bias in the input projections.
+        alpha: exponent range of the learned power.
+        kernel_size: depth-wise conv kernel on v.
+        drop_rate, attn_drop_rate: dropout rates.
+        drop_path_rate: stochastic depth, linearly spaced over all blocks.
+        out_indices: stages whose (normalised) outputs are returned; only
+            stages up to ``max(out_indices)`` are built.
+        frozen_stages: mmdet's meaning: -1 nothing; 0 the patch embedding;
+            ``k`` also stages 1..k (``layers[0..k-1]``, including their patch
+            merging) and their output norms. Frozen parts stay in eval mode.
+        with_cp: gradient checkpointing per block.
+        norm_cfg, act_cfg: norm and activation configs.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])``
+            accepts an authors' checkpoint, a converted one, or a backbone
+            state dict.
+
+    Output: tuple of ``(B, embed_dims * 2**i, ceil(H / (4 * 2**i)),
+    ceil(W / (4 * 2**i)))`` maps for ``i`` in ``out_indices``.
+    """
+    arch_zoo: Dict[str, dict] = {
+        **dict.fromkeys(['t', 'tiny'], dict(
+            embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))),
+        **dict.fromkeys(['s', 'small'], dict(
+            embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))),
+        **dict.fromkeys(['b', 'base'], dict(
+            embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))),
+    }
+    _arch_keys = ('embed_dims', 'depths', 'num_heads')
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 pretrain_img_size: Union[int, Sequence[int]] = 224,
+                 patch_size: int = 4,
+                 in_channels: int = 3,
+                 window_size: int = 56,
+                 softmax_window_size: Optional[int] = None,
+                 attn_layout: str = 'LLSS',
+                 mlp_ratio: float = 4.,
+                 qkv_bias: bool = True,
+                 alpha: float = 4,
+                 kernel_size: int = 5,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 with_cp: bool = False,
+                 norm_cfg: dict = dict(type='LN'),
+                 act_cfg: dict = dict(type='GELU'),
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        arch = resolve_arch(arch, self.arch_zoo, self._arch_keys, type(self))
+        embed_dims = int(arch['embed_dims'])
+        depths = tuple(int(d) for d in arch['depths'])
+        num_heads = tuple(int(h) for h in arch['num_heads'])
+        num_stages = len(depths)
+        if len(num_heads) != num_stages or len(attn_layout) != num_stages:
+            raise ValueError(
+                f'depths {depths}, num_heads {num_heads} and attn_layout '
+                f'{attn_layout!r} must have one entry per stage')
+        out_indices = check_out_indices(out_indices, num_stages)
+        if softmax_window_size is None:
+            softmax_window_size = 12 if window_size > 56 else 7
+        self.arch = dict(embed_dims=embed_dims, depths=depths,
+                         num_heads=num_heads)
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.num_stages = num_stages
+        self.num_built = max(out_indices) + 1
+        self.attn_layout = attn_layout
+        self.num_features = [embed_dims * 2**i for i in range(num_stages)]
+
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size,
+                                      norm_cfg=norm_cfg)
+        self.drop_after_pos = nn.Dropout(drop_rate)
+        img_hw = pair(pretrain_img_size)
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        block_cfg = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, alpha=alpha,
+                         kernel_size=kernel_size, drop_rate=drop_rate,
+                         attn_drop_rate=attn_drop_rate, act_cfg=act_cfg,
+                         with_cp=with_cp)
+        self.window_sizes: List[Size2] = []
+        self.layers = nn.ModuleList()
+        for i in range(self.num_built):
+            res = [s // (patch_size * 2**i) for s in img_hw]
+            base = window_size if attn_layout[i] == 'L' else softmax_window_size
+            # The authors' rule: a window larger than the stage's map at the
+            # pre-training size shrinks to the map (and is fixed thereafter).
+            win = (min(base, res[0]), min(base, res[1]))
+            self.window_sizes.append(win)
+            start = sum(depths[:i])
+            self.layers.append(PolaSwinStage(
+                self.num_features[i], depths[i], num_heads[i], win,
+                attn_layout[i], dpr[start:start + depths[i]],
+                downsample=i + 1 < self.num_built, norm_cfg=norm_cfg,
+                block_cfg=block_cfg))
+        for i in out_indices:
+            self.add_module(f'norm{i}',
+                            build_norm_layer(norm_cfg, self.num_features[i])[1])
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------
+    def init_weights(self) -> None:
+        """Default init (trunc-normal Linear, zero ``power``/``scale``/
+        ``positional_encoding`` as the authors, trunc-normal .02 bias tables),
+        then the pretrained checkpoint of ``init_cfg`` if any."""
+        cfg = self.init_cfg if isinstance(self.init_cfg, dict) else None
+        self.apply(init_module)
+        if cfg is not None and cfg.get('type') == 'Pretrained':
+            load_pretrained(
+                self, cfg['checkpoint'], self._expected_missing,
+                self._expected_unexpected,
+                'a Pola-Swin checkpoint of the same arch (the authors\' file '
+                'or one converted by tools/model_converters/'
+                'pola_official_to_mm.py)', prefix=cfg.get('prefix'))
+        elif self.init_cfg is not None:
+            super().init_weights()
+        self._is_init = True
+
+    def _expected_missing(self, key: str) -> bool:
+        # New output norms of the dense interface (the classifier has norm3).
+        return key.split('.')[0] in ('norm0', 'norm1', 'norm2')
+
+    def _expected_unexpected(self, key: str) -> bool:
+        parts = key.split('.')
+        if parts[0] == 'layers' and len(parts) > 2 and parts[1].isdigit():
+            i = int(parts[1])
+            return i >= self.num_built or (i == self.num_built - 1 and
+                                           parts[2] == 'downsample')
+        if parts[0].startswith('norm') and parts[0][4:].isdigit():
+            return int(parts[0][4:]) not in self.out_indices
+        return False
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages >= 0:
+            freeze(self.patch_embed)
+        for i in range(1, self.frozen_stages + 1):
+            if i - 1 < self.num_built:
+                freeze(self.layers[i - 1])
+            if (i - 1) in self.out_indices:
+                freeze(getattr(self, f'norm{i - 1}'))
+
+    def train(self, mode: bool = True) -> 'PolaSwinTransformer':
+        """Set the mode; frozen stages stay in eval mode."""
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
+        x, hw = self.patch_embed(x)
+        x = self.drop_after_pos(x)
+        outs = []
+        for i, layer in enumerate(self.layers):
+            out, out_hw, x, hw = layer(x, hw)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(out)
+                outs.append(out.view(-1, out_hw[0], out_hw[1],
+                                     self.num_features[i]).permute(
+                                         0, 3, 1, 2).contiguous())
+        return tuple(outs)

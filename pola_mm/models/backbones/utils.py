@@ -1,0 +1,75 @@
+"""Helpers shared by the Pola backbones: arch resolution, freezing, init."""
+from typing import Dict, Sequence, Tuple, Union
+
+import torch.nn as nn
+from mmengine.model.weight_init import trunc_normal_
+
+from ..layers import PolarityAttention, WindowMSA
+
+Size2 = Tuple[int, int]
+
+
+def pair(x: Union[int, Sequence[int]]) -> Size2:
+    """``int -> (int, int)``; sequences are returned as a pair of ints."""
+    if isinstance(x, int):
+        return (x, x)
+    return (int(x[0]), int(x[1]))
+
+
+def resolve_arch(arch: Union[str, dict], zoo: Dict[str, dict],
+                  keys: Sequence[str], cls: type) -> dict:
+    if isinstance(arch, str):
+        name = arch.lower()
+        if name not in zoo:
+            raise ValueError(f'{cls.__name__}: unknown arch {arch!r}; valid '
+                             f'names are {sorted(zoo)} or a dict with keys '
+                             f'{list(keys)}')
+        return dict(zoo[name])
+    if not isinstance(arch, dict):
+        raise TypeError(f'{cls.__name__}: arch must be a name '
+                        f'{sorted(zoo)} or a dict, got {type(arch).__name__}')
+    missing = [k for k in keys if k not in arch]
+    if missing:
+        raise KeyError(f'{cls.__name__}: arch dict is missing {missing}; '
+                       f'required keys are {list(keys)}')
+    return dict(arch)
+
+
+def check_out_indices(out_indices: Union[int, Sequence[int]],
+                       num_stages: int) -> Tuple[int, ...]:
+    if isinstance(out_indices, int):
+        out_indices = (out_indices, )
+    out = []
+    for i in out_indices:
+        j = i + num_stages if i < 0 else i
+        if not 0 <= j < num_stages:
+            raise ValueError(f'out_indices {tuple(out_indices)} must lie in '
+                             f'[0, {num_stages})')
+        out.append(j)
+    if not out:
+        raise ValueError('out_indices must not be empty')
+    return tuple(sorted(set(out)))
+
+
+def freeze(module: nn.Module) -> None:
+    module.eval()
+    for p in module.parameters():
+        p.requires_grad = False
+
+
+def init_module(m: nn.Module) -> None:
+    if isinstance(m, nn.Linear):
+        trunc_normal_(m.weight, std=.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        if m.weight is not None:
+            nn.init.ones_(m.weight)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, PolarityAttention):
+        nn.init.zeros_(m.power)
+        nn.init.zeros_(m.scale)
+        nn.init.zeros_(m.positional_encoding)
+    elif isinstance(m, WindowMSA):
+        trunc_normal_(m.relative_position_bias_table, std=.02)

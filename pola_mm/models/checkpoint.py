@@ -1,0 +1,203 @@
+"""Checkpoint conversion (authors' layout -> pola_mm) and pretrained loading.
+
+The authors' classifiers (``{'model': state_dict}``) use the same module
+names as pola_mm's backbones, so conversion is a prefix rename:
+
+- every backbone key gets ``backbone.``; ``head.*`` becomes ``head.fc.*``
+  (mmpretrain ``LinearClsHead``);
+- Pola-Swin's final ``norm.*`` becomes ``backbone.norm3.*`` (the output norm
+  of the last stage);
+- Pola-PVT's final ``norm.*`` is dropped: the published classifier never
+  applies it;
+- the recomputed buffers ``relative_position_index`` and ``attn_mask`` are
+  dropped.
+"""
+import re
+from collections import OrderedDict
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+import torch
+from mmengine.logging import print_log
+from torch import Tensor
+
+SWIN_SENTINEL = 'patch_embed.proj.weight'
+PVT_SENTINEL = 'patch_embed1.proj.weight'
+_DROPPED_BUFFERS = ('relative_position_index', 'attn_mask')
+_POLA_ONLY = re.compile(r'^norm[0-3]\.')
+
+
+def official_family(state_dict: Mapping[str, Tensor]) -> Optional[str]:
+    """``'swin'`` / ``'pvt'`` for a state dict in the authors' layout, else
+    ``None``.
+
+    The authors' layout is recognised by its sentinel key
+    (``patch_embed.proj.weight`` for Swin, ``patch_embed1.proj.weight`` for
+    PVT), no ``backbone.`` prefix and none of pola_mm's output norms
+    ``norm0..3``.
+    """
+    keys = list(state_dict.keys())
+    if any(k.startswith('backbone.') for k in keys):
+        return None
+    if any(_POLA_ONLY.match(k) for k in keys):
+        return None
+    if SWIN_SENTINEL in state_dict:
+        return 'swin'
+    if PVT_SENTINEL in state_dict:
+        return 'pvt'
+    return None
+
+
+def convert_official_checkpoint(
+        state_dict: Mapping[str, Tensor]) -> 'OrderedDict[str, Tensor]':
+    """Convert the authors' state dict to mmpretrain's classifier layout.
+
+    Safe to run twice: a dict that is not in the authors' layout (e.g.
+    already converted) is returned unchanged (as a new OrderedDict).
+
+    Args:
+        state_dict: the authors' ``checkpoint['model']``.
+
+    Returns:
+        ``backbone.*`` + ``head.fc.*`` keys, tensors unchanged.
+    """
+    family = official_family(state_dict)
+    if family is None:
+        return OrderedDict(state_dict)
+    out: 'OrderedDict[str, Tensor]' = OrderedDict()
+    for key, value in state_dict.items():
+        if key.rsplit('.', 1)[-1] in _DROPPED_BUFFERS:
+            continue
+        if key.startswith('head.'):
+            out['head.fc.' + key[len('head.'):]] = value
+        elif key.startswith('norm.'):
+            if family == 'swin':
+                out['backbone.norm3.' + key[len('norm.'):]] = value
+            # PVT: the published forward does not apply the final norm.
+        else:
+            out['backbone.' + key] = value
+    return out
+
+
+def backbone_state_dict(
+        state_dict: Mapping[str, Tensor]) -> 'OrderedDict[str, Tensor]':
+    """Backbone-only keys of a state dict, without the ``backbone.`` prefix.
+
+    Accepts the authors' layout (converted first), a classifier / detector
+    checkpoint (``backbone.*`` kept, everything else dropped) or a plain
+    backbone state dict (returned as is).
+    """
+    sd = convert_official_checkpoint(state_dict)
+    if any(k.startswith('backbone.') for k in sd):
+        return OrderedDict((k[len('backbone.'):], v) for k, v in sd.items()
+                           if k.startswith('backbone.'))
+    return OrderedDict(sd)
+
+
+def extract_state_dict(checkpoint: Mapping) -> Mapping[str, Tensor]:
+    """The state dict inside a loaded checkpoint file (``state_dict``,
+    ``model`` or ``module`` entry, else the mapping itself)."""
+    for name in ('state_dict', 'model', 'module'):
+        if isinstance(checkpoint, Mapping) and name in checkpoint and \
+                isinstance(checkpoint[name], Mapping):
+            return checkpoint[name]
+    return checkpoint
+
+
+def load_pretrained(module: torch.nn.Module,
+                    checkpoint: str,
+                    expected_missing: Callable[[str], bool],
+                    expected_unexpected: Callable[[str], bool],
+                    expected_checkpoint: str,
+                    prefix: Optional[str] = None) -> None:
+    """Load a pretrained checkpoint into a backbone, strictly.
+
+    The file may be an authors' checkpoint, a converted mmpretrain
+    classifier, a detector/segmentor checkpoint or a plain backbone state
+    dict. Everything is validated before any weight is copied, so a
+    checkpoint that does not fit leaves the module untouched.
+
+    Args:
+        module: the backbone.
+        checkpoint: path or URL (read with mmengine's CheckpointLoader).
+        expected_missing: predicate for module keys that may be absent
+            (e.g. new output norms).
+        expected_unexpected: predicate for checkpoint keys that are fine to
+            ignore (stages not built, the authors' unused norm).
+        expected_checkpoint: text naming what the module expects, for the
+            error message.
+        prefix: optional prefix (e.g. ``'backbone.'``) to select and strip.
+
+    Raises:
+        ValueError: missing, unexpected or shape-mismatched keys.
+    """
+    from mmengine.runner.checkpoint import CheckpointLoader
+    ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')
+    sd = extract_state_dict(ckpt)
+    if prefix:
+        if not prefix.endswith('.'):
+            prefix += '.'
+        sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items()
+                         if k.startswith(prefix))
+    family = official_family(sd)
+    sd = convert_official_checkpoint(sd)
+    others = []
+    if any(k.startswith('backbone.') for k in sd):
+        others = [k for k in sd if not k.startswith('backbone.')]
+        sd = OrderedDict((k[len('backbone.'):], v) for k, v in sd.items()
+                         if k.startswith('backbone.'))
+    if not sd:
+        raise ValueError(
+            f'{type(module).__name__}: checkpoint {checkpoint!r} holds no '
+            f'backbone weights. Expected {expected_checkpoint}.')
+    own = module.state_dict()
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    mismatched = [
+        f'{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}'
+        for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)
+    ]
+    bad_missing = [k for k in missing if not expected_missing(k)]
+    bad_unexpected = [k for k in unexpected if not expected_unexpected(k)]
+    if bad_missing or bad_unexpected or mismatched:
+        matched = len(own) - len(missing) - len(mismatched)
+        problems = ([f'missing {k}' for k in bad_missing] +
+                    [f'unexpected {k}' for k in bad_unexpected] + mismatched)
+        raise ValueError(
+            f'{type(module).__name__}: checkpoint {checkpoint!r} does not fit '
+            f'this backbone: {matched} of {len(own)} keys matched; '
+            f'{len(bad_missing)} missing, {len(bad_unexpected)} unexpected, '
+            f'{len(mismatched)} with another shape, e.g. '
+            f'{"; ".join(problems[:5])}. Expected {expected_checkpoint}.')
+    module.load_state_dict(
+        OrderedDict((k, v) for k, v in sd.items() if k in own), strict=False)
+    notes: List[str] = []
+    if missing:
+        notes.append(f'not in checkpoint (kept initialised): '
+                     f'{_summarise(missing)}')
+    if unexpected:
+        notes.append(f'ignored: {_summarise(unexpected)}')
+    if others:
+        notes.append(f'non-backbone keys ignored: {_summarise(others)}')
+    if family == 'pvt':
+        notes.append("the authors' final PVT norm is unused by the published "
+                     'forward and was dropped')
+    print_log(
+        f'{type(module).__name__}: loaded {len(own) - len(missing)}/{len(own)}'
+        f' tensors from {checkpoint}' +
+        ('; ' + '; '.join(notes) if notes else ''),
+        logger='current')
+
+
+def _summarise(keys: List[str]) -> str:
+    """Group keys by their first component(s) for a compact log line."""
+    groups: Dict[str, int] = OrderedDict()
+    for k in keys:
+        parts = k.split('.')
+        head = '.'.join(parts[:2]) if parts[0] == 'layers' else parts[0]
+        groups[head] = groups.get(head, 0) + 1
+    return ', '.join(f'{g}.* ({n})' if n > 1 else g for g, n in groups.items())
+
+
+def state_dict_layout(state_dict: Mapping[str, Tensor]) -> List[Tuple[str, List[int]]]:
+    """``[(name, shape), ...]`` of a state dict (handy for layout checks)."""
+    return [(k, list(v.shape)) for k, v in state_dict.items()]

@@ -1,0 +1,92 @@
+"""Patch embedding and Swin patch merging that accept any input size."""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+from mmengine.model import BaseModule
+from torch import Tensor
+
+Size2 = Tuple[int, int]
+
+
+class PatchEmbed(BaseModule):
+    """Non-overlapping patch embedding: conv (kernel = stride = patch) + norm.
+
+    The input is zero-padded at the bottom/right to a multiple of the patch
+    size, so any size works; at multiples (e.g. 224) nothing is padded.
+
+    Args:
+        in_channels: input channels.
+        embed_dims: output channels.
+        patch_size: patch size (int).
+        norm_cfg: config of the norm after the conv (``None`` for none).
+    """
+
+    def __init__(self,
+                 in_channels: int,
+                 embed_dims: int,
+                 patch_size: int,
+                 norm_cfg: Optional[dict] = dict(type='LN'),
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size,
+                              stride=patch_size)
+        self.norm = (build_norm_layer(norm_cfg, embed_dims)[1]
+                     if norm_cfg is not None else None)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Size2]:
+        """``(B, Cin, H, W)`` -> tokens ``(B, H' * W', C)`` and ``(H', W')``,
+        ``H' = ceil(H / patch)``, ``W' = ceil(W / patch)``."""
+        p = self.patch_size
+        H, W = x.shape[-2:]
+        pad_h, pad_w = (-H) % p, (-W) % p
+        if pad_h or pad_w:
+            x = F.pad(x, (0, pad_w, 0, pad_h))
+        x = self.proj(x)
+        hw = (x.shape[2], x.shape[3])
+        x = x.flatten(2).transpose(1, 2)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, hw
+
+
+class PatchMerging(BaseModule):
+    """Swin's 2x2 patch merging (downsample by 2, channels x2).
+
+    The map is zero-padded to even size; the 2x2 neighbours are concatenated
+    in the order ``x[0::2, 0::2], x[1::2, 0::2], x[0::2, 1::2],
+    x[1::2, 1::2]``, then ``norm`` (LayerNorm(4C)) and ``reduction``
+    (Linear(4C, 2C, bias=False)).
+
+    Args:
+        in_channels: ``C``.
+        out_channels: defaults to ``2C``.
+        norm_cfg: config of the norm on ``4C`` channels.
+    """
+
+    def __init__(self,
+                 in_channels: int,
+                 out_channels: Optional[int] = None,
+                 norm_cfg: dict = dict(type='LN'),
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        out_channels = out_channels or 2 * in_channels
+        self.norm = build_norm_layer(norm_cfg, 4 * in_channels)[1]
+        self.reduction = nn.Linear(4 * in_channels, out_channels, bias=False)
+
+    def forward(self, x: Tensor, hw: Size2) -> Tuple[Tensor, Size2]:
+        """``(B, H * W, C)`` -> ``(B, ceil(H/2) * ceil(W/2), 2C)`` and the
+        new ``(H, W)``."""
+        B, L, C = x.shape
+        H, W = hw
+        x = x.view(B, H, W, C)
+        if H % 2 or W % 2:
+            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2],
+                       x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
+        hw = (x.shape[1], x.shape[2])
+        x = x.reshape(B, -1, 4 * C)
+        return self.reduction(self.norm(x)), hw

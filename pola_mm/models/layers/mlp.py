@@ -1,0 +1,34 @@
+"""Transformer MLP with the authors' parameter names (``fc1``, ``fc2``)."""
+from typing import Optional
+
+import torch.nn as nn
+from mmcv.cnn import build_activation_layer
+from mmengine.model import BaseModule
+from torch import Tensor
+
+
+class Mlp(BaseModule):
+    """``fc2(drop(act(fc1(x))))`` followed by dropout.
+
+    Args:
+        in_features: input/output channels ``C``.
+        hidden_features: hidden channels.
+        act_cfg: activation config (default GELU).
+        drop: dropout rate.
+    """
+
+    def __init__(self,
+                 in_features: int,
+                 hidden_features: int,
+                 act_cfg: dict = dict(type='GELU'),
+                 drop: float = 0.,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.act = build_activation_layer(act_cfg)
+        self.fc2 = nn.Linear(hidden_features, in_features)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(..., C)`` -> ``(..., C)``."""
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))

@@ -1,0 +1,258 @@
+"""Polarity-aware linear attention (PolaFormer, ICLR 2025).
+
+One module serves both backbones: Pola-Swin (fused ``qkvg`` projection,
+attention inside windows) and Pola-PVT (``qg`` + ``kv`` projections,
+attention over all tokens of a stage). Parameter names are the authors'.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+from torch import Tensor
+
+Size2 = Tuple[int, int]
+
+
+def polarity_linear_attention(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
+                              power: Tensor, alpha: float,
+                              valid: Optional[Tensor] = None) -> Tensor:
+    """The polarity-aware linear attention of the published models.
+
+    All tensors are expected in float32 (or float64). With ``h`` heads of
+    width ``d``:
+
+    - ``s = softplus(scale)``; ``q, k <- q / s, k / s``;
+    - ``p = 1 + alpha * sigmoid(power)``; ``f+(t) = relu(t)^p``,
+      ``f-(t) = relu(-t)^p``;
+    - ``q_sim = [f+(q), f-(q)]``, ``q_opp = [f-(q), f+(q)]``,
+      ``k' = [f+(k), f-(k)]``; ``v = [v1, v2]`` split per head;
+    - ``x_sim = q_sim (k'^T v1 / n) / (q_sim . mean(k') + 1e-6)``, ``x_opp``
+      the same with ``q_opp`` and ``v2``; output per head ``[x_sim, x_opp]``.
+
+    Like the authors, ``k'`` and ``v`` are each scaled by ``n^-1/2`` before
+    their product. With ``valid``, padded keys contribute nothing (``k'`` and
+    ``v`` are zeroed there) and ``n`` is the number of valid keys of each
+    sequence; without it ``n = N``.
+
+    Args:
+        q: ``(B, h, N, d)``.
+        k: ``(B, h, N, d)``, positional encoding already added.
+        v: ``(B, h, N, d)``, ``d`` even.
+        scale: ``(1, 1, 1, d)`` or broadcastable raw ``scale`` per head.
+        power: ``(1, h, 1, d)`` raw ``power``.
+        alpha: exponent range, ``p`` lies in ``(1, 1 + alpha)``.
+        valid: optional ``(B, N)`` bool, True for real keys.
+
+    Returns:
+        ``(B, h, N, d)``.
+    """
+    N = q.shape[-2]
+    s = F.softplus(scale)
+    q = q / s
+    k = k / s
+    p = 1 + alpha * torch.sigmoid(power)
+    q_pos = F.relu(q) ** p
+    q_neg = F.relu(-q) ** p
+    k_pos = F.relu(k) ** p
+    k_neg = F.relu(-k) ** p
+    if valid is None:
+        n_inv_sqrt = N ** -0.5
+        n = float(N)
+    else:
+        m = valid[:, None, :, None].to(q.dtype)  # (B, 1, N, 1)
+        k_pos = k_pos * m
+        k_neg = k_neg * m
+        v = v * m
+        n = m.sum(dim=-2, keepdim=True).clamp(min=1.0)  # (B, 1, 1, 1)
+        n_inv_sqrt = n.rsqrt()
+
+    q_sim = torch.cat([q_pos, q_neg], dim=-1)
+    q_opp = torch.cat([q_neg, q_pos], dim=-1)
+    kk = torch.cat([k_pos, k_neg], dim=-1)  # (B, h, N, 2d)
+    v1, v2 = torch.chunk(v, 2, dim=-1)
+    k_mean = kk.sum(dim=-2, keepdim=True) / n  # (B, h, 1, 2d)
+    kt = kk.transpose(-2, -1) * n_inv_sqrt  # (B, h, 2d, N)
+
+    z_sim = 1 / (q_sim @ k_mean.transpose(-2, -1) + 1e-6)
+    x_sim = q_sim @ (kt @ (v1 * n_inv_sqrt)) * z_sim
+    z_opp = 1 / (q_opp @ k_mean.transpose(-2, -1) + 1e-6)
+    x_opp = q_opp @ (kt @ (v2 * n_inv_sqrt)) * z_opp
+    return torch.cat([x_sim, x_opp], dim=-1)
+
+
+class PolarityAttention(BaseModule):
+    """Polarity-aware linear attention with gate and depth-wise conv on v.
+
+    The forward is split into three steps so that windowed callers can do
+    the per-token work outside the windows (and skip it on padding):
+    :meth:`project` (tokens -> q, k, v, g), :meth:`mix` (attention + dwc on
+    one window / stage, float32 under autocast) and :meth:`output`
+    (gate and output projection). :meth:`forward` chains them.
+
+    Args:
+        embed_dims: channels ``C``.
+        num_heads: heads ``h``; ``d = C / h`` must be even.
+        ref_hw: the grid of ``positional_encoding`` (Swin: one window at the
+            pre-training size; PVT: the stage at 224).
+        fused_qkvg: True for Swin's ``qkvg`` Linear(C, 4C); False for PVT's
+            ``qg`` and ``kv`` Linear(C, 2C) each.
+        qkv_bias: bias of the input projections.
+        alpha: exponent range of the learned power.
+        kernel_size: depth-wise conv kernel on v.
+        attn_drop: kept for interface parity (the linear attention has no
+            attention matrix to drop).
+        proj_drop: dropout after ``proj``.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 ref_hw: Size2,
+                 fused_qkvg: bool = True,
+                 qkv_bias: bool = True,
+                 alpha: float = 4,
+                 kernel_size: int = 5,
+                 attn_drop: float = 0.,
+                 proj_drop: float = 0.,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims {embed_dims} is not divisible by '
+                             f'num_heads {num_heads}')
+        head_dims = embed_dims // num_heads
+        if head_dims % 2:
+            raise ValueError(f'head width {head_dims} must be even (v is split '
+                             'into two halves per head)')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = head_dims
+        self.ref_hw = (int(ref_hw[0]), int(ref_hw[1]))
+        self.fused_qkvg = fused_qkvg
+        self.alpha = alpha
+        if fused_qkvg:
+            self.qkvg = nn.Linear(embed_dims, embed_dims * 4, bias=qkv_bias)
+        else:
+            self.qg = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
+            self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.dwc = nn.Conv2d(head_dims, head_dims, kernel_size,
+                             padding=kernel_size // 2, groups=head_dims)
+        self.power = nn.Parameter(torch.zeros(1, num_heads, 1, head_dims))
+        self.scale = nn.Parameter(torch.zeros(1, 1, embed_dims))
+        self.positional_encoding = nn.Parameter(
+            torch.zeros(1, self.ref_hw[0] * self.ref_hw[1], embed_dims))
+
+    def extra_repr(self) -> str:
+        return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
+                f'ref_hw={self.ref_hw}, alpha={self.alpha}')
+
+    # -- step 1 ------------------------------------------------------------
+    def project(self, x: Tensor) -> Tensor:
+        """Input projections.
+
+        Args:
+            x: ``(..., C)`` tokens.
+
+        Returns:
+            ``(..., 4 * C)``: q, k, v, g concatenated in this order (the
+            authors' ``reshape(..., 4, C)`` split).
+        """
+        if self.fused_qkvg:
+            return self.qkvg(x)
+        return torch.cat([self.qg(x), self.kv(x)], dim=-1)  # q, g, k, v
+
+    def _split(self, qkvg: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        parts = qkvg.unflatten(-1, (4, self.embed_dims)).unbind(-2)
+        if self.fused_qkvg:
+            return parts[0], parts[1], parts[2], parts[3]
+        return parts[0], parts[2], parts[3], parts[1]
+
+    def gate(self, qkvg: Tensor) -> Tensor:
+        """The gate ``g`` of :meth:`project`'s output: ``(..., C)``."""
+        return self._split(qkvg)[3]
+
+    def positional_table(self, hw: Size2) -> Tensor:
+        """``positional_encoding`` for a grid ``hw``: ``(1, H * W, C)``.
+
+        Used unchanged at its reference grid; otherwise resized by bicubic
+        interpolation (``align_corners=False``) on its 2-D grid.
+        """
+        return resize_pos_table(self.positional_encoding, self.ref_hw, hw)
+
+    # -- step 2 ------------------------------------------------------------
+    def mix(self, qkvg: Tensor, hw: Size2,
+            valid: Optional[Tensor] = None) -> Tensor:
+        """Attention and depth-wise conv on v for sequences laid out on grids.
+
+        Under fp16/bf16 autocast the computation runs in float32; the result
+        is returned in ``qkvg``'s dtype.
+
+        Args:
+            qkvg: ``(B', N, 4C)`` from :meth:`project`, ``N = H * W`` tokens
+                row-major on the grid ``hw`` (a window or a stage).
+            hw: ``(H, W)``.
+            valid: optional ``(B', N)`` bool; False marks padded tokens, which
+                act as absent keys and as zero v for the conv (like the conv's
+                zero padding at image borders).
+
+        Returns:
+            ``(B', N, C)`` (before the gate).
+        """
+        out_dtype = qkvg.dtype
+        with torch.autocast(device_type=qkvg.device.type, enabled=False):
+            q, k, v, _ = self._split(qkvg.float())
+            B, N, C = q.shape
+            h, d = self.num_heads, self.head_dims
+            k = k + self.positional_table(hw).float()
+            q = q.reshape(B, N, h, d).transpose(1, 2)
+            k = k.reshape(B, N, h, d).transpose(1, 2)
+            v = v.reshape(B, N, h, d).transpose(1, 2)
+            scale = self.scale.float().reshape(1, h, 1, d)
+            x = polarity_linear_attention(q, k, v, scale, self.power.float(),
+                                          self.alpha, valid)
+            x = x.transpose(1, 2).reshape(B, N, C)
+            if valid is not None:
+                v = v * valid[:, None, :, None].to(v.dtype)
+            v = v.transpose(-2, -1).reshape(B * h, d, hw[0], hw[1])
+            v = self.dwc(v).reshape(B, C, N).transpose(1, 2)
+            x = x + v
+        return x.to(out_dtype)
+
+    # -- step 3 ------------------------------------------------------------
+    def output(self, x: Tensor, g: Tensor) -> Tensor:
+        """Gate and output projection: ``proj(x * g)``; ``(..., C)``."""
+        return self.proj_drop(self.proj(x * g))
+
+    def forward(self, x: Tensor, hw: Size2,
+                valid: Optional[Tensor] = None) -> Tensor:
+        """Full attention on sequences laid out on a grid.
+
+        Args:
+            x: ``(B, N, C)``, ``N = H * W``.
+            hw: ``(H, W)``.
+            valid: optional ``(B, N)`` bool key-validity mask.
+
+        Returns:
+            ``(B, N, C)``.
+        """
+        qkvg = self.project(x)
+        y = self.mix(qkvg, hw, valid)
+        return self.output(y, self.gate(qkvg))
+
+
+def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
+    """Resize a learned ``(1, Hr * Wr, C)`` token table to ``(1, H * W, C)``.
+
+    Bicubic, ``align_corners=False``, on the 2-D grid; the table itself is
+    returned at its reference size.
+    """
+    if tuple(hw) == tuple(ref_hw):
+        return table
+    C = table.shape[-1]
+    grid = table.reshape(1, ref_hw[0], ref_hw[1], C).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid.float(), size=(int(hw[0]), int(hw[1])),
+                         mode='bicubic', align_corners=False)
+    return grid.flatten(2).transpose(1, 2).to(table.dtype)

@@ -1,0 +1,71 @@
+"""PVT's spatial-reduction softmax attention (for ``'S'`` stages of PolaPVT)."""
+from typing import Optional, Tuple
+
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+from mmengine.model import BaseModule
+from torch import Tensor
+
+Size2 = Tuple[int, int]
+
+
+class SpatialReductionAttention(BaseModule):
+    """Softmax attention whose keys/values come from a strided conv (``sr``)
+    of the map when ``sr_ratio > 1`` (PVT v1 names ``q``, ``kv``, ``sr``,
+    ``norm``, ``proj``).
+
+    Args:
+        embed_dims: channels ``C``.
+        num_heads: heads.
+        sr_ratio: spatial reduction of keys/values.
+        qkv_bias: bias of ``q`` and ``kv``.
+        attn_drop: dropout on attention weights.
+        proj_drop: dropout after ``proj``.
+        norm_cfg: norm after ``sr``.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sr_ratio: int = 1,
+                 qkv_bias: bool = True,
+                 attn_drop: float = 0.,
+                 proj_drop: float = 0.,
+                 norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.num_heads = num_heads
+        self.scale = (embed_dims // num_heads) ** -0.5
+        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.sr_ratio = sr_ratio
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(embed_dims, embed_dims, sr_ratio,
+                                stride=sr_ratio)
+            self.norm = build_norm_layer(norm_cfg, embed_dims)[1]
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """``(B, N, C)`` on grid ``hw`` -> ``(B, N, C)``.
+
+        With ``sr_ratio > 1`` the map is zero-padded bottom/right to a
+        multiple of the ratio before the reduction (no-op at 224).
+        """
+        B, N, C = x.shape
+        h = self.num_heads
+        q = self.q(x).reshape(B, N, h, C // h).transpose(1, 2)
+        if self.sr_ratio > 1:
+            r = self.sr_ratio
+            m = x.transpose(1, 2).reshape(B, C, hw[0], hw[1])
+            m = F.pad(m, (0, (-hw[1]) % r, 0, (-hw[0]) % r))
+            m = self.norm(self.sr(m).flatten(2).transpose(1, 2))
+        else:
+            m = x
+        kv = self.kv(m).reshape(B, -1, 2, h, C // h).permute(2, 0, 3, 1, 4)
+        k, v = kv[0], kv[1]
+        attn = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(-1))
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(x))
