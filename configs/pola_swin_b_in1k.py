@@ -1,0 +1,10 @@
+# Pola-Swin-B, ImageNet-1k, 8 GPUs x 64 images.
+_base_ = ['./_base_/pola_in1k_swin.py']
+
+model = dict(
+    backbone=dict(arch='base', drop_path_rate=0.5),
+    head=dict(in_channels=1024))
+
+train_dataloader = dict(batch_size=64)
+val_dataloader = dict(batch_size=64)
+test_dataloader = val_dataloader

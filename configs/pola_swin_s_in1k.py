@@ -1,0 +1,6 @@
+# Pola-Swin-S, ImageNet-1k, 8 GPUs x 128 images.
+_base_ = ['./_base_/pola_in1k_swin.py']
+
+model = dict(
+    backbone=dict(arch='small', drop_path_rate=0.3),
+    head=dict(in_channels=768))

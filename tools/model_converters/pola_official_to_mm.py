@@ -1,0 +1,75 @@
+#!/usr/bin/env python
+"""Convert an authors' PolaFormer checkpoint to an mmpretrain classifier one.
+
+    python tools/model_converters/pola_official_to_mm.py SRC DST
+
+SRC: the authors' file (``{'model': state_dict}``, Pola-Swin or Pola-PVT).
+DST: ``{'state_dict': {backbone.*, head.fc.*}, 'meta': {...}}`` with plain
+tensors only (loads with ``torch.load(..., weights_only=True)``), usable by
+``configs/pola_*_in1k.py`` (``load_from``) and by any backbone
+``init_cfg=dict(type='Pretrained', checkpoint=DST)``.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+from typing import List, Optional
+
+import torch
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Convert an authors' PolaFormer checkpoint (Pola-Swin / "
+        'Pola-PVT) to the mmpretrain classifier layout of pola_mm.')
+    parser.add_argument('src', help="the authors' checkpoint (.pth)")
+    parser.add_argument('dst', help='where to write the converted checkpoint')
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    if not osp.isfile(args.src):
+        print(f'error: {args.src}: no such file', file=sys.stderr)
+        return 2
+    # Imported here so that --help works without the heavy stack; falls back
+    # to the repository root when pola_mm is not installed.
+    try:
+        import pola_mm  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)),
+                                    '..', '..'))
+    from pola_mm.models.checkpoint import (convert_official_checkpoint,
+                                           extract_state_dict,
+                                           official_family)
+    ckpt = torch.load(args.src, map_location='cpu', weights_only=True)
+    sd = extract_state_dict(ckpt)
+    family = official_family(sd) if isinstance(sd, dict) else None
+    if family is None:
+        print(f"error: {args.src} is not an authors' PolaFormer checkpoint "
+              "(expected {'model': state_dict} with 'patch_embed.proj.weight' "
+              "(Pola-Swin) or 'patch_embed1.proj.weight' (Pola-PVT) and no "
+              "'backbone.' prefix)", file=sys.stderr)
+        return 1
+    converted = convert_official_checkpoint(sd)
+    state_dict = {k: v.detach().clone().contiguous() for k, v in
+                  converted.items()}
+    dropped = sorted(set(sd) - {k.split('.', 1)[1] if k.startswith(
+        'backbone.') else k for k in converted} - {
+            k for k in sd if k.startswith('head.') or k.startswith('norm.')})
+    meta = dict(source=osp.basename(args.src), family=f'pola_{family}',
+                converter='pola_mm.models.checkpoint.convert_official_checkpoint')
+    os.makedirs(osp.dirname(osp.abspath(args.dst)), exist_ok=True)
+    torch.save({'state_dict': state_dict, 'meta': meta}, args.dst)
+    n_back = sum(k.startswith('backbone.') for k in state_dict)
+    print(f'{args.src} (Pola-{family.upper() if family == "pvt" else "Swin"})'
+          f' -> {args.dst}: {n_back} backbone + '
+          f'{len(state_dict) - n_back} head tensors'
+          + (f'; dropped {len(dropped)} recomputed buffers' if dropped else '')
+          + ("; dropped the authors' unused final norm" if family == 'pvt'
+             else ''))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
