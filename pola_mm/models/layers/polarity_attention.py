@@ -202,23 +202,28 @@ class PolarityAttention(BaseModule):
             ``(B', N, C)`` (before the gate).
         """
         out_dtype = qkvg.dtype
+        # float32 at least (float64 stays float64, e.g. for gradcheck)
+        dt = torch.promote_types(out_dtype, torch.float32)
         with torch.autocast(device_type=qkvg.device.type, enabled=False):
-            q, k, v, _ = self._split(qkvg.float())
+            q, k, v, _ = self._split(qkvg.to(dt))
             B, N, C = q.shape
             h, d = self.num_heads, self.head_dims
-            k = k + self.positional_table(hw).float()
+            k = k + self.positional_table(hw).to(dt)
             q = q.reshape(B, N, h, d).transpose(1, 2)
             k = k.reshape(B, N, h, d).transpose(1, 2)
             v = v.reshape(B, N, h, d).transpose(1, 2)
-            scale = self.scale.float().reshape(1, h, 1, d)
-            x = polarity_linear_attention(q, k, v, scale, self.power.float(),
+            scale = self.scale.to(dt).reshape(1, h, 1, d)
+            x = polarity_linear_attention(q, k, v, scale, self.power.to(dt),
                                           self.alpha, valid)
             x = x.transpose(1, 2).reshape(B, N, C)
             if valid is not None:
-                v = v * valid[:, None, :, None].to(v.dtype)
+                v = v * valid[:, None, :, None].to(dt)
+            # v laid out (B * h, d, H, W): one depth-wise kernel for all heads
             v = v.transpose(-2, -1).reshape(B * h, d, hw[0], hw[1])
-            v = self.dwc(v).reshape(B, C, N).transpose(1, 2)
-            x = x + v
+            bias = self.dwc.bias.to(dt) if self.dwc.bias is not None else None
+            v = F.conv2d(v, self.dwc.weight.to(dt), bias,
+                         padding=self.dwc.padding, groups=self.dwc.groups)
+            x = x + v.reshape(B, C, N).transpose(1, 2)
         return x.to(out_dtype)
 
     # -- step 3 ------------------------------------------------------------
