@@ -32,30 +32,57 @@ __all__ = ['polarity_attention_kernel', 'PolarityAttentionFunction']
 _EPS = 1e-6
 
 
-def _features(x: Tensor, s: Tensor, p: Tensor,
-              mask: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
-    """Polarity feature map of ``x`` scaled by ``s``.
+def _features(x: Tensor, inv_s: Tensor, p: Tensor,
+              mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """Polarity feature map of ``x`` scaled by ``1 / inv_s`` (forward).
+
+    ``|t|^p`` is taken once, as ``exp(p log|t|)`` (cheaper than ``pow`` with
+    a tensor exponent), and split by the sign of ``t``:
+    ``f+ = relu(sign(t) |t|^p)``, ``f- = f+ - sign(t) |t|^p``, exact since
+    the two have disjoint supports.
 
     Args:
         x: ``(B, h, N, d)``.
-        s: ``(1, h, 1, d)`` positive scale.
+        inv_s: ``(1, h, 1, d)`` inverse of the positive scale.
         p: ``(1, h, 1, d)`` exponent, > 1.
         mask: optional ``(B, 1, N, 1)`` 0/1 weights of the tokens.
 
     Returns:
-        ``xs = x / s``; ``a = |xs|^p`` (times ``mask``), both
-        ``(B, h, N, d)``; and ``[f+(xs), f-(xs)]`` of shape ``(B, h, N, 2d)``
-        (times ``mask``).
+        ``xs = x / s`` ``(B, h, N, d)`` and ``[f+(xs), f-(xs)]`` of shape
+        ``(B, h, N, 2d)`` (times ``mask``).
     """
-    xs = x / s
-    a = xs.abs().pow(p)
+    xs = x * inv_s
+    a = (xs.abs().log_() * p).exp_()  # log 0 = -inf -> exp(-inf) = 0
     if mask is not None:
-        a = a * mask
-    feat = a.new_empty(a.shape[:-1] + (2, a.shape[-1]))
-    pos, neg = feat.unbind(-2)
-    torch.mul(a, xs > 0, out=pos)
-    torch.sub(a, pos, out=neg)  # exact: supports are disjoint, a = 0 at 0
-    return xs, a, feat.flatten(-2)
+        a = a.mul_(mask)
+    signed = a.copysign_(xs)
+    pos = torch.relu(signed)
+    return xs, torch.cat([pos, pos.sub(signed)], dim=-1)
+
+
+def _features_for_backward(x: Tensor, inv_s: Tensor, p: Tensor,
+                           mask: Optional[Tensor]):
+    """:func:`_features` plus what the derivatives need.
+
+    ``|xs|`` is offset by the smallest normal number, which leaves every
+    ``|xs| > 1e-30`` (float32) unchanged, keeps ``log`` finite and makes the
+    features 0 at ``xs = 0`` through ``sign(0) = 0``.
+
+    Returns:
+        ``xs``, ``sign(xs)``, ``|xs| + tiny``, ``log(|xs| + tiny)``,
+        ``a = (|xs| + tiny)^p`` (times ``mask``), all ``(B, h, N, d)``, and
+        the features ``(B, h, N, 2d)``.
+    """
+    xs = x * inv_s
+    sg = torch.sign(xs)
+    ax = xs.abs().add_(torch.finfo(xs.dtype).tiny)
+    la = ax.log()
+    a = (la * p).exp_()
+    if mask is not None:
+        a = a.mul_(mask)
+    signed = a * sg
+    pos = torch.relu(signed)
+    return xs, sg, ax, la, a, torch.cat([pos, pos - signed], dim=-1)
 
 
 def _mix_matrix(r: Tensor, n: Union[float, Tensor]) -> Tensor:
@@ -98,41 +125,42 @@ def _mix_matrix_grad(dm: Tensor, n: Union[float, Tensor]) -> Tensor:
     return torch.cat([r_top, r_bot], dim=-2)
 
 
+def _to_sign_basis(m: Tensor) -> Tensor:
+    """``[[A], [B]]`` -> ``[[(A + B) / 2], [(A - B) / 2]]`` along dim -2.
+
+    With ``f+ = (a + t) / 2`` and ``f- = (a - t) / 2`` (``t = sign * a``),
+    ``[f+, f-] @ X = [a, t] @ _to_sign_basis(X)``: used in backward to get
+    the gradients of ``a`` without selecting by sign.
+    """
+    top, bot = m.chunk(2, dim=-2)
+    return torch.cat([top + bot, top - bot], dim=-2) * 0.5
+
+
 def _with_ones(v: Tensor) -> Tensor:
     """``[v, 1]`` along the last dim: ``(..., d)`` -> ``(..., d + 1)``."""
-    out = v.new_empty(v.shape[:-1] + (v.shape[-1] + 1, ))
-    out[..., :-1] = v
-    out[..., -1] = 1
-    return out
+    return torch.cat([v, v.new_ones(v.shape[:-1] + (1, ))], dim=-1)
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, s: Tensor, p: Tensor,
-             mask: Optional[Tensor], n: Union[float, Tensor], eps: float):
-    """Shared forward; returns the output and what backward needs."""
-    qs, aq, qf = _features(q, s, p, None)
-    ks, ak, kf = _features(k, s, p, mask)
+def _attend(qf: Tensor, kf: Tensor, v: Tensor, mask: Optional[Tensor],
+            n: Union[float, Tensor], eps: float):
+    """Both flows from the features; returns ``x`` and intermediates.
+
+    Args:
+        qf, kf: ``(B, h, N, 2d)`` features of q and (masked) k.
+        v: ``(B, h, N, d)``.
+
+    Returns:
+        ``x`` ``(B, h, N, d)``, ``ve = [v * mask, 1]``, the mix matrix ``m``
+        ``(B, h, 2d, d + 2)`` and ``1 / z`` ``(B, h, N, 2)``.
+    """
+    d = v.shape[-1]
     ve = _with_ones(v if mask is None else v * mask)  # (B, h, N, d + 1)
     r = kf.transpose(-2, -1) @ ve  # (B, h, 2d, d + 1)
     m = _mix_matrix(r, n)  # (B, h, 2d, d + 2)
     u = qf @ m  # (B, h, N, d + 2)
-    d = v.shape[-1]
-    z = u[..., d:] + eps  # (B, h, N, 2)
-    x = (u[..., :d].unflatten(-1, (2, d // 2)) / z.unsqueeze(-1)).flatten(-2)
-    return x, (qs, aq, qf, ks, ak, kf, ve, m, z)
-
-
-def _power_grad(da: Tensor, xs: Tensor, a: Tensor, p: Tensor,
-                tiny: float) -> Tuple[Tensor, Tensor]:
-    """Derivatives of ``a = |xs|^p`` given ``dL/da``.
-
-    Returns ``dL/dxs`` (``p a / xs``, 0 where ``xs = 0``) and the per-element
-    ``dL/dp`` (``a log|xs|``, 0 where ``a = 0``), both ``(B, h, N, d)``.
-    """
-    xs_safe = torch.where(xs == 0, torch.ones_like(xs), xs)
-    da_a = da * a
-    dxs = da_a * p / xs_safe
-    dp = da_a * xs.abs().clamp_min(tiny).log()
-    return dxs, dp
+    rz = (u[..., d:] + eps).reciprocal_()  # (B, h, N, 2)
+    x = (u[..., :d].unflatten(-1, (2, d // 2)) * rz.unsqueeze(-1)).flatten(-2)
+    return x, ve, m, rz
 
 
 def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
@@ -153,9 +181,11 @@ class PolarityAttentionFunction(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
                 power: Tensor, alpha: float, mask: Optional[Tensor],
                 n: Union[float, Tensor], eps: float) -> Tensor:
-        s = F.softplus(scale)
+        inv_s = F.softplus(scale).reciprocal()
         p = 1 + alpha * torch.sigmoid(power)
-        x, _ = _forward(q, k, v, s, p, mask, n, eps)
+        _, qf = _features(q, inv_s, p, None)
+        _, kf = _features(k, inv_s, p, mask)
+        x = _attend(qf, kf, v, mask, n, eps)[0]
         ctx.save_for_backward(q, k, v, scale, power, mask,
                               n if isinstance(n, Tensor) else None)
         ctx.alpha = alpha
@@ -168,52 +198,48 @@ class PolarityAttentionFunction(torch.autograd.Function):
         q, k, v, scale, power, mask, n_t = ctx.saved_tensors
         n = n_t if n_t is not None else ctx.n
         alpha = ctx.alpha
-        with torch.enable_grad():
-            pass  # (all derivatives below are explicit)
         sig_s = torch.sigmoid(scale)
-        s = F.softplus(scale)
+        inv_s = F.softplus(scale).reciprocal()
         sig_p = torch.sigmoid(power)
         p = 1 + alpha * sig_p
-        x, (qs, aq, qf, ks, ak, kf, ve, m, z) = _forward(
-            q, k, v, s, p, mask, n, ctx.eps)
+        qs, sq, axq, lq, aq, qf = _features_for_backward(q, inv_s, p, None)
+        ks, sk, axk, lk, ak, kf = _features_for_backward(k, inv_s, p, mask)
+        x, ve, m, rz = _attend(qf, kf, v, mask, n, ctx.eps)
         d = v.shape[-1]
-        half = d // 2
-        tiny = torch.finfo(q.dtype).tiny
 
-        # x = num / z per half; u = [num, z - eps]
-        dx = dx.unflatten(-1, (2, half))  # (B, h, N, 2, d/2)
-        xh = x.unflatten(-1, (2, half))
-        du_num = (dx / z.unsqueeze(-1)).flatten(-2)  # (B, h, N, d)
-        du_z = -(dx * xh).sum(-1) / z  # (B, h, N, 2)
+        # x = num / z per half, u = [num, z - eps]
+        dxh = dx.unflatten(-1, (2, d // 2))  # (B, h, N, 2, d/2)
+        du_num = (dxh * rz.unsqueeze(-1)).flatten(-2)  # (B, h, N, d)
+        du_z = (dxh * x.unflatten(-1, (2, d // 2))).sum(-1).mul_(rz).neg_()
         du = torch.cat([du_num, du_z], dim=-1)  # (B, h, N, d + 2)
-        # u = qf @ m
-        dqf = du @ m.transpose(-2, -1)  # (B, h, N, 2d)
+        # u = qf @ m = [aq, tq] @ sign-basis(m)
         dm = qf.transpose(-2, -1) @ du  # (B, h, 2d, d + 2)
+        dq_at = du @ _to_sign_basis(m).transpose(-2, -1)  # (B, h, N, 2d)
+        # r = kf^T ve, m = mix(r)
         dr = _mix_matrix_grad(dm, n)  # (B, h, 2d, d + 1)
-        # r = kf^T ve
-        dkf = ve @ dr.transpose(-2, -1)  # (B, h, N, 2d)
+        dk_at = ve @ _to_sign_basis(dr).transpose(-2, -1)  # (B, h, N, 2d)
         dv = None
         if ctx.needs_input_grad[2]:
             dv = kf @ dr[..., :d]  # (B, h, N, d)
             if mask is not None:
-                dv = dv * mask
+                dv = dv.mul_(mask)
 
-        # feature maps: f = [a (t > 0), a (t < 0)]
-        def feat_grad(dfeat: Tensor, ts: Tensor) -> Tensor:
-            dpos, dneg = dfeat.unflatten(-1, (2, d)).unbind(-2)
-            return torch.where(ts > 0, dpos, dneg)
+        def through_power(dat: Tensor, sg: Tensor, ax: Tensor, la: Tensor,
+                          a: Tensor) -> Tuple[Tensor, Tensor]:
+            """(d/d(a), d/d(t)) -> (dL/dxs, per-element dL/dp)."""
+            da, dt = dat.chunk(2, dim=-1)
+            g = da.addcmul(dt, sg).mul_(a)  # dL/da * a
+            dxs = (g * p).mul_(sg).div_(ax)  # p a sign / |xs|
+            return dxs, g.mul_(la)  # a log|xs|
 
-        daq = feat_grad(dqf, qs)
-        dak = feat_grad(dkf, ks)  # ak already carries the mask
-        dqs, dpq = _power_grad(daq, qs, aq, p, tiny)
-        dks, dpk = _power_grad(dak, ks, ak, p, tiny)
-        # xs = x / s
-        dq = dqs / s
-        dk = dks / s
+        dqs, dpq = through_power(dq_at, sq, axq, lq, aq)
+        dks, dpk = through_power(dk_at, sk, axk, lk, ak)
+        dq = dqs * inv_s
+        dk = dks * inv_s
         dscale = dpower = None
         if ctx.needs_input_grad[3]:
-            ds = -(_sum_to(dqs * qs, s.shape) + _sum_to(dks * ks, s.shape))
-            ds = _sum_to(ds, s.shape) / s
+            ds = (_sum_to(dqs.mul_(qs), p.shape) +
+                  _sum_to(dks.mul_(ks), p.shape)).mul_(-inv_s)
             dscale = _sum_to(ds * sig_s, scale.shape)
         if ctx.needs_input_grad[4]:
             dp = _sum_to(dpq, p.shape) + _sum_to(dpk, p.shape)
@@ -270,6 +296,8 @@ def polarity_attention_kernel(q: Tensor,
             t.requires_grad for t in (q, k, v, scale, power)):
         return PolarityAttentionFunction.apply(q, k, v, scale, power, alpha,
                                                mask, n, eps)
-    s = F.softplus(scale)
+    inv_s = F.softplus(scale).reciprocal()
     p = 1 + alpha * torch.sigmoid(power)
-    return _forward(q, k, v, s, p, mask, n, eps)[0]
+    _, qf = _features(q, inv_s, p, None)
+    _, kf = _features(k, inv_s, p, mask)
+    return _attend(qf, kf, v, mask, n, eps)[0]

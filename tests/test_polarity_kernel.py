@@ -1,0 +1,152 @@
+"""The fast polarity attention kernel against the published formula."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pola_mm.models.layers.polarity_kernel import (PolarityAttentionFunction,
+                                                   polarity_attention_kernel)
+
+
+def reference(q, k, v, scale, power, alpha, valid=None):
+    """The published formula, written out as the authors do (no tricks)."""
+    N = q.shape[-2]
+    s = F.softplus(scale)
+    q = q / s
+    k = k / s
+    p = 1 + alpha * torch.sigmoid(power)
+    q_pos, q_neg = F.relu(q)**p, F.relu(-q)**p
+    k_pos, k_neg = F.relu(k)**p, F.relu(-k)**p
+    if valid is None:
+        n = torch.full((q.shape[0], 1, 1, 1), float(N), dtype=q.dtype)
+    else:
+        m = valid[:, None, :, None].to(q.dtype)
+        k_pos, k_neg, v = k_pos * m, k_neg * m, v * m
+        n = m.sum(dim=-2, keepdim=True).clamp(min=1.0)
+    q_sim = torch.cat([q_pos, q_neg], dim=-1)
+    q_opp = torch.cat([q_neg, q_pos], dim=-1)
+    kk = torch.cat([k_pos, k_neg], dim=-1)
+    v1, v2 = torch.chunk(v, 2, dim=-1)
+    k_mean = kk.sum(dim=-2, keepdim=True) / n
+    kv1 = kk.transpose(-2, -1) @ v1 / n
+    kv2 = kk.transpose(-2, -1) @ v2 / n
+    x_sim = q_sim @ kv1 / (q_sim @ k_mean.transpose(-2, -1) + 1e-6)
+    x_opp = q_opp @ kv2 / (q_opp @ k_mean.transpose(-2, -1) + 1e-6)
+    return torch.cat([x_sim, x_opp], dim=-1)
+
+
+def _inputs(B=2, h=3, N=11, d=6, dtype=torch.float64, masked=False, seed=0,
+            scale_heads=True):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, N, d, generator=g, dtype=dtype)
+               for _ in range(3))
+    scale = torch.randn(1, h if scale_heads else 1, 1, d, generator=g,
+                        dtype=dtype)
+    power = torch.randn(1, h, 1, d, generator=g, dtype=dtype)
+    valid = None
+    if masked:
+        valid = torch.rand(B, N, generator=g) > 0.4
+        valid[:, 0] = True
+        if B > 1:
+            valid[1] = False  # a sequence with no valid key: n clamps to 1
+    return q, k, v, scale, power, valid
+
+
+@pytest.mark.parametrize('masked', [False, True])
+@pytest.mark.parametrize('shape', [(2, 3, 11, 6), (1, 1, 5, 2),
+                                   (2, 2, 64, 32)])
+def test_forward_matches_reference_float64(masked, shape):
+    B, h, N, d = shape
+    q, k, v, scale, power, valid = _inputs(B, h, N, d, masked=masked)
+    out = polarity_attention_kernel(q, k, v, scale, power, 4.0, valid)
+    ref = reference(q, k, v, scale, power, 4.0, valid)
+    assert out.shape == (B, h, N, d) and out.dtype == torch.float64
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_forward_float32_close_to_float64_reference():
+    q, k, v, scale, power, valid = _inputs(2, 4, 300, 32, masked=True)
+    ref = reference(q, k, v, scale, power, 4.0, valid)
+    out = polarity_attention_kernel(q.float(), k.float(), v.float(),
+                                    scale.float(), power.float(), 4.0, valid)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_exact_zeros_and_shared_scale():
+    """Exact zeros in q/k (where |t|^p has a kink) and a scale shared by
+    all heads, as a (1, 1, 1, d) tensor."""
+    q, k, v, scale, power, _ = _inputs(2, 2, 9, 4, scale_heads=False)
+    q[0, 0, :3] = 0
+    k[1, 1, 2:5, 1] = 0
+    out = polarity_attention_kernel(q, k, v, scale, power, 4.0)
+    torch.testing.assert_close(out, reference(q, k, v, scale, power, 4.0))
+
+
+@pytest.mark.parametrize('masked', [False, True])
+@pytest.mark.parametrize('scale_heads', [True, False])
+def test_gradcheck_float64(masked, scale_heads):
+    q, k, v, scale, power, valid = _inputs(2, 2, 7, 4, masked=masked,
+                                           scale_heads=scale_heads)
+    for t in (q, k, v, scale, power):
+        t.requires_grad_(True)
+
+    def fn(q, k, v, scale, power):
+        return polarity_attention_kernel(q, k, v, scale, power, 4.0, valid)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, scale, power))
+
+
+def test_gradients_match_reference_autograd():
+    q, k, v, scale, power, valid = _inputs(2, 3, 40, 8, masked=True)
+    args = [t.requires_grad_(True) for t in (q, k, v, scale, power)]
+    g = torch.randn(2, 3, 40, 8, dtype=torch.float64)
+    out = polarity_attention_kernel(*args, 2.5, valid)
+    grads = torch.autograd.grad(out, args, g)
+    ref_out = reference(*args, 2.5, valid)
+    ref_grads = torch.autograd.grad(ref_out, args, g)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_partial_requires_grad_and_no_grad_path():
+    q, k, v, scale, power, _ = _inputs(1, 2, 6, 4)
+    v.requires_grad_(True)
+    out = polarity_attention_kernel(q, k, v, scale, power, 4.0)
+    (gv, ) = torch.autograd.grad(out.sum(), [v])
+    ref = reference(q, k, v, scale, power, 4.0)
+    (rv, ) = torch.autograd.grad(ref.sum(), [v])
+    torch.testing.assert_close(gv, rv)
+    with torch.no_grad():
+        out = polarity_attention_kernel(q, k, v, scale, power, 4.0)
+    assert out.grad_fn is None
+
+
+def test_function_saves_only_inputs():
+    """The autograd graph keeps q, k, v and the parameters, not the
+    (B, h, N, 2d) feature maps."""
+    q, k, v, scale, power, _ = _inputs(1, 1, 50, 8)
+    args = [t.requires_grad_(True) for t in (q, k, v, scale, power)]
+    out = polarity_attention_kernel(*args, 4.0)
+    assert isinstance(out.grad_fn.__self__ if hasattr(
+        out.grad_fn, '__self__') else out.grad_fn, object)
+    saved = out.grad_fn.saved_tensors
+    assert all(t.numel() <= q.numel() for t in saved if t is not None)
+    assert PolarityAttentionFunction.__name__ in type(out.grad_fn).__name__
+
+
+def test_dynamo_has_no_graph_breaks():
+    explain = pytest.importorskip('torch._dynamo').explain
+    q, k, v, scale, power, valid = _inputs(2, 2, 16, 8, dtype=torch.float32,
+                                           masked=True)
+    for t in (q, k, v, scale, power):
+        t.requires_grad_(True)
+
+    def fn(q, k, v, scale, power, valid):
+        return polarity_attention_kernel(q, k, v, scale, power, 4.0, valid)
+
+    for m in (valid, None):
+        result = explain(fn)(q, k, v, scale, power, m)
+        assert result.graph_break_count == 0, result.break_reasons
+        with torch.no_grad():
+            result = explain(fn)(q, k, v, scale, power, m)
+        assert result.graph_break_count == 0, result.break_reasons
