@@ -1,1 +1,161 @@
-"""Narrow compatibility fixes for the modern torch stack (filled by issue 2)."""
+"""Narrow compatibility fixes for the modern torch stack.
+
+Two things do not work out of the box with torch >= 2.6 and mmengine 0.10.7:
+
+1. ``torch.load`` defaults to ``weights_only=True`` (torch >= 2.6), and
+   mmengine calls it without the argument. Every checkpoint an mmengine
+   ``Runner`` saves holds a ``message_hub`` (``HistoryBuffer`` objects with
+   numpy arrays, numpy scalars, and the buffer's statistics methods), so
+   ``--resume`` and loading a checkpoint for testing fail. :func:`allow_runner_checkpoints`
+   adds exactly those types to torch's weights-only allow-list, which keeps
+   refusing anything else (pickled code in a foreign file is still rejected).
+   It runs when :mod:`pola_mm` is imported.
+
+2. ``mmengine.dist.init_dist('pytorch')`` calls ``torch.cuda.set_device`` and
+   the Runner's DDP wrapper passes ``device_ids=[LOCAL_RANK]``; both fail on a
+   machine without a GPU. :func:`setup_cpu_distributed` initialises a gloo
+   process group and sets the model wrapper to ``device_ids=None``, only when
+   the launcher is ``'pytorch'`` and CUDA is unavailable. ``tools/train.py``
+   and ``tools/test.py`` call it.
+"""
+from typing import Any, Callable, List, Tuple, Union
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+from mmengine.config import Config
+from mmengine.logging import HistoryBuffer, print_log
+from mmengine.registry import MODEL_WRAPPERS
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = [
+    'allow_runner_checkpoints', 'runner_checkpoint_safe_globals',
+    'setup_cpu_distributed'
+]
+
+# numpy dtypes a checkpoint may hold as arrays or scalars (log values, counts)
+_NUMPY_DTYPES = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16',
+                 'uint32', 'uint64', 'float16', 'float32', 'float64')
+
+
+def _history_buffer_attr(obj: Any, name: str) -> Callable:
+    """Stand-in for ``builtins.getattr`` while unpickling a checkpoint.
+
+    ``HistoryBuffer.__getstate__`` saves its statistics methods, which pickle
+    writes as ``getattr(HistoryBuffer, 'min')``. Only that lookup is allowed:
+    the class must be ``HistoryBuffer`` and the attribute one of its
+    registered statistics methods.
+    """
+    import pickle
+    methods = set(HistoryBuffer._statistics_methods) | {
+        'min', 'max', 'current', 'mean'
+    }
+    if obj is HistoryBuffer and name in methods:
+        return getattr(obj, name)
+    raise pickle.UnpicklingError(
+        f'pola_mm: refusing getattr({obj!r}, {name!r}) while loading with '
+        'weights_only=True; only HistoryBuffer statistics methods are allowed')
+
+
+def runner_checkpoint_safe_globals() -> List[Union[Any, Tuple[Any, str]]]:
+    """The globals an mmengine Runner checkpoint needs beyond torch's own.
+
+    Observed in checkpoints saved by ``Runner.save_checkpoint`` (mmengine
+    0.10.7, numpy 1.x and 2.x names): ``HistoryBuffer``, its statistics
+    methods (via a restricted ``getattr``), ``numpy.ndarray`` and its
+    ``_reconstruct``, ``numpy.dtype`` and the concrete numeric dtype classes,
+    and numpy scalars (``multiarray.scalar``).
+
+    Returns:
+        A list for :func:`torch.serialization.add_safe_globals`.
+    """
+    multiarray = getattr(np, '_core', None)
+    multiarray = multiarray.multiarray if multiarray is not None \
+        else np.core.multiarray
+    entries: List[Union[Any, Tuple[Any, str]]] = [
+        HistoryBuffer,
+        (_history_buffer_attr, 'builtins.getattr'),
+        np.ndarray,
+        np.dtype,
+    ]
+    # numpy 2 writes numpy._core.*, numpy 1 wrote numpy.core.*: accept both
+    for module in ('numpy._core.multiarray', 'numpy.core.multiarray'):
+        entries.append((multiarray._reconstruct, f'{module}._reconstruct'))
+        entries.append((multiarray.scalar, f'{module}.scalar'))
+    for name in _NUMPY_DTYPES:
+        dtype_cls = type(np.dtype(name))
+        if dtype_cls is not np.dtype:  # numpy >= 1.20: one class per dtype
+            entries.append(dtype_cls)
+    return entries
+
+
+def allow_runner_checkpoints() -> bool:
+    """Let ``torch.load(weights_only=True)`` read mmengine Runner checkpoints.
+
+    Adds :func:`runner_checkpoint_safe_globals` to torch's allow-list; no-op
+    on torch without ``add_safe_globals`` (< 2.4, where loading is not
+    weights-only by default). Idempotent.
+
+    Returns:
+        True if the allow-list was extended.
+    """
+    serialization = torch.serialization
+    if not hasattr(serialization, 'add_safe_globals'):
+        return False
+    serialization.add_safe_globals(runner_checkpoint_safe_globals())
+    return True
+
+
+def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
+    """Make ``--launcher pytorch`` work on a machine without CUDA (gloo).
+
+    mmengine's ``init_dist('pytorch')`` calls ``torch.cuda.set_device`` and
+    its default DDP wrapper passes ``device_ids=[LOCAL_RANK]``; neither works
+    on CPU. When ``launcher == 'pytorch'`` and CUDA is unavailable this
+    initialises the default process group with the gloo backend from the
+    torchrun environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``), which makes the Runner skip ``init_dist``, and sets
+    ``cfg.model_wrapper_cfg['device_ids'] = None`` (keeping any wrapper type
+    and options the config chose). Otherwise it does nothing.
+
+    Args:
+        cfg: the config the Runner will be built from; edited in place.
+        launcher: the ``--launcher`` value.
+
+    Returns:
+        True if the CPU path was set up.
+    """
+    if launcher != 'pytorch' or torch.cuda.is_available():
+        return False
+    if not torch_dist.is_available():
+        raise RuntimeError('torch.distributed is not available in this torch '
+                           'build; use --launcher none')
+    if not torch_dist.is_initialized():
+        torch_dist.init_process_group(backend='gloo')
+    env_cfg = cfg.get('env_cfg') or {}
+    dist_cfg = dict(env_cfg.get('dist_cfg') or {})
+    dist_cfg['backend'] = 'gloo'
+    env_cfg['dist_cfg'] = dist_cfg
+    cfg.env_cfg = env_cfg
+    wrapper = cfg.get('model_wrapper_cfg')
+    if wrapper is None:
+        # what Runner.wrap_model builds by default, minus the GPU device ids
+        wrapper = dict(
+            type='MMDistributedDataParallel',
+            broadcast_buffers=False,
+            find_unused_parameters=cfg.get('find_unused_parameters', False))
+    wrapper = dict(wrapper)
+    wrapper.setdefault('type', 'MMDistributedDataParallel')
+    wrapper_cls = MODEL_WRAPPERS.get(wrapper['type'])
+    if isinstance(wrapper_cls, type) and issubclass(wrapper_cls,
+                                                    DistributedDataParallel):
+        wrapper['device_ids'] = None
+    cfg.model_wrapper_cfg = wrapper
+    print_log(
+        f'pola_mm: CUDA unavailable, distributed on CPU with gloo '
+        f'(rank {torch_dist.get_rank()}/{torch_dist.get_world_size()})',
+        logger='current')
+    return True
+
+
+allow_runner_checkpoints()

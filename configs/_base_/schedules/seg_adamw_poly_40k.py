@@ -13,11 +13,11 @@ optim_wrapper = dict(
     paramwise_cfg=dict(
         custom_keys={
             'norm': dict(decay_mult=0.),
-            'pos_embed': dict(decay_mult=0.),
-            'positional_encoding': dict(decay_mult=0.),
-            'relative_position_bias_table': dict(decay_mult=0.),
-            'power': dict(decay_mult=0.),
-            'scale': dict(decay_mult=0.),
+            '.pos_embed': dict(decay_mult=0.),
+            '.positional_encoding': dict(decay_mult=0.),
+            '.relative_position_bias_table': dict(decay_mult=0.),
+            '.power': dict(decay_mult=0.),
+            'attn.scale': dict(decay_mult=0.),
         }))
 
 param_scheduler = [

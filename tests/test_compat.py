@@ -1,0 +1,234 @@
+"""pola_mm.compat and tools/train.py, tools/test.py with a real mmengine Runner.
+
+The tiny model/data/metric live in tests/compat_tiny.py and the config in
+tests/data/tiny_runner_cfg.py; the tools run as subprocesses, exactly as a
+user runs them.
+"""
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+import torch
+
+import pola_mm  # noqa: F401  (applies pola_mm.compat, as the tools do)
+
+REPO = Path(__file__).resolve().parents[1]
+CFG = REPO / 'tests' / 'data' / 'tiny_runner_cfg.py'
+TORCH_2_6 = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')
+                  [:2]) >= (2, 6)
+
+
+def _env() -> dict:
+    env = os.environ.copy()
+    paths = [str(REPO / 'tests'), str(REPO), env.get('PYTHONPATH', '')]
+    env['PYTHONPATH'] = os.pathsep.join(p for p in paths if p)
+    env.setdefault('OMP_NUM_THREADS', '1')
+    return env
+
+
+def run(args: List[str], cwd: Path, check: bool = True,
+        timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run ``python ARGS`` with tests/ and the repo on PYTHONPATH."""
+    proc = subprocess.run([sys.executable] + args, cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f'{args} exited {proc.returncode}\n'
+                             f'{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}')
+    return proc
+
+
+def train(work_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run([str(REPO / 'tools' / 'train.py'), str(CFG), '--work-dir',
+                str(work_dir), *extra], cwd=work_dir.parent)
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory) -> Path:
+    """Work dir of an uninterrupted 4-iteration run (iter_2.pth, iter_4.pth)."""
+    work_dir = tmp_path_factory.mktemp('tiny') / 'full'
+    train(work_dir)
+    return work_dir
+
+
+def test_train_saves_runner_checkpoint(trained):
+    assert (trained / 'iter_2.pth').is_file()
+    assert (trained / 'iter_4.pth').is_file()
+    ckpt = torch.load(trained / 'iter_4.pth', map_location='cpu')
+    # the parts that make a Runner checkpoint hard to load weights-only
+    from mmengine.logging import HistoryBuffer
+    assert isinstance(ckpt['message_hub']['log_scalars']['train/loss'],
+                      HistoryBuffer)
+    assert ckpt['meta']['iter'] == 4
+
+
+@pytest.mark.parametrize('how', ['path', 'auto'])
+def test_resume_reproduces_uninterrupted_run(trained, tmp_path, how):
+    work_dir = tmp_path / 'resumed'
+    work_dir.mkdir()
+    shutil.copy(trained / 'iter_2.pth', work_dir / 'iter_2.pth')
+    if how == 'path':
+        proc = train(work_dir, '--resume', str(work_dir / 'iter_2.pth'))
+    else:  # --resume without a path: latest checkpoint of the work dir
+        (work_dir / 'last_checkpoint').write_text(str(work_dir /
+                                                      'iter_2.pth'))
+        proc = train(work_dir, '--resume')
+    assert 'resumed epoch: 0, iter: 2' in proc.stdout + proc.stderr
+    full = torch.load(trained / 'iter_4.pth', map_location='cpu')
+    resumed = torch.load(work_dir / 'iter_4.pth', map_location='cpu')
+    for key, value in full['state_dict'].items():
+        assert torch.equal(value, resumed['state_dict'][key]), key
+    assert full['param_schedulers'] == resumed['param_schedulers']
+
+
+def test_test_tool_loads_runner_checkpoint(trained, tmp_path):
+    out = tmp_path / 'preds.pkl'
+    proc = run([str(REPO / 'tools' / 'test.py'), str(CFG),
+                str(trained / 'iter_4.pth'), '--work-dir',
+                str(tmp_path / 'test'), '--out', str(out)], cwd=tmp_path)
+    assert 'mse:' in proc.stdout + proc.stderr
+    with open(out, 'rb') as f:
+        preds = pickle.load(f)
+    assert len(preds) == 16  # the tiny test set
+
+
+def test_tools_report_missing_files(tmp_path):
+    proc = run([str(REPO / 'tools' / 'test.py'), str(CFG),
+                str(tmp_path / 'missing.pth')], cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert 'checkpoint not found' in proc.stderr
+    assert 'Traceback' not in proc.stderr
+    proc = run([str(REPO / 'tools' / 'train.py'),
+                str(tmp_path / 'missing_cfg.py')], cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert 'config file not found' in proc.stderr
+
+
+@pytest.mark.skipif(not TORCH_2_6, reason='weights_only is the default '
+                    'from torch 2.6')
+def test_runner_checkpoint_needs_compat(trained):
+    """Without pola_mm.compat torch refuses a Runner checkpoint; with it, ok."""
+    ckpt = str(trained / 'iter_2.pth')
+    plain = run(['-c', f'import torch; torch.load({ckpt!r})'], cwd=trained,
+                check=False)
+    assert plain.returncode != 0
+    assert 'UnpicklingError' in plain.stderr
+    with_compat = run([
+        '-c', 'import torch, pola_mm.compat; '
+        f'c = torch.load({ckpt!r}); '
+        "print(c['message_hub']['log_scalars']['train/loss'].mean())"
+    ], cwd=trained)
+    assert float(with_compat.stdout.strip().splitlines()[-1]) > 0
+
+
+class _RunsCode:
+    """Pickles as a call of ``builtins.open(path, 'w')`` (creates a file)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, 'w'))
+
+
+class _ReachesAttr:
+    """Pickles as ``getattr(HistoryBuffer, '__init__')``."""
+
+    def __reduce__(self):
+        from mmengine.logging import HistoryBuffer
+        return (getattr, (HistoryBuffer, '__init__'))
+
+
+def test_weights_only_still_refuses_pickled_code(tmp_path):
+    import pola_mm.compat  # noqa: F401
+    from mmengine.runner import load_checkpoint
+    marker = tmp_path / 'pwned'
+    evil = tmp_path / 'evil.pth'
+    torch.save({'state_dict': {}, 'meta': _RunsCode(str(marker))}, evil)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(evil)
+    with pytest.raises(pickle.UnpicklingError):
+        load_checkpoint(torch.nn.Linear(1, 1), str(evil))
+    assert not marker.exists()
+    # the getattr stand-in only hands out HistoryBuffer statistics methods
+    sneaky = tmp_path / 'sneaky.pth'
+    torch.save({'x': _ReachesAttr()}, sneaky)
+    with pytest.raises(pickle.UnpicklingError, match='refusing getattr'):
+        torch.load(sneaky)
+
+
+def test_setup_cpu_distributed_only_without_cuda():
+    from mmengine.config import Config
+
+    from pola_mm.compat import setup_cpu_distributed
+    cfg = Config(dict(model=dict(type='X')))
+    assert not setup_cpu_distributed(cfg, 'none')
+    assert 'model_wrapper_cfg' not in cfg
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CPU-only path')
+def test_cpu_ddp_wrapper_needs_compat(monkeypatch):
+    """mmengine's default wrapper (device_ids=[LOCAL_RANK]) fails on CPU."""
+    import torch.distributed as dist
+    from mmengine.config import Config
+    from mmengine.model import MMDistributedDataParallel
+    from mmengine.registry import MODEL_WRAPPERS
+
+    from pola_mm.compat import setup_cpu_distributed
+    if dist.is_initialized():
+        pytest.skip('a process group already exists in this process')
+    for key, value in dict(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0',
+                           MASTER_ADDR='127.0.0.1',
+                           MASTER_PORT=str(_free_port())).items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises((RuntimeError, AssertionError)):
+        torch.cuda.set_device(0)  # what mmengine's init_dist('pytorch') does
+    cfg = Config(dict(model=dict(type='X')))
+    try:
+        assert setup_cpu_distributed(cfg, 'pytorch')
+        assert dist.get_backend() == 'gloo'
+        assert cfg.model_wrapper_cfg['device_ids'] is None
+        assert cfg.env_cfg['dist_cfg']['backend'] == 'gloo'
+        with pytest.raises(ValueError):  # Runner.wrap_model without compat
+            MMDistributedDataParallel(
+                module=torch.nn.Linear(2, 2), device_ids=[0])
+        wrapped = MODEL_WRAPPERS.build(
+            cfg.model_wrapper_cfg,
+            default_args=dict(module=torch.nn.Linear(2, 2),
+                              device_ids=[0]))
+        assert wrapped(torch.ones(1, 2)).shape == (1, 2)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CPU-only path')
+def test_two_process_cpu_training_with_torchrun(tmp_path):
+    work_dir = tmp_path / 'dist'
+    proc = run([
+        '-m', 'torch.distributed.run', '--nnodes', '1', '--nproc_per_node',
+        '2', '--master_addr', '127.0.0.1', '--master_port',
+        str(_free_port()), str(REPO / 'tools' / 'train.py'), str(CFG),
+        '--launcher', 'pytorch', '--work-dir', str(work_dir)
+    ], cwd=tmp_path)
+    log = proc.stdout + proc.stderr
+    assert 'distributed on CPU with gloo' in log
+    assert (work_dir / 'iter_4.pth').is_file()
+    proc = run([
+        '-m', 'torch.distributed.run', '--nnodes', '1', '--nproc_per_node',
+        '2', '--master_addr', '127.0.0.1', '--master_port',
+        str(_free_port()), str(REPO / 'tools' / 'test.py'), str(CFG),
+        str(work_dir / 'iter_4.pth'), '--launcher', 'pytorch', '--work-dir',
+        str(tmp_path / 'dist_test')
+    ], cwd=tmp_path)
+    assert 'mse:' in proc.stdout + proc.stderr

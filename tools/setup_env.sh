@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Create or refresh the project environment in .venv/ (called by `make test`
+# and `make demo`; safe to run any number of times).
+#
+#   1. .venv from python3.11 (or POLA_MM_PYTHON), optionally seeing that
+#      interpreter's packages (POLA_MM_SYSTEM_SITE_PACKAGES=1);
+#   2. build tools (setuptools>=77.0.3,<81, wheel, ninja);
+#   3. torch + torchvision: kept if a torch >= 2.0 is already importable in the
+#      venv, otherwise $POLA_MM_TORCH (default torch==2.14.1 torchvision==0.29.1);
+#   4. mmengine, mmdet, mmsegmentation, mmpretrain, timm, pytest (requirements/);
+#   5. mmcv 2.1.0 with ops via tools/install_mmcv.py (built once, then cached in
+#      ~/.cache/pola_mm/wheels, or $POLA_MM_WHEEL_CACHE);
+#   6. pola_mm itself, editable.
+#
+# A stamp keyed by the hash of the requirement files and of this script makes a
+# second run return in seconds; delete .venv/ (or the stamp) to start over.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+VENV=.venv
+PY="$VENV/bin/python"
+STAMP="$VENV/.pola_mm_setup_stamp"
+TORCH_SPEC=${POLA_MM_TORCH:-"torch==2.14.1 torchvision==0.29.1"}
+
+log() { echo "[setup $(date +%H:%M:%S)] $*"; }
+
+hash_inputs() {
+  cat requirements.txt requirements/*.txt setup.cfg pyproject.toml \
+    tools/setup_env.sh tools/install_mmcv.py | sha256sum | cut -c1-16
+}
+want=$(hash_inputs)
+
+if [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] &&
+   "$PY" -c "import torch, mmcv, mmengine, pola_mm.registry" 2>/dev/null; then
+  log ".venv is up to date (delete $STAMP to force a refresh)"
+  exit 0
+fi
+
+start=$SECONDS
+if [ ! -x "$PY" ]; then
+  base=${POLA_MM_PYTHON:-}
+  if [ -z "$base" ]; then
+    for candidate in python3.11 python3; do
+      if command -v "$candidate" >/dev/null 2>&1; then base=$candidate; break; fi
+    done
+  fi
+  if [ -z "$base" ] || ! command -v "$base" >/dev/null 2>&1; then
+    echo "[setup] ERROR: no python3.11 / python3 found; install Python 3.11 or" \
+         "set POLA_MM_PYTHON=/path/to/python" >&2
+    exit 1
+  fi
+  venv_args=()
+  if [ "${POLA_MM_SYSTEM_SITE_PACKAGES:-0}" = 1 ]; then
+    venv_args+=(--system-site-packages)
+  fi
+  log "creating $VENV with $base ($("$base" --version 2>&1))"
+  if ! "$base" -m venv ${venv_args[@]+"${venv_args[@]}"} "$VENV"; then
+    echo "[setup] ERROR: '$base -m venv' failed (on Debian/Ubuntu:" \
+         "sudo apt-get install python3.11-venv)" >&2
+    exit 1
+  fi
+fi
+
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+log "build tools (setuptools, wheel, ninja)"
+pip_install -r requirements/build.txt
+
+if "$PY" - <<'EOF' 2>/dev/null
+import torch, torchvision  # noqa: F401
+major, minor = (int(x) for x in torch.__version__.split('+')[0].split('.')[:2])
+assert (major, minor) >= (2, 0)
+EOF
+then
+  log "keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
+else
+  log "installing $TORCH_SPEC (about 1 minute from a local wheel cache, longer when downloaded)"
+  # shellcheck disable=SC2086
+  pip_install $TORCH_SPEC
+fi
+
+log "OpenMMLab stack, timm, pytest (requirements/)"
+pip_install -r requirements/runtime.txt -r requirements/tests.txt
+
+log "mmcv 2.1.0 with compiled ops (tools/install_mmcv.py)"
+"$PY" tools/install_mmcv.py
+
+log "pola_mm (editable)"
+pip_install -e . --no-deps --no-build-isolation
+
+"$PY" -c "import pola_mm, mmcv.ops, mmdet, mmseg, mmpretrain, timm" || {
+  echo "[setup] ERROR: the environment was built but the imports above fail" >&2
+  exit 1
+}
+echo "$want" > "$STAMP"
+log "environment ready in $((SECONDS - start)) s"
