@@ -1,7 +1,7 @@
 """pola_mm.compat and tools/train.py, tools/test.py with a real mmengine Runner.
 
 The tiny model/data/metric live in tests/compat_tiny.py and the config in
-tests/data/tiny_runner_cfg.py; the tools run as subprocesses, exactly as a
+tests/compat_tiny_cfg.py; the tools run as subprocesses, exactly as a
 user runs them.
 """
 import os
@@ -18,7 +18,7 @@ import torch
 import pola_mm  # noqa: F401  (applies pola_mm.compat, as the tools do)
 
 REPO = Path(__file__).resolve().parents[1]
-CFG = REPO / 'tests' / 'data' / 'tiny_runner_cfg.py'
+CFG = REPO / 'tests' / 'compat_tiny_cfg.py'
 TORCH_2_6 = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')
                   [:2]) >= (2, 6)
 
