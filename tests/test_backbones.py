@@ -1,0 +1,247 @@
+"""PolaSwinTransformer / PolaPVT: archs, shapes at any size, gradients,
+with_cp, frozen_stages, drop_path and registry scopes."""
+import json
+import math
+import os
+import os.path as osp
+
+import pytest
+import torch
+
+from pola_mm.models import PolaPVT, PolaSwinTransformer
+from pola_mm.models.checkpoint import convert_official_checkpoint
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+TINY_SWIN = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 1, 2, 2))
+TINY_PVT = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
+                num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2))
+BACKBONES = [(PolaSwinTransformer, TINY_SWIN), (PolaPVT, TINY_PVT)]
+IDS = ['swin', 'pvt']
+SIZES = [(224, 224), (250, 333), (112, 137), (64, 64), (33, 47), (511, 511)]
+
+
+def _layouts():
+    root = os.environ.get('POLA_MM_REFERENCE') or osp.join(
+        REPO, '..', 'shared', 'reference')
+    path = osp.join(root, 'official_state_dict_layouts.json')
+    if not osp.isfile(path):
+        pytest.skip(f'reference layouts not found at {path} '
+                    '(set POLA_MM_REFERENCE)')
+    with open(path) as f:
+        return json.load(f)
+
+
+FULL_ARCHS = [(PolaSwinTransformer, a, f'pola_swin_{a}')
+              for a in ('tiny', 'small', 'base')] + \
+             [(PolaPVT, a, f'pola_pvt_{a}')
+              for a in ('tiny', 'small', 'medium', 'large')]
+
+
+@pytest.mark.parametrize('cls,arch,key', FULL_ARCHS,
+                         ids=[k for _, _, k in FULL_ARCHS])
+def test_full_arch_matches_authors_layout(cls, arch, key):
+    """Every published arch has exactly the authors' parameter names and
+    shapes after conversion (how hidden full-size weights are checked)."""
+    layout = _layouts()[key]
+    model = cls(arch=arch, out_indices=(3, ))
+    official = {k: torch.empty(s, device='meta')
+                for k, s in layout['params'] + layout['buffers']}
+    converted = convert_official_checkpoint(official)
+    want = {k[len('backbone.'):]: list(v.shape)
+            for k, v in converted.items() if k.startswith('backbone.')}
+    got = {k: list(v.shape) for k, v in model.state_dict().items()}
+    assert got == want
+    n_head = sum(math.prod(s) for k, s in layout['params']
+                 if k.startswith('head.'))
+    assert sum(p.numel() for p in model.parameters()) + n_head + (
+        0 if cls is PolaSwinTransformer else
+        2 * model.num_features[-1]) == layout['n_params']
+    # aliases
+    alias = cls(arch=arch[0], out_indices=(0, ))
+    assert alias.arch == model.arch
+
+
+@pytest.mark.parametrize('cls,arch', BACKBONES, ids=IDS)
+def test_shapes_any_size(cls, arch):
+    model = cls(arch=arch).eval()
+    dims = ([arch['embed_dims'] * 2**i for i in range(4)]
+            if cls is PolaSwinTransformer else list(arch['embed_dims']))
+    with torch.no_grad():
+        for H, W in SIZES:
+            outs = model(torch.randn(1, 3, H, W))
+            assert len(outs) == 4
+            for i, o in enumerate(outs):
+                s = 4 * 2**i
+                assert o.shape == (1, dims[i], math.ceil(H / s),
+                                   math.ceil(W / s)), (H, W, i)
+                assert torch.isfinite(o).all()
+
+
+def _grad_check_all(model, x):
+    outs = model(x)
+    sum((o * torch.randn_like(o)).sum() for o in outs).backward()
+    no_grad = [n for n, p in model.named_parameters()
+               if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+    assert not no_grad, no_grad
+
+
+@pytest.mark.parametrize('out_indices', [(0, 1, 2, 3), (0, 1), (3, )])
+@pytest.mark.parametrize('cls,arch', BACKBONES, ids=IDS)
+def test_every_parameter_gets_gradient(cls, arch, out_indices):
+    torch.manual_seed(0)
+    model = cls(arch=arch, out_indices=out_indices, drop_path_rate=0.)
+    model.init_weights()
+    model.train()
+    _grad_check_all(model, torch.randn(2, 3, 64, 72))
+    assert len(model(torch.randn(1, 3, 64, 64))) == len(out_indices)
+    if out_indices == (0, 1):
+        names = [n for n, _ in model.named_parameters()]
+        assert not any(n.startswith(('layers.2', 'block3', 'patch_embed3',
+                                     'norm2', 'norm3')) for n in names)
+
+
+@pytest.mark.parametrize('cls,arch', BACKBONES, ids=IDS)
+def test_with_cp_same_gradients(cls, arch):
+    torch.manual_seed(0)
+    a = cls(arch=arch, drop_path_rate=0.)
+    a.init_weights()
+    b = cls(arch=arch, drop_path_rate=0., with_cp=True)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(1, 3, 40, 52)
+    w = [torch.randn_like(o) for o in a(x)]
+    for m in (a, b):
+        m.train()
+        sum((o * wi).sum() for o, wi in zip(m(x), w)).backward()
+    for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-5, atol=1e-6,
+                                   msg=n)
+
+
+def _frozen_names(model):
+    return {n for n, p in model.named_parameters() if not p.requires_grad}
+
+
+def test_frozen_stages_swin():
+    m = PolaSwinTransformer(arch=TINY_SWIN, frozen_stages=0)
+    assert _frozen_names(m) == {n for n, _ in m.named_parameters()
+                                if n.startswith('patch_embed.')}
+    m = PolaSwinTransformer(arch=TINY_SWIN, frozen_stages=2)
+    frozen = _frozen_names(m)
+    prefixes = ('patch_embed.', 'layers.0.', 'layers.1.', 'norm0.', 'norm1.')
+    assert frozen == {n for n, _ in m.named_parameters()
+                      if n.startswith(prefixes)}
+    m.train()
+    assert not m.patch_embed.training and not m.layers[1].training
+    assert not m.norm1.training and m.layers[2].training and m.norm2.training
+    m = PolaSwinTransformer(arch=TINY_SWIN, frozen_stages=-1)
+    assert not _frozen_names(m)
+    # the frozen part does not change in training
+    m = PolaSwinTransformer(arch=TINY_SWIN, frozen_stages=1).train()
+    before = m.layers[0].blocks[0].attn.qkvg.weight.clone()
+    opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad],
+                          lr=1.)
+    sum(o.sum() for o in m(torch.randn(1, 3, 32, 32))).backward()
+    opt.step()
+    assert torch.equal(before, m.layers[0].blocks[0].attn.qkvg.weight)
+
+
+def test_frozen_stages_pvt():
+    m = PolaPVT(arch=TINY_PVT, frozen_stages=0)
+    assert _frozen_names(m) == {n for n, _ in m.named_parameters()
+                                if n.startswith(('patch_embed1.',
+                                                 'pos_embed1'))}
+    m = PolaPVT(arch=TINY_PVT, frozen_stages=2).train()
+    prefixes = ('patch_embed1.', 'pos_embed1', 'block1.', 'patch_embed2.',
+                'pos_embed2', 'block2.')
+    assert _frozen_names(m) == {n for n, _ in m.named_parameters()
+                                if n.startswith(prefixes)}
+    assert not m.block2.training and m.block3.training
+    assert m.pos_embed3.requires_grad
+
+
+@pytest.mark.parametrize('cls,arch', BACKBONES, ids=IDS)
+def test_drop_path(cls, arch):
+    torch.manual_seed(0)
+    m = cls(arch=arch, drop_path_rate=0.5)
+    probs = [mod.drop_prob for mod in m.modules() if hasattr(mod,
+                                                             'drop_prob')]
+    n = sum(arch['depths'])
+    assert len(probs) == n - 1  # the first block has rate 0 (Identity)
+    assert probs[-1] == pytest.approx(0.5)
+    assert probs == sorted(probs)
+    x = torch.randn(2, 3, 32, 32)
+    m.eval()
+    with torch.no_grad():
+        assert torch.equal(m(x)[-1], m(x)[-1])
+        m.train()
+        assert not torch.equal(m(x)[-1], m(x)[-1])
+
+
+@pytest.mark.parametrize('cls,arch', BACKBONES, ids=IDS)
+def test_bf16_autocast_backbone(cls, arch):
+    m = cls(arch=arch)
+    m.init_weights()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = m(x)
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+    sum(o.float().sum() for o in outs).backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters()
+               if p.grad is not None)
+
+
+def test_arch_errors():
+    with pytest.raises(ValueError, match="valid names.*'base'"):
+        PolaSwinTransformer(arch='huge')
+    with pytest.raises(KeyError, match='num_heads'):
+        PolaSwinTransformer(arch=dict(embed_dims=16, depths=(1, 1, 1, 1)))
+    with pytest.raises(ValueError, match="valid names.*'medium'"):
+        PolaPVT(arch='xl')
+    with pytest.raises(KeyError, match='mlp_ratios'):
+        PolaPVT(arch=dict(embed_dims=(8, 8, 8, 8), depths=(1, 1, 1, 1),
+                          num_heads=(1, 1, 1, 1)))
+    with pytest.raises(ValueError, match='out_indices'):
+        PolaSwinTransformer(arch=TINY_SWIN, out_indices=(4, ))
+    with pytest.raises(ValueError, match='attn_layout'):
+        PolaSwinTransformer(arch=TINY_SWIN, attn_layout='LLS')
+
+
+def test_window_rules_and_layouts():
+    m = PolaSwinTransformer(arch='tiny', out_indices=(3, ))
+    assert m.window_sizes == [(56, 56), (28, 28), (7, 7), (7, 7)]
+    assert tuple(m.layers[0].blocks[0].attn.positional_encoding.shape) == (
+        1, 3136, 96)
+    m = PolaSwinTransformer(arch=TINY_SWIN, attn_layout='LLLL', window_size=7)
+    assert m.layers[3].blocks[0].attn.ref_hw == (7, 7)
+    m = PolaSwinTransformer(arch=TINY_SWIN, attn_layout='SSSS')
+    assert all(w == (7, 7) for w in m.window_sizes)
+    with torch.no_grad():
+        assert m(torch.randn(1, 3, 45, 61))[0].shape == (1, 16, 12, 16)
+    p = PolaPVT(arch=TINY_PVT, attn_layout='SSLL')
+    with torch.no_grad():
+        outs = p(torch.randn(1, 3, 45, 61))
+    assert outs[0].shape == (1, 16, 12, 16) and outs[3].shape == (1, 64, 2, 2)
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg', 'mmpretrain', None])
+@pytest.mark.parametrize('name,arch', [('PolaSwinTransformer', TINY_SWIN),
+                                       ('PolaPVT', TINY_PVT)])
+def test_build_from_scopes(scope, name, arch):
+    import importlib
+
+    from mmengine.registry import DefaultScope
+    from mmengine.registry import MODELS as ROOT
+    if scope is None:
+        from pola_mm.registry import MODELS
+        cfg_type = f'pola_mm.{name}'
+        model = MODELS.build(dict(type=cfg_type, arch=arch))
+        assert type(model).__name__ == name
+        model = ROOT.build(dict(type=name, arch=arch))
+        assert type(model).__name__ == name
+        return
+    importlib.import_module(f'{scope}.models')
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    with DefaultScope.overwrite_default_scope(scope):
+        model = registry.build(dict(type=name, arch=arch, out_indices=(0, )))
+    assert type(model).__name__ == name
