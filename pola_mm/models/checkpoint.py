@@ -14,6 +14,7 @@ names as pola_mm's backbones, so conversion is a prefix rename:
 """
 import re
 from collections import OrderedDict
+from itertools import zip_longest
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -160,8 +161,11 @@ def load_pretrained(module: torch.nn.Module,
     bad_unexpected = [k for k in unexpected if not expected_unexpected(k)]
     if bad_missing or bad_unexpected or mismatched:
         matched = len(own) - len(missing) - len(mismatched)
-        problems = ([f'missing {k}' for k in bad_missing] +
-                    [f'unexpected {k}' for k in bad_unexpected] + mismatched)
+        # a few of each kind, interleaved
+        kinds = [[f'missing {k}' for k in bad_missing],
+                 [f'unexpected {k}' for k in bad_unexpected], mismatched]
+        problems = [p for group in zip_longest(*kinds) for p in group
+                    if p is not None]
         raise ValueError(
             f'{type(module).__name__}: checkpoint {checkpoint!r} does not fit '
             f'this backbone: {matched} of {len(own)} keys matched; '
