@@ -1,0 +1,299 @@
+"""Tiny synthetic datasets and config overrides for the end-to-end tests.
+
+Three generators write small, deterministic, learnable datasets into a
+folder (a pytest ``tmp_path``):
+
+* :func:`make_coco` -- COCO-style instance set (boxes, polygon masks) of
+  filled rectangles and ellipses on a noisy background;
+* :func:`make_ade` -- ADE20K-style set (``images/*.jpg`` and ``annotations/
+  *.png`` label maps, 0 = ignore) of the same shapes;
+* :func:`make_image_folder` -- a classification image folder whose classes
+  differ by colour.
+
+:func:`shrink_backbone` / :func:`tiny_*` helpers rewrite a REAL config of
+``configs/`` for these sets: tiny backbone arch, no ImageNet weights, small
+images, the data roots, a few iterations and a short warm-up. Everything
+else (detector / segmentor, heads, losses, optimiser type, paramwise
+settings, schedule types, evaluators) stays as the config has it.
+"""
+import json
+import os
+import os.path as osp
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+from mmengine.config import Config
+from PIL import Image, ImageDraw
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIGS = osp.join(REPO, 'configs')
+
+# the first COCO / ADE class names, so the upstream datasets' default
+# metainfo (80 / 150 classes) applies unchanged
+COCO_NAMES = ('person', 'bicycle', 'car')
+COLOURS = ((220, 40, 40), (40, 200, 60), (50, 80, 230))
+
+TINY_SWIN = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))
+TINY_PVT = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
+                num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2))
+
+
+def _shape_layout(rng: np.random.Generator, size: int,
+                  max_shapes: int) -> List[Tuple[int, Tuple[int, ...]]]:
+    """Non-overlapping ``(class, (x0, y0, x1, y1))`` boxes inside ``size``."""
+    shapes: List[Tuple[int, Tuple[int, ...]]] = []
+    for _ in range(50):
+        if len(shapes) == max_shapes:
+            break
+        w, h = rng.integers(size // 4, size // 2, size=2)
+        x0 = int(rng.integers(0, size - w))
+        y0 = int(rng.integers(0, size - h))
+        box = (x0, y0, x0 + int(w), y0 + int(h))
+        if all(box[2] <= b[0] - 2 or b[2] <= box[0] - 2 or box[3] <= b[1] - 2
+               or b[3] <= box[1] - 2 for _, b in shapes):
+            shapes.append((int(rng.integers(0, len(COLOURS))), box))
+    return shapes
+
+
+def _draw(rng: np.random.Generator, size: int,
+          shapes: Sequence[Tuple[int, Tuple[int, ...]]]
+          ) -> Tuple[Image.Image, Image.Image]:
+    """RGB image and an ``L`` label map (class + 1, 0 background)."""
+    noise = rng.integers(90, 140, size=(size, size, 3), dtype=np.uint8)
+    img = Image.fromarray(noise, 'RGB')
+    label = Image.new('L', (size, size), 0)
+    draw, ldraw = ImageDraw.Draw(img), ImageDraw.Draw(label)
+    for cls, box in shapes:
+        # class 0: rectangle, 1: ellipse, 2: rectangle (colour tells apart)
+        fn = 'ellipse' if cls == 1 else 'rectangle'
+        getattr(draw, fn)(box, fill=COLOURS[cls])
+        getattr(ldraw, fn)(box, fill=cls + 1)
+    return img, label
+
+
+def _polygon(label: np.ndarray, value: int) -> List[float]:
+    """Outline of the pixels ``label == value`` as one COCO polygon."""
+    ys, xs = np.nonzero(label == value)
+    # a convex polygon through the extreme points row by row is exact
+    # enough for rectangles / ellipses
+    left, right = [], []
+    for y in range(int(ys.min()), int(ys.max()) + 1):
+        row = xs[ys == y]
+        left.append((float(row.min()), float(y)))
+        right.append((float(row.max()) + 1, float(y)))
+    bottom = int(ys.max()) + 1
+    left.append((left[-1][0], float(bottom)))
+    right.append((right[-1][0], float(bottom)))
+    pts = left + right[::-1]
+    return [c for p in pts for c in p]
+
+
+def make_coco(root: str, num_images: int = 8, size: int = 96,
+              max_shapes: int = 2, seed: int = 0) -> Dict[str, str]:
+    """Write a COCO instance set to ``root``.
+
+    Layout: ``root/images/{i}.png`` and ``root/annotations.json`` (train and
+    val use the same file: the tests check the model fits the data).
+
+    Returns:
+        dict(data_root, ann_file, img_prefix) for config overrides.
+    """
+    rng = np.random.default_rng(seed)
+    os.makedirs(osp.join(root, 'images'), exist_ok=True)
+    images, anns = [], []
+    for i in range(num_images):
+        shapes = _shape_layout(rng, size, max_shapes)
+        img, label = _draw(rng, size, shapes)
+        name = f'{i:04d}.png'
+        img.save(osp.join(root, 'images', name))
+        images.append(dict(id=i + 1, file_name=name, width=size, height=size))
+        lab = np.array(label)
+        inst = np.zeros_like(lab)
+        for j, (cls, box) in enumerate(shapes):
+            # per-instance mask: redraw each shape with its own id
+            one = Image.new('L', (size, size), 0)
+            fn = 'ellipse' if cls == 1 else 'rectangle'
+            getattr(ImageDraw.Draw(one), fn)(box, fill=1)
+            m = np.array(one) > 0
+            inst[m] = j + 1
+            ys, xs = np.nonzero(m)
+            x0, y0 = float(xs.min()), float(ys.min())
+            w, h = float(xs.max()) + 1 - x0, float(ys.max()) + 1 - y0
+            anns.append(dict(
+                id=len(anns) + 1, image_id=i + 1, category_id=cls + 1,
+                bbox=[x0, y0, w, h], area=float(m.sum()), iscrowd=0,
+                segmentation=[_polygon(inst, j + 1)]))
+    coco = dict(
+        images=images, annotations=anns,
+        categories=[dict(id=k + 1, name=n) for k, n in enumerate(COCO_NAMES)])
+    ann_file = osp.join(root, 'annotations.json')
+    with open(ann_file, 'w') as f:
+        json.dump(coco, f)
+    return dict(data_root=root, ann_file=ann_file, img_prefix='images/')
+
+
+def make_ade(root: str, num_images: int = 8, size: int = 64,
+             max_shapes: int = 3, seed: int = 0) -> Dict[str, str]:
+    """Write an ADE20K-style set to ``root``.
+
+    ``images/{training,validation}/*.jpg`` and ``annotations/{training,
+    validation}/*.png`` label maps with 0 = ignore ("other" in ADE20K), 1..3
+    = shape classes (``reduce_zero_label`` maps them to 0..2). The background
+    is labelled 4 so every pixel but the shape borders is supervised.
+    Validation holds the same images as training.
+    """
+    rng = np.random.default_rng(seed)
+    for split in ('training', 'validation'):
+        os.makedirs(osp.join(root, 'images', split), exist_ok=True)
+        os.makedirs(osp.join(root, 'annotations', split), exist_ok=True)
+    for i in range(num_images):
+        shapes = _shape_layout(rng, size, max_shapes)
+        img, label = _draw(rng, size, shapes)
+        lab = np.array(label)
+        lab[lab == 0] = 4
+        for split in ('training', 'validation'):
+            img.save(osp.join(root, 'images', split, f'{i:04d}.jpg'),
+                     quality=95)
+            Image.fromarray(lab).save(
+                osp.join(root, 'annotations', split, f'{i:04d}.png'))
+    return dict(data_root=root)
+
+
+def make_image_folder(root: str, per_class: int = 8, size: int = 32,
+                      seed: int = 0) -> Dict[str, str]:
+    """Write ``root/{train,val}/{class}/*.png``: 3 classes by colour."""
+    rng = np.random.default_rng(seed)
+    for split in ('train', 'val'):
+        for k, colour in enumerate(COLOURS):
+            d = osp.join(root, split, f'class_{k}')
+            os.makedirs(d, exist_ok=True)
+            for i in range(per_class):
+                base = rng.integers(0, 60, size=(size, size, 3))
+                img = np.clip(base + np.array(colour) * 0.8, 0, 255)
+                Image.fromarray(img.astype(np.uint8)).save(
+                    osp.join(d, f'{i}.png'))
+    return dict(data_root=root)
+
+
+# ---------------------------------------------------------------- overrides
+
+def load(name: str) -> Config:
+    """``Config.fromfile`` of ``configs/<name>``."""
+    return Config.fromfile(osp.join(CONFIGS, name))
+
+
+def shrink_backbone(cfg: Config, **extra) -> None:
+    """Tiny arch of the same backbone type, no pretrained weights."""
+    bb = cfg.model.backbone
+    bb.arch = dict(TINY_SWIN) if 'Swin' in bb.type else dict(TINY_PVT)
+    bb.init_cfg = None
+    bb.drop_path_rate = 0.0
+    bb.update(extra)
+
+
+def backbone_channels(cfg: Config) -> List[int]:
+    """Output channels of the (shrunk) backbone, stage by stage."""
+    arch = cfg.model.backbone.arch
+    if isinstance(arch['embed_dims'], int):
+        return [arch['embed_dims'] * 2**i for i in range(4)]
+    return list(arch['embed_dims'])
+
+
+def short_schedule(cfg: Config, warmup: int = 3) -> None:
+    """Keep the scheduler types, make the linear warm-up ``warmup`` iters."""
+    for sched in cfg.param_scheduler:
+        if sched.type == 'LinearLR':
+            sched.end = warmup
+        elif sched.type == 'PolyLR' and sched.get('begin', 0) > 0:
+            sched.begin = warmup
+
+
+def no_workers(loader: dict) -> None:
+    loader.num_workers = 0
+    loader.persistent_workers = False
+
+
+def tiny_det(cfg: Config, data: Dict[str, str], work_dir: str,
+             epochs: int = 6, size: int = 96, lr: float = 5e-4) -> Config:
+    """Rewrite an mmdet COCO config for :func:`make_coco` data."""
+    shrink_backbone(cfg)
+    cfg.model.neck.in_channels = backbone_channels(cfg)
+    cfg.work_dir = work_dir
+    for loader in (cfg.train_dataloader, cfg.val_dataloader,
+                   cfg.test_dataloader):
+        no_workers(loader)
+        ds = loader.dataset
+        ds.data_root = data['data_root']
+        ds.ann_file = data['ann_file']
+        ds.data_prefix = dict(img=data['img_prefix'])
+        for t in ds.pipeline:
+            if t.type == 'Resize':
+                t.scale = (size, size)
+            elif t.type == 'RandomFlip':
+                t.prob = 0.0
+        if 'filter_cfg' in ds:
+            ds.filter_cfg = dict(filter_empty_gt=True, min_size=4)
+    cfg.train_dataloader.batch_size = 2
+    cfg.train_dataloader.pop('batch_sampler', None)
+    for ev in (cfg.val_evaluator, cfg.test_evaluator):
+        ev.ann_file = data['ann_file']
+    cfg.train_cfg.max_epochs = epochs
+    cfg.train_cfg.val_interval = epochs
+    short_schedule(cfg)
+    cfg.optim_wrapper.optimizer.lr = lr
+    _quiet(cfg)
+    return cfg
+
+
+def tiny_seg(cfg: Config, data: Dict[str, str], work_dir: str,
+             iters: int = 30, size: int = 64, lr: float = 1e-3) -> Config:
+    """Rewrite an mmseg ADE20K config for :func:`make_ade` data."""
+    shrink_backbone(cfg)
+    ch = backbone_channels(cfg)
+    if cfg.model.get('neck') is not None:
+        cfg.model.neck.in_channels = ch
+        cfg.model.neck.out_channels = 32
+        cfg.model.decode_head.in_channels = [32] * 4
+        cfg.model.decode_head.channels = 32
+    else:
+        cfg.model.decode_head.in_channels = ch
+        cfg.model.decode_head.channels = 32
+    if cfg.model.get('auxiliary_head') is not None:
+        cfg.model.auxiliary_head.in_channels = ch[2]
+        cfg.model.auxiliary_head.channels = 16
+    cfg.model.data_preprocessor.size = (size, size)
+    cfg.crop_size = (size, size)
+    cfg.work_dir = work_dir
+    for loader in (cfg.train_dataloader, cfg.val_dataloader,
+                   cfg.test_dataloader):
+        no_workers(loader)
+        ds = loader.dataset
+        ds.data_root = data['data_root']
+        for t in ds.pipeline:
+            if t.type in ('RandomResize', 'Resize'):
+                t.scale = (size, size)
+                if t.type == 'RandomResize':
+                    t.ratio_range = (1.0, 1.0)
+            elif t.type == 'RandomCrop':
+                t.crop_size = (size, size)
+            elif t.type == 'RandomFlip':
+                t.prob = 0.0
+        # photometric distortion makes a 30-iteration fit needlessly noisy
+        ds.pipeline = [t for t in ds.pipeline
+                       if t.type != 'PhotoMetricDistortion']
+    cfg.train_dataloader.batch_size = 2
+    cfg.train_cfg.max_iters = iters
+    cfg.train_cfg.val_interval = iters
+    cfg.default_hooks.checkpoint.interval = iters
+    short_schedule(cfg)
+    cfg.optim_wrapper.optimizer.lr = lr
+    _quiet(cfg)
+    return cfg
+
+
+def _quiet(cfg: Config) -> None:
+    cfg.default_hooks.logger.interval = 1
+    cfg.default_hooks.pop('visualization', None)
+    cfg.log_level = 'WARNING'
+    cfg.env_cfg.dist_cfg = dict(backend='gloo')
+    cfg.randomness = dict(seed=0)
