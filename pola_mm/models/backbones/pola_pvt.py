@@ -14,8 +14,8 @@ from ...registry import register_model
 from ..checkpoint import load_pretrained
 from ..layers import (Mlp, PatchEmbed, PolarityAttention,
                       SpatialReductionAttention, resize_pos_table)
-from .utils import (check_out_indices, freeze, init_module, pair,
-                    resolve_arch)
+from .utils import (check_out_indices, freeze, init_module, linspace,
+                    pair, resolve_arch)
 
 Size2 = Tuple[int, int]
 
@@ -168,7 +168,7 @@ class PolaPVT(BaseModule):
         self.num_built = max(self.out_indices) + 1
         self.num_features = list(embed_dims)
         img_hw = pair(pretrain_img_size)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = linspace(drop_path_rate, sum(depths))
         self.ref_grids = []
         stride = 1
         # Parameters first so the state dict follows the authors' order.

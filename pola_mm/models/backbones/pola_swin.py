@@ -16,8 +16,8 @@ from ..layers.window import (crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
                              pad_map, shift_region_mask, valid_token_map,
                              window_partition, window_reverse)
-from .utils import (check_out_indices, freeze, init_module, pair,
-                    resolve_arch)
+from .utils import (check_out_indices, freeze, init_module, linspace,
+                    pair, resolve_arch)
 
 Size2 = Tuple[int, int]
 
@@ -291,7 +291,7 @@ class PolaSwinTransformer(BaseModule):
                                       norm_cfg=norm_cfg)
         self.drop_after_pos = nn.Dropout(drop_rate)
         img_hw = pair(pretrain_img_size)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = linspace(drop_path_rate, sum(depths))
         block_cfg = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, alpha=alpha,
                          kernel_size=kernel_size, drop_rate=drop_rate,
                          attn_drop_rate=attn_drop_rate, act_cfg=act_cfg,

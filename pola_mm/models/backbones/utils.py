@@ -1,5 +1,5 @@
 """Helpers shared by the Pola backbones: arch resolution, freezing, init."""
-from typing import Dict, Sequence, Tuple, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
 import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
@@ -14,6 +14,14 @@ def pair(x: Union[int, Sequence[int]]) -> Size2:
     if isinstance(x, int):
         return (x, x)
     return (int(x[0]), int(x[1]))
+
+
+def linspace(end: float, num: int) -> List[float]:
+    """``num`` values evenly spaced over ``[0, end]`` (stochastic depth
+    rates; plain Python so building works on any default device)."""
+    if num == 1:
+        return [0.0]
+    return [end * i / (num - 1) for i in range(num)]
 
 
 def resolve_arch(arch: Union[str, dict], zoo: Dict[str, dict],
