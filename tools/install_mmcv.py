@@ -305,15 +305,14 @@ def diagnose(log: str) -> str:
 
 
 def install_wheel(wheel: str, log: str) -> None:
-    """pip install the wheel (its small Python deps come from the index)."""
+    """pip install the wheel, then its Python deps (mmengine, addict, ...)."""
     say(f'installing {osp.basename(wheel)}')
     proc = pip(['install', '--force-reinstall', '--no-deps', wheel], log=log)
     if proc.returncode != 0:
         raise InstallError(f'pip could not install {wheel}:\n'
                            + '\n'.join(proc.stderr.splitlines()[-3:]))
-    # runtime deps of mmcv that mmengine does not already bring
-    proc = pip(['install', 'addict', 'packaging', 'Pillow', 'pyyaml', 'yapf',
-                'opencv-python', 'numpy'], log=log)
+    # a second, dependency-resolving pass installs only what is missing
+    proc = pip(['install', wheel], log=log)
     if proc.returncode != 0:
         raise InstallError('could not install the Python dependencies of mmcv:'
                            '\n' + '\n'.join(proc.stderr.splitlines()[-3:]))
