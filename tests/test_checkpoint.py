@@ -183,3 +183,34 @@ def test_wrong_checkpoints_raise(reference_dir, tmp_path):
                                              checkpoint=empty))
     with pytest.raises(ValueError):
         m.init_weights()
+
+
+def test_pos_tables_resized_for_other_pretrain_size(reference_dir):
+    """A 224 checkpoint initialises a model pre-trained at another size: the
+    learned token tables are bicubic-resized (other weights unchanged)."""
+    for cls, arch, name in ((PolaSwinTransformer, SWIN_MINI, 'swin'),
+                            (PolaPVT, PVT_MINI, 'pvt')):
+        path = osp.join(reference_dir, f'official_pola_{name}_mini.pth')
+        m = cls(arch=arch, pretrain_img_size=192,
+                init_cfg=dict(type='Pretrained', checkpoint=path))
+        m.init_weights()
+        official = _official(reference_dir, name)['model']
+        if name == 'swin':
+            pe = m.layers[1].blocks[0].attn.positional_encoding
+            assert pe.shape == (1, 24 * 24, 64)
+            from pola_mm.models.layers import resize_pos_table
+            torch.testing.assert_close(
+                m.layers[0].blocks[0].attn.positional_encoding.data,
+                resize_pos_table(official['layers.0.blocks.0.attn.'
+                                          'positional_encoding'],
+                                 (56, 56), (48, 48)))
+            assert torch.equal(m.layers[0].blocks[0].attn.qkvg.weight,
+                               official['layers.0.blocks.0.attn.qkvg.weight'])
+            # stage 3: window 6 < 7, the exact sub-table of offsets
+            key = 'layers.3.blocks.0.attn.relative_position_bias_table'
+            sub = official[key].t().reshape(8, 13, 13)[:, 1:12, 1:12]
+            assert torch.equal(m.state_dict()[key],
+                               sub.reshape(8, -1).t())
+        else:
+            assert m.pos_embed1.shape == (1, 48 * 48, 32)
+        assert torch.isfinite(m(torch.randn(1, 3, 64, 64))[-1]).all()

@@ -151,6 +151,7 @@ def load_pretrained(module: torch.nn.Module,
             f'{type(module).__name__}: checkpoint {checkpoint!r} holds no '
             f'backbone weights. Expected {expected_checkpoint}.')
     own = module.state_dict()
+    resized = adapt_pos_tables(sd, module)
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
     mismatched = [
@@ -180,6 +181,8 @@ def load_pretrained(module: torch.nn.Module,
                      f'{_summarise(missing)}')
     if unexpected:
         notes.append(f'ignored: {_summarise(unexpected)}')
+    if resized:
+        notes.append(f'position tables resized: {_summarise(resized)}')
     if others:
         notes.append(f'non-backbone keys ignored: {_summarise(others)}')
     if family == 'pvt':
@@ -190,6 +193,73 @@ def load_pretrained(module: torch.nn.Module,
         f' tensors from {checkpoint}' +
         ('; ' + '; '.join(notes) if notes else ''),
         logger='current')
+
+
+def adapt_pos_tables(state_dict: Dict[str, Tensor],
+                     module: torch.nn.Module) -> List[str]:
+    """Resize learned token tables of another pre-training size, in place.
+
+    ``positional_encoding`` (of a :class:`PolarityAttention`, grid
+    ``ref_hw``) and PVT's ``pos_embed{i}`` (grid ``module.ref_grids[i-1]``)
+    whose checkpoint version has the same channels but another (square) token
+    count are resized by bicubic interpolation to the module's grid, e.g. to
+    fine-tune a 224 checkpoint at 384; Swin's ``relative_position_bias_table``
+    of another window is cropped to the offsets of a smaller window or
+    bicubic-resized for a larger one. Anything else is left for the shape
+    check.
+
+    Returns:
+        The keys that were resized.
+    """
+    from .layers.polarity_attention import resize_pos_table
+    own = module.state_dict()
+    done = []
+    for key, value in list(state_dict.items()):
+        if key not in own or own[key].shape == value.shape:
+            continue
+        name = key.rsplit('.', 1)[-1]
+        if name == 'relative_position_bias_table':
+            table = _adapt_bias_table(value, own[key].shape)
+            if table is not None:
+                state_dict[key] = table
+                done.append(key)
+            continue
+        if value.dim() != 3 or own[key].dim() != 3 or \
+                value.shape[-1] != own[key].shape[-1]:
+            continue
+        grid = None
+        if name == 'positional_encoding':
+            grid = getattr(module.get_submodule(key.rsplit('.', 1)[0]),
+                           'ref_hw', None)
+        elif re.fullmatch(r'pos_embed\d+', name) and \
+                hasattr(module, 'ref_grids'):
+            grid = module.ref_grids[int(name[len('pos_embed'):]) - 1]
+        side = int(round(value.shape[1]**0.5))
+        if grid is None or side * side != value.shape[1]:
+            continue
+        state_dict[key] = resize_pos_table(value, (side, side), grid)
+        done.append(key)
+    return done
+
+
+def _adapt_bias_table(table: Tensor, shape: torch.Size) -> Optional[Tensor]:
+    """``((2w-1)^2, h)`` table -> ``((2w'-1)^2, h)``: the centre (the exact
+    offsets of the smaller window) when shrinking, bicubic when growing."""
+    if table.dim() != 2 or len(shape) != 2 or table.shape[1] != shape[1]:
+        return None
+    s1 = int(round(table.shape[0]**0.5))
+    s2 = int(round(shape[0]**0.5))
+    if s1 * s1 != table.shape[0] or s2 * s2 != shape[0]:
+        return None
+    grid = table.t().reshape(1, -1, s1, s1)
+    if s2 <= s1:
+        c = (s1 - s2) // 2
+        grid = grid[:, :, c:c + s2, c:c + s2]
+    else:
+        grid = torch.nn.functional.interpolate(
+            grid.float(), size=(s2, s2), mode='bicubic',
+            align_corners=False).to(table.dtype)
+    return grid.reshape(-1, s2 * s2).t().contiguous()
 
 
 def _summarise(keys: List[str]) -> str:
