@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch import Tensor
 
+from .polarity_kernel import polarity_attention_kernel
+
 Size2 = Tuple[int, int]
 
 
@@ -213,17 +215,20 @@ class PolarityAttention(BaseModule):
             k = k.reshape(B, N, h, d).transpose(1, 2)
             v = v.reshape(B, N, h, d).transpose(1, 2)
             scale = self.scale.to(dt).reshape(1, h, 1, d)
-            x = polarity_linear_attention(q, k, v, scale, self.power.to(dt),
-                                          self.alpha, valid)
-            x = x.transpose(1, 2).reshape(B, N, C)
+            # the fast kernel: same formula as polarity_linear_attention
+            x = polarity_attention_kernel(q, k, v, scale, self.power.to(dt),
+                                          self.alpha, valid)  # (B, h, N, d)
             if valid is not None:
                 v = v * valid[:, None, :, None].to(dt)
-            # v laid out (B * h, d, H, W): one depth-wise kernel for all heads
-            v = v.transpose(-2, -1).reshape(B * h, d, hw[0], hw[1])
+            # v as a channels-last (B * h, d, H, W) map, one depth-wise kernel
+            # for all heads: faster than channels-first on CPU, and the
+            # result is already laid out like x, (B, h, N, d)
+            v = v.reshape(B * h, hw[0], hw[1], d).permute(0, 3, 1, 2)
             bias = self.dwc.bias.to(dt) if self.dwc.bias is not None else None
             v = F.conv2d(v, self.dwc.weight.to(dt), bias,
                          padding=self.dwc.padding, groups=self.dwc.groups)
-            x = x + v.reshape(B, C, N).transpose(1, 2)
+            x = x + v.permute(0, 2, 3, 1).reshape(B, h, N, d)
+            x = x.transpose(1, 2).reshape(B, N, C)
         return x.to(out_dtype)
 
     # -- step 3 ------------------------------------------------------------
