@@ -1,4 +1,4 @@
-"""Window helpers, polarity attention and the shifted/padded window semantics."""
+"""Window helpers, polarity attention, shifted and padded windows."""
 import itertools
 
 import pytest
@@ -22,7 +22,7 @@ def _randomise(module: torch.nn.Module, seed: int = 0) -> None:
             p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
 
 
-# -- window helpers --------------------------------------------------------------
+# -- window helpers ---------------------------------------------------------
 @pytest.mark.parametrize('hw,window', [((6, 8), (3, 4)), ((4, 4), (4, 4)),
                                        ((10, 6), (5, 2))])
 def test_partition_roundtrip(hw, window):
@@ -74,7 +74,7 @@ def test_relative_index_subtable():
     assert full.max() == 13 * 13 - 1 and full.min() == 0
 
 
-# -- polarity attention ------------------------------------------------------------
+# -- polarity attention -----------------------------------------------------
 def test_polarity_gradcheck_float64():
     torch.manual_seed(0)
     attn = PolarityAttention(4, 2, (3, 3), alpha=4, kernel_size=3).double()
@@ -87,7 +87,8 @@ def test_polarity_gradcheck_float64():
     def f(x, *ps):
         return attn(x, (3, 3), valid)
 
-    assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-5, fast_mode=True)
+    assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-5,
+                                    fast_mode=True)
     # mixed: resized positional table (grid differs from the reference)
     x2 = torch.randn(1, 6, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: attn(x, (2, 3)), (x2, ),
@@ -146,7 +147,7 @@ def test_bf16_autocast(fused):
     assert all(torch.isfinite(p.grad).all() for p in attn.parameters())
 
 
-# -- shifted polarity windows --------------------------------------------------
+# -- shifted polarity windows -----------------------------------------------
 def _regions_swin(hw, w, s):
     """Region id per token from Swin's cyclic shift + region labels."""
     H, W = hw

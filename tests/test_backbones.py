@@ -82,7 +82,8 @@ def _grad_check_all(model, x):
     outs = model(x)
     sum((o * torch.randn_like(o)).sum() for o in outs).backward()
     no_grad = [n for n, p in model.named_parameters()
-               if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+               if p.requires_grad and (p.grad is None or
+                                       p.grad.abs().sum() == 0)]
     assert not no_grad, no_grad
 
 
@@ -230,8 +231,8 @@ def test_window_rules_and_layouts():
 def test_build_from_scopes(scope, name, arch):
     import importlib
 
-    from mmengine.registry import DefaultScope
     from mmengine.registry import MODELS as ROOT
+    from mmengine.registry import DefaultScope
     if scope is None:
         from pola_mm.registry import MODELS
         cfg_type = f'pola_mm.{name}'

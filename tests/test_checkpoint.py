@@ -32,8 +32,8 @@ def reference_dir():
 
 
 def _official(reference_dir, name):
-    return torch.load(osp.join(reference_dir, f'official_pola_{name}_mini.pth'),
-                      map_location='cpu', weights_only=True)
+    path = osp.join(reference_dir, f'official_pola_{name}_mini.pth')
+    return torch.load(path, map_location='cpu', weights_only=True)
 
 
 def test_convert_swin(reference_dir):
@@ -74,7 +74,8 @@ def test_cli(reference_dir, tmp_path, capsys):
     saved = torch.load(dst, map_location='cpu', weights_only=True)
     assert set(saved) == {'state_dict', 'meta'}
     assert saved['meta']['family'] == 'pola_swin'
-    ref = convert_official_checkpoint(_official(reference_dir, 'swin')['model'])
+    ref = convert_official_checkpoint(
+        _official(reference_dir, 'swin')['model'])
     assert list(saved['state_dict']) == list(ref)
     # errors (in-process: same code path, no interpreter start-up)
     spec = importlib.util.spec_from_file_location('pola_cli', CLI)

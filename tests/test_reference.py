@@ -136,7 +136,8 @@ def test_in1k_config_matches_authors_layout(reference_dir, config, key):
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     from mmpretrain.registry import MODELS
-    with open(osp.join(reference_dir, 'official_state_dict_layouts.json')) as f:
+    path = osp.join(reference_dir, 'official_state_dict_layouts.json')
+    with open(path) as f:
         layout = json.load(f)[key]
     cfg = Config.fromfile(osp.join(REPO, 'configs', config))
     init_default_scope('mmpretrain')

@@ -272,6 +272,7 @@ def _summarise(keys: List[str]) -> str:
     return ', '.join(f'{g}.* ({n})' if n > 1 else g for g, n in groups.items())
 
 
-def state_dict_layout(state_dict: Mapping[str, Tensor]) -> List[Tuple[str, List[int]]]:
+def state_dict_layout(
+        state_dict: Mapping[str, Tensor]) -> List[Tuple[str, List[int]]]:
     """``[(name, shape), ...]`` of a state dict (handy for layout checks)."""
     return [(k, list(v.shape)) for k, v in state_dict.items()]

@@ -40,8 +40,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)),
                                     '..', '..'))
     from pola_mm.models.checkpoint import (convert_official_checkpoint,
-                                           extract_state_dict,
-                                           official_family)
+                                           extract_state_dict, official_family)
     ckpt = torch.load(args.src, map_location='cpu', weights_only=True)
     sd = extract_state_dict(ckpt)
     family = official_family(sd) if isinstance(sd, dict) else None
@@ -58,7 +57,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         'backbone.') else k for k in converted} - {
             k for k in sd if k.startswith('head.') or k.startswith('norm.')})
     meta = dict(source=osp.basename(args.src), family=f'pola_{family}',
-                converter='pola_mm.models.checkpoint.convert_official_checkpoint')
+                converter='pola_mm.models.checkpoint.'
+                'convert_official_checkpoint')
     os.makedirs(osp.dirname(osp.abspath(args.dst)), exist_ok=True)
     torch.save({'state_dict': state_dict, 'meta': meta}, args.dst)
     n_back = sum(k.startswith('backbone.') for k in state_dict)

@@ -1,4 +1,4 @@
-"""Pola-PVT: Pyramid Vision Transformer with polarity-aware linear attention."""
+"""Pola-PVT: Pyramid Vision Transformer, polarity-aware linear attention."""
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -14,8 +14,8 @@ from ...registry import register_model
 from ..checkpoint import load_pretrained
 from ..layers import (Mlp, PatchEmbed, PolarityAttention,
                       SpatialReductionAttention, resize_pos_table)
-from .utils import (check_out_indices, freeze, init_module, linspace,
-                    pair, resolve_arch)
+from .utils import (check_out_indices, freeze, init_module, linspace, pair,
+                    resolve_arch)
 
 Size2 = Tuple[int, int]
 
@@ -48,7 +48,8 @@ class PolaPVTBlock(BaseModule):
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         if attn_type not in ('L', 'S'):
-            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
+            raise ValueError(
+                f"attn_type must be 'L' or 'S', got {attn_type!r}")
         self.with_cp = with_cp
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         if attn_type == 'L':

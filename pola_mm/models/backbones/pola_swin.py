@@ -1,7 +1,6 @@
 """Pola-Swin: Swin Transformer with polarity-aware linear attention."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
@@ -11,13 +10,14 @@ from torch import Tensor
 
 from ...registry import register_model
 from ..checkpoint import load_pretrained
-from ..layers import Mlp, PatchEmbed, PatchMerging, PolarityAttention, WindowMSA
+from ..layers import (Mlp, PatchEmbed, PatchMerging, PolarityAttention,
+                      WindowMSA)
 from ..layers.window import (crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
                              pad_map, shift_region_mask, valid_token_map,
                              window_partition, window_reverse)
-from .utils import (check_out_indices, freeze, init_module, linspace,
-                    pair, resolve_arch)
+from .utils import (check_out_indices, freeze, init_module, linspace, pair,
+                    resolve_arch)
 
 Size2 = Tuple[int, int]
 
@@ -79,7 +79,8 @@ class PolaSwinBlock(BaseModule):
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         if attn_type not in ('L', 'S'):
-            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
+            raise ValueError(
+                f"attn_type must be 'L' or 'S', got {attn_type!r}")
         self.attn_type = attn_type
         self.window_size = pair(window_size)
         self.shift_size = ((self.window_size[0] // 2, self.window_size[1] // 2)
@@ -135,7 +136,8 @@ class PolaSwinBlock(BaseModule):
             kpl = key_padding_logits(key_valid_mask(vmap, win))
             mask = kpl if mask is None else mask + kpl
         y = self.attn(window_partition(padded, win), win, mask)
-        y = cyclic_shift(window_reverse(y, win, padded_hw), shift, reverse=True)
+        y = cyclic_shift(window_reverse(y, win, padded_hw), shift,
+                         reverse=True)
         return crop_map(y, pad).reshape(B, L, C)
 
     def _forward(self, x: Tensor, hw: Size2) -> Tensor:
@@ -176,7 +178,8 @@ class PolaSwinStage(BaseModule):
         self.downsample = (PatchMerging(embed_dims, norm_cfg=norm_cfg)
                            if downsample else None)
 
-    def forward(self, x: Tensor, hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
+    def forward(self, x: Tensor,
+                hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
         """Returns the stage output ``(B, H * W, C)`` with its ``hw`` and the
         downsampled tokens with theirs (the same when there is no
         downsample)."""
@@ -300,7 +303,8 @@ class PolaSwinTransformer(BaseModule):
         self.layers = nn.ModuleList()
         for i in range(self.num_built):
             res = [s // (patch_size * 2**i) for s in img_hw]
-            base = window_size if attn_layout[i] == 'L' else softmax_window_size
+            base = (window_size
+                    if attn_layout[i] == 'L' else softmax_window_size)
             # The authors' rule: a window larger than the stage's map at the
             # pre-training size shrinks to the map (and is fixed thereafter).
             win = (min(base, res[0]), min(base, res[1]))
@@ -312,8 +316,9 @@ class PolaSwinTransformer(BaseModule):
                 downsample=i + 1 < self.num_built, norm_cfg=norm_cfg,
                 block_cfg=block_cfg))
         for i in out_indices:
-            self.add_module(f'norm{i}',
-                            build_norm_layer(norm_cfg, self.num_features[i])[1])
+            self.add_module(
+                f'norm{i}',
+                build_norm_layer(norm_cfg, self.num_features[i])[1])
         self._freeze_stages()
 
     # ------------------------------------------------------------------

@@ -25,7 +25,7 @@ def linspace(end: float, num: int) -> List[float]:
 
 
 def resolve_arch(arch: Union[str, dict], zoo: Dict[str, dict],
-                  keys: Sequence[str], cls: type) -> dict:
+                 keys: Sequence[str], cls: type) -> dict:
     if isinstance(arch, str):
         name = arch.lower()
         if name not in zoo:
@@ -44,7 +44,7 @@ def resolve_arch(arch: Union[str, dict], zoo: Dict[str, dict],
 
 
 def check_out_indices(out_indices: Union[int, Sequence[int]],
-                       num_stages: int) -> Tuple[int, ...]:
+                      num_stages: int) -> Tuple[int, ...]:
     if isinstance(out_indices, int):
         out_indices = (out_indices, )
     out = []

@@ -125,8 +125,8 @@ class PolarityAttention(BaseModule):
                              f'num_heads {num_heads}')
         head_dims = embed_dims // num_heads
         if head_dims % 2:
-            raise ValueError(f'head width {head_dims} must be even (v is split '
-                             'into two halves per head)')
+            raise ValueError(f'head width {head_dims} must be even (v is '
+                             'split into two halves per head)')
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = head_dims

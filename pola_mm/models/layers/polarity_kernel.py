@@ -62,16 +62,16 @@ def _features(x: Tensor, inv_s: Tensor, p: Tensor,
 
 def _features_for_backward(x: Tensor, inv_s: Tensor, p: Tensor,
                            mask: Optional[Tensor]):
-    """:func:`_features` plus what the derivatives need.
+    """What the derivatives of the feature map need, recomputed from ``x``.
 
     ``|xs|`` is offset by the smallest normal number, which leaves every
-    ``|xs| > 1e-30`` (float32) unchanged, keeps ``log`` finite and makes the
-    features 0 at ``xs = 0`` through ``sign(0) = 0``.
+    ``|xs| > 1e-30`` (float32) unchanged and keeps ``log`` finite.
 
     Returns:
-        ``xs``, ``sign(xs)``, ``|xs| + tiny``, ``log(|xs| + tiny)``,
-        ``a = (|xs| + tiny)^p`` (times ``mask``), all ``(B, h, N, d)``, and
-        the features ``(B, h, N, 2d)``.
+        ``xs = x / s``, ``sign(xs)``, ``|xs| + tiny``, ``log(|xs| + tiny)``,
+        ``a = |xs|^p`` (times ``mask``) and ``t = sign(xs) a``, all
+        ``(B, h, N, d)``. The features are ``f+ = (a + t) / 2`` and
+        ``f- = (a - t) / 2`` (both 0 where ``xs = 0``, up to ``tiny^p``).
     """
     xs = x * inv_s
     sg = torch.sign(xs)
@@ -80,9 +80,7 @@ def _features_for_backward(x: Tensor, inv_s: Tensor, p: Tensor,
     a = (la * p).exp_()
     if mask is not None:
         a = a.mul_(mask)
-    signed = a * sg
-    pos = torch.relu(signed)
-    return xs, sg, ax, la, a, torch.cat([pos, pos - signed], dim=-1)
+    return xs, sg, ax, la, a, a * sg
 
 
 def _mix_matrix(r: Tensor, n: Union[float, Tensor]) -> Tensor:
@@ -136,31 +134,27 @@ def _to_sign_basis(m: Tensor) -> Tensor:
     return torch.cat([top + bot, top - bot], dim=-2) * 0.5
 
 
-def _with_ones(v: Tensor) -> Tensor:
-    """``[v, 1]`` along the last dim: ``(..., d)`` -> ``(..., d + 1)``."""
-    return torch.cat([v, v.new_ones(v.shape[:-1] + (1, ))], dim=-1)
-
-
 def _attend(qf: Tensor, kf: Tensor, v: Tensor, mask: Optional[Tensor],
             n: Union[float, Tensor], eps: float):
-    """Both flows from the features; returns ``x`` and intermediates.
+    """Both flows from the features.
 
     Args:
         qf, kf: ``(B, h, N, 2d)`` features of q and (masked) k.
         v: ``(B, h, N, d)``.
 
     Returns:
-        ``x`` ``(B, h, N, d)``, ``ve = [v * mask, 1]``, the mix matrix ``m``
-        ``(B, h, 2d, d + 2)`` and ``1 / z`` ``(B, h, N, 2)``.
+        ``x`` ``(B, h, N, d)``, the mix matrix ``m`` ``(B, h, 2d, d + 2)``
+        and ``1 / z`` ``(B, h, N, 2)``.
     """
     d = v.shape[-1]
-    ve = _with_ones(v if mask is None else v * mask)  # (B, h, N, d + 1)
-    r = kf.transpose(-2, -1) @ ve  # (B, h, 2d, d + 1)
+    vm = v if mask is None else v * mask
+    kt = kf.transpose(-2, -1)  # (B, h, 2d, N)
+    r = torch.cat([kt @ vm, kt.sum(-1, keepdim=True)], dim=-1)  # [k'^T v, sum]
     m = _mix_matrix(r, n)  # (B, h, 2d, d + 2)
     u = qf @ m  # (B, h, N, d + 2)
     rz = (u[..., d:] + eps).reciprocal_()  # (B, h, N, 2)
     x = (u[..., :d].unflatten(-1, (2, d // 2)) * rz.unsqueeze(-1)).flatten(-2)
-    return x, ve, m, rz
+    return x, m, rz
 
 
 def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
@@ -173,8 +167,11 @@ def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
 class PolarityAttentionFunction(torch.autograd.Function):
     """Polarity attention with feature maps recomputed in backward.
 
-    Saves only ``q``, ``k``, ``v``, ``scale``, ``power`` and the mask;
-    see :func:`polarity_attention_kernel` for the arguments.
+    Saves ``q``, ``k``, ``v``, the parameters, the mask, the output, its
+    normalisers ``1 / z`` (``(B, h, N, 2)``) and the small mix matrix, but
+    none of the ``(B, h, N, 2d)`` feature maps, which backward recomputes
+    elementwise (no matrix product is recomputed). See
+    :func:`polarity_attention_kernel` for the arguments.
     """
 
     @staticmethod
@@ -185,55 +182,55 @@ class PolarityAttentionFunction(torch.autograd.Function):
         p = 1 + alpha * torch.sigmoid(power)
         _, qf = _features(q, inv_s, p, None)
         _, kf = _features(k, inv_s, p, mask)
-        x = _attend(qf, kf, v, mask, n, eps)[0]
+        x, m, rz = _attend(qf, kf, v, mask, n, eps)
         ctx.save_for_backward(q, k, v, scale, power, mask,
-                              n if isinstance(n, Tensor) else None)
+                              n if isinstance(n, Tensor) else None, m, rz, x)
         ctx.alpha = alpha
         ctx.n = n if not isinstance(n, Tensor) else None
-        ctx.eps = eps
         return x
 
     @staticmethod
     def backward(ctx, dx: Tensor):
-        q, k, v, scale, power, mask, n_t = ctx.saved_tensors
+        q, k, v, scale, power, mask, n_t, m, rz, x = ctx.saved_tensors
         n = n_t if n_t is not None else ctx.n
         alpha = ctx.alpha
+        d = v.shape[-1]
         sig_s = torch.sigmoid(scale)
         inv_s = F.softplus(scale).reciprocal()
         sig_p = torch.sigmoid(power)
         p = 1 + alpha * sig_p
-        qs, sq, axq, lq, aq, qf = _features_for_backward(q, inv_s, p, None)
-        ks, sk, axk, lk, ak, kf = _features_for_backward(k, inv_s, p, mask)
-        x, ve, m, rz = _attend(qf, kf, v, mask, n, ctx.eps)
-        d = v.shape[-1]
 
-        # x = num / z per half, u = [num, z - eps]
+        # x = num / z per half, u = qf @ m = [num, z - eps]
         dxh = dx.unflatten(-1, (2, d // 2))  # (B, h, N, 2, d/2)
         du_num = (dxh * rz.unsqueeze(-1)).flatten(-2)  # (B, h, N, d)
         du_z = (dxh * x.unflatten(-1, (2, d // 2))).sum(-1).mul_(rz).neg_()
         du = torch.cat([du_num, du_z], dim=-1)  # (B, h, N, d + 2)
-        # u = qf @ m = [aq, tq] @ sign-basis(m)
-        dm = qf.transpose(-2, -1) @ du  # (B, h, 2d, d + 2)
+        del dxh, du_num, du_z
+
+        # features f+ = (a + t) / 2, f- = (a - t) / 2: work with a and t
+        qs, sq, axq, lq, aq, tq = _features_for_backward(q, inv_s, p, None)
+        dm = _from_sign_basis(aq.transpose(-2, -1) @ du,
+                              tq.transpose(-2, -1) @ du)  # (B, h, 2d, d + 2)
         dq_at = du @ _to_sign_basis(m).transpose(-2, -1)  # (B, h, N, 2d)
-        # r = kf^T ve, m = mix(r)
-        dr = _mix_matrix_grad(dm, n)  # (B, h, 2d, d + 1)
-        dk_at = ve @ _to_sign_basis(dr).transpose(-2, -1)  # (B, h, N, 2d)
+        del du
+        dqs, dpq = _through_power(dq_at, qs, sq, axq, lq, aq, p)
+        del dq_at, sq, axq, lq, aq, tq
+
+        # m = mix(r), r = [k'^T v, sum k']
+        dr = _to_sign_basis(_mix_matrix_grad(dm, n))  # (B, h, 2d, d + 1)
+        vm = v if mask is None else v * mask
+        drt = dr.transpose(-2, -1)  # (B, h, d + 1, 2d)
+        dk_at = (vm @ drt[..., :d, :]).add_(drt[..., d:, :])  # (B, h, N, 2d)
+        ks, sk, axk, lk, ak, tk = _features_for_backward(k, inv_s, p, mask)
         dv = None
         if ctx.needs_input_grad[2]:
-            dv = kf @ dr[..., :d]  # (B, h, N, d)
+            dr_a, dr_t = dr[..., :d].chunk(2, dim=-2)
+            dv = (ak @ dr_a).add_(tk @ dr_t)  # (B, h, N, d)
             if mask is not None:
                 dv = dv.mul_(mask)
+        dks, dpk = _through_power(dk_at, ks, sk, axk, lk, ak, p)
+        del dk_at, sk, axk, lk, ak, tk
 
-        def through_power(dat: Tensor, sg: Tensor, ax: Tensor, la: Tensor,
-                          a: Tensor) -> Tuple[Tensor, Tensor]:
-            """(d/d(a), d/d(t)) -> (dL/dxs, per-element dL/dp)."""
-            da, dt = dat.chunk(2, dim=-1)
-            g = da.addcmul(dt, sg).mul_(a)  # dL/da * a
-            dxs = (g * p).mul_(sg).div_(ax)  # p a sign / |xs|
-            return dxs, g.mul_(la)  # a log|xs|
-
-        dqs, dpq = through_power(dq_at, sq, axq, lq, aq)
-        dks, dpk = through_power(dk_at, sk, axk, lk, ak)
         dq = dqs * inv_s
         dk = dks * inv_s
         dscale = dpower = None
@@ -245,6 +242,31 @@ class PolarityAttentionFunction(torch.autograd.Function):
             dp = _sum_to(dpq, p.shape) + _sum_to(dpk, p.shape)
             dpower = _sum_to(dp * alpha * sig_p * (1 - sig_p), power.shape)
         return dq, dk, dv, dscale, dpower, None, None, None, None
+
+
+def _from_sign_basis(da: Tensor, dt: Tensor) -> Tensor:
+    """Gradient of ``[f+, f-]`` from those of ``a`` and ``t`` products:
+    ``f+^T X = (a^T X + t^T X) / 2``, ``f-^T X = (a^T X - t^T X) / 2``;
+    returns them stacked along dim -2."""
+    return torch.cat([da + dt, da - dt], dim=-2) * 0.5
+
+
+def _through_power(dat: Tensor, xs: Tensor, sg: Tensor, ax: Tensor,
+                   la: Tensor, a: Tensor,
+                   p: Tensor) -> Tuple[Tensor, Tensor]:
+    """Chain rule through ``t = sign(xs) a``, ``a = |xs|^p``.
+
+    Args:
+        dat: ``(B, h, N, 2d)``, gradients w.r.t. ``a`` and ``t``.
+
+    Returns:
+        ``dL/dxs`` (``p a sign / |xs|``) and the per-element ``dL/dp``
+        (``a log|xs|``), both ``(B, h, N, d)``.
+    """
+    da, dt = dat.chunk(2, dim=-1)
+    g = da.addcmul(dt, sg).mul_(a)  # dL/da_total * a
+    dxs = (g * p).mul_(sg).div_(ax)
+    return dxs, g.mul_(la)
 
 
 def polarity_attention_kernel(q: Tensor,

@@ -1,4 +1,4 @@
-"""PVT's spatial-reduction softmax attention (for ``'S'`` stages of PolaPVT)."""
+"""PVT's spatial-reduction softmax attention (``'S'`` stages of PolaPVT)."""
 from typing import Optional, Tuple
 
 import torch.nn as nn
@@ -66,6 +66,7 @@ class SpatialReductionAttention(BaseModule):
             m = x
         kv = self.kv(m).reshape(B, -1, 2, h, C // h).permute(2, 0, 3, 1, 4)
         k, v = kv[0], kv[1]
-        attn = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(-1))
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(-1)
+        attn = self.attn_drop(attn)
         x = (attn @ v).transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))

@@ -20,7 +20,8 @@ Pad4 = Tuple[int, int, int, int]
 MASK_VALUE = -100.0
 
 
-def effective_window(hw: Size2, window: Size2, shift: Size2) -> Tuple[Size2, Size2]:
+def effective_window(hw: Size2, window: Size2,
+                     shift: Size2) -> Tuple[Size2, Size2]:
     """Window and shift actually used on a map of size ``hw``.
 
     Per dimension: if the map is not larger than the window, the window
@@ -214,7 +215,8 @@ def key_valid_mask(valid_map: Tensor, window: Size2) -> Tensor:
     return window_partition(valid_map, window).squeeze(-1)
 
 
-def key_padding_logits(valid: Tensor, mask_value: float = MASK_VALUE) -> Tensor:
+def key_padding_logits(valid: Tensor,
+                       mask_value: float = MASK_VALUE) -> Tensor:
     """Additive attention mask from key validity.
 
     Args:

@@ -108,7 +108,8 @@ class WindowMSA(BaseModule):
         attn = attn + self.relative_bias(window).unsqueeze(0)
         if mask is not None:
             nW = mask.shape[0]
-            attn = attn.view(B_ // nW, nW, h, N, N) + mask.unsqueeze(1).unsqueeze(0)
+            attn = attn.view(B_ // nW, nW, h, N, N) + \
+                mask.unsqueeze(1).unsqueeze(0)
             attn = attn.view(-1, h, N, N)
         attn = self.attn_drop(attn.softmax(dim=-1))
         x = (attn @ v).transpose(1, 2).reshape(B_, N, C)
