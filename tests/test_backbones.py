@@ -246,3 +246,22 @@ def test_build_from_scopes(scope, name, arch):
     with DefaultScope.overwrite_default_scope(scope):
         model = registry.build(dict(type=name, arch=arch, out_indices=(0, )))
     assert type(model).__name__ == name
+
+
+@pytest.mark.parametrize('cls,arch', BACKBONES, ids=IDS)
+def test_default_init(cls, arch):
+    """The authors' init: power, scale and positional_encoding start at 0,
+    Linear layers and learned tables trunc-normal (std .02)."""
+    m = cls(arch=arch)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.fill_(1.)
+    m.init_weights()
+    for n, p in m.named_parameters():
+        if n.endswith(('.power', '.scale', '.positional_encoding')):
+            assert not p.any(), n
+        elif n.endswith(('relative_position_bias_table', 'fc1.weight')) or \
+                n.startswith('pos_embed'):
+            assert 0.01 < p.std() < 0.03, n
+        elif n.endswith('fc1.bias'):
+            assert not p.any(), n

@@ -263,6 +263,7 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
         return table
     C = table.shape[-1]
     grid = table.reshape(1, ref_hw[0], ref_hw[1], C).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid.float(), size=(int(hw[0]), int(hw[1])),
+    dt = torch.promote_types(table.dtype, torch.float32)
+    grid = F.interpolate(grid.to(dt), size=(int(hw[0]), int(hw[1])),
                          mode='bicubic', align_corners=False)
     return grid.flatten(2).transpose(1, 2).to(table.dtype)
