@@ -30,8 +30,21 @@ hash_inputs() {
 }
 want=$(hash_inputs)
 
+# the fast path: a cheap check (no heavy imports) that the stamped packages
+# are still installed and that pola_mm is this checkout
+installed() {
+  "$PY" -I - "$PWD" <<'EOF' 2>/dev/null
+import importlib.metadata as md, importlib.util, os, sys
+for name in ('torch', 'torchvision', 'mmengine', 'mmcv', 'mmdet',
+             'mmsegmentation', 'mmpretrain', 'timm', 'pytest', 'pola_mm'):
+    md.version(name)
+spec = importlib.util.find_spec('pola_mm')
+assert spec is not None and os.path.realpath(spec.origin).startswith(
+    os.path.realpath(sys.argv[1]) + os.sep)
+EOF
+}
 if [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] &&
-   "$PY" -c "import torch, mmcv, mmengine, pola_mm.registry" 2>/dev/null; then
+   installed; then
   log ".venv is up to date (delete $STAMP to force a refresh)"
   exit 0
 fi
@@ -86,7 +99,10 @@ log "mmcv 2.1.0 with compiled ops (tools/install_mmcv.py)"
 "$PY" tools/install_mmcv.py
 
 log "pola_mm (editable)"
-pip_install -e . --no-deps --no-build-isolation
+if ! pip_install -e . --no-deps --no-build-isolation > "$VENV/pola_mm_install.log" 2>&1; then
+  cat "$VENV/pola_mm_install.log" >&2
+  exit 1
+fi
 
 "$PY" -c "import pola_mm, mmcv.ops, mmdet, mmseg, mmpretrain, timm" || {
   echo "[setup] ERROR: the environment was built but the imports above fail" >&2
