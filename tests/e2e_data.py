@@ -213,10 +213,31 @@ def no_workers(loader: dict) -> None:
     loader.persistent_workers = False
 
 
+def shrink_widths(node, width: int = 32, fc_width: int = 64) -> None:
+    """Neck / head widths 256 -> ``width`` and fc 1024 -> ``fc_width``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ('in_channels', 'out_channels', 'feat_channels',
+                       'conv_out_channels') and value == 256:
+                node[key] = width
+            elif key == 'fc_out_channels' and value == 1024:
+                node[key] = fc_width
+            elif key == 'sampling_ratio' and value == 0:
+                node[key] = 2  # RoIAlign: fixed, cheap sampling
+            elif key == 'num' and node.get('type') == 'RandomSampler':
+                node[key] = min(value, 64)  # RoIs per image for the heads
+            else:
+                shrink_widths(value, width, fc_width)
+    elif isinstance(node, (list, tuple)):
+        for item in node:
+            shrink_widths(item, width, fc_width)
+
+
 def tiny_det(cfg: Config, data: Dict[str, str], work_dir: str,
              epochs: int = 6, size: int = 96, lr: float = 5e-4) -> Config:
     """Rewrite an mmdet COCO config for :func:`make_coco` data."""
     shrink_backbone(cfg)
+    shrink_widths(cfg.model)
     cfg.model.neck.in_channels = backbone_channels(cfg)
     cfg.work_dir = work_dir
     for loader in (cfg.train_dataloader, cfg.val_dataloader,
@@ -238,7 +259,7 @@ def tiny_det(cfg: Config, data: Dict[str, str], work_dir: str,
     for ev in (cfg.val_evaluator, cfg.test_evaluator):
         ev.ann_file = data['ann_file']
     cfg.train_cfg.max_epochs = epochs
-    cfg.train_cfg.val_interval = epochs
+    cfg.train_cfg.val_interval = epochs + 1  # the tests call runner.test()
     short_schedule(cfg)
     cfg.optim_wrapper.optimizer.lr = lr
     _quiet(cfg)
@@ -297,3 +318,55 @@ def _quiet(cfg: Config) -> None:
     cfg.log_level = 'WARNING'
     cfg.env_cfg.dist_cfg = dict(backend='gloo')
     cfg.randomness = dict(seed=0)
+
+
+def tiny_cls(cfg: Config, data: Dict[str, str], work_dir: str,
+             epochs: int = 8, size: int = 32, lr: float = 1e-3) -> Config:
+    """Rewrite an mmpretrain ImageNet config for :func:`make_image_folder`.
+
+    Label smoothing and the random resized crop / flip stay; RandAugment
+    (its invert / solarize / colour operations relabel colour classes),
+    random erasing and Mixup / CutMix (mixed targets) go, as they would keep
+    a 24-iteration loss curve too noisy to tell whether it falls; crops are
+    ``size``, 3 classes, linear lr scaling off.
+    """
+    shrink_backbone(cfg, pretrain_img_size=size)
+    cfg.model.head.in_channels = backbone_channels(cfg)[-1]
+    cfg.model.head.num_classes = 3
+    cfg.model.train_cfg = None
+    cfg.data_preprocessor.num_classes = 3
+    if 'data_preprocessor' in cfg.model:
+        cfg.model.data_preprocessor.num_classes = 3
+    cfg.work_dir = work_dir
+    for loader, split in ((cfg.train_dataloader, 'train'),
+                          (cfg.val_dataloader, 'val'),
+                          (cfg.test_dataloader, 'val')):
+        no_workers(loader)
+        ds = loader.dataset
+        ds.type = 'CustomDataset'
+        ds.data_root = data['data_root']
+        ds.data_prefix = split
+        ds.pop('split', None)
+        ds.pipeline = [t for t in ds.pipeline
+                       if t.type not in ('RandAugment', 'RandomErasing')]
+        for t in ds.pipeline:
+            if t.type == 'RandomResizedCrop':
+                t.scale = size
+            elif t.type == 'ResizeEdge':
+                t.scale = size
+            elif t.type == 'CenterCrop':
+                t.crop_size = size
+        loader.batch_size = 8
+    for ev in (cfg.val_evaluator, cfg.test_evaluator):
+        ev.topk = (1, )
+    cfg.train_cfg.max_epochs = epochs
+    cfg.train_cfg.val_interval = epochs + 1
+    for sched in cfg.param_scheduler:  # 1-epoch warm-up, then cosine
+        if sched.type == 'LinearLR':
+            sched.end = 1
+        else:
+            sched.begin = 1
+    cfg.auto_scale_lr.enable = False
+    cfg.optim_wrapper.optimizer.lr = lr
+    _quiet(cfg)
+    return cfg
