@@ -6,3 +6,7 @@ model = dict(backbone=dict(arch='small', drop_path_rate=0.1))
 train_dataloader = dict(batch_size=64)
 val_dataloader = dict(batch_size=64)
 test_dataloader = val_dataloader
+
+# lr 5e-4 per 512 images at 8 x 64 images
+optim_wrapper = dict(optimizer=dict(lr=0.0005))
+auto_scale_lr = dict(base_batch_size=512)

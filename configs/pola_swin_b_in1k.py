@@ -8,3 +8,7 @@ model = dict(
 train_dataloader = dict(batch_size=64)
 val_dataloader = dict(batch_size=64)
 test_dataloader = val_dataloader
+
+# lr 5e-4 per 512 images at 8 x 64 images
+optim_wrapper = dict(optimizer=dict(lr=0.0005))
+auto_scale_lr = dict(base_batch_size=512)

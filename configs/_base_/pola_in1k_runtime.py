@@ -1,7 +1,8 @@
 # ImageNet-1k classification recipe shared by the Pola-Swin / Pola-PVT
 # configs (the authors' DeiT-style recipe): 300 epochs, AdamW with
-# lr 5e-4 per 512 images (scaled from the actual total batch size through
-# auto_scale_lr), weight decay 0.05, cosine schedule, label smoothing 0.1,
+# lr 5e-4 per 512 images: each config sets lr for its own total batch
+# (8 GPUs x images per GPU) and auto_scale_lr.base_batch_size to that batch,
+# so `--auto-scale-lr` rescales linearly for another GPU count, weight decay 0.05, cosine schedule, label smoothing 0.1,
 # RandAugment m9, Mixup 0.8, CutMix 1.0, random erasing 0.25.
 # Warm-up, drop path, grad clip and batch size are set per model.
 _base_ = [
@@ -41,7 +42,7 @@ test_dataloader = val_dataloader
 # position biases and the polarity attention's power / scale.
 optim_wrapper = dict(
     optimizer=dict(
-        type='AdamW', lr=5e-4, weight_decay=0.05, eps=1e-8,
+        type='AdamW', lr=1e-3, weight_decay=0.05, eps=1e-8,
         betas=(0.9, 0.999)),
     paramwise_cfg=dict(
         norm_decay_mult=0.0,
@@ -58,5 +59,6 @@ optim_wrapper = dict(
 
 train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
 
-# lr = 5e-4 * total_batch / 512 (the authors' rule), always applied.
-auto_scale_lr = dict(base_batch_size=512, enable=True)
+# lr = 5e-4 * total_batch / 512 (the authors' rule) for 8 GPUs x 128 images;
+# OpenMMLab convention: enabled by `tools/train.py --auto-scale-lr`.
+auto_scale_lr = dict(base_batch_size=1024, enable=False)
