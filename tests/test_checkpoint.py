@@ -215,3 +215,17 @@ def test_pos_tables_resized_for_other_pretrain_size(reference_dir):
         else:
             assert m.pos_embed1.shape == (1, 48 * 48, 32)
         assert torch.isfinite(m(torch.randn(1, 3, 64, 64))[-1]).all()
+
+
+def test_missing_pretrained_file_names_path_and_fix(tmp_path):
+    from pola_mm.registry import MODELS
+    path = str(tmp_path / 'missing_in1k.pth')
+    model = MODELS.build(dict(
+        type='PolaSwinTransformer',
+        arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)),
+        init_cfg=dict(type='Pretrained', checkpoint=path)))
+    with pytest.raises(FileNotFoundError) as err:
+        model.init_weights()
+    msg = str(err.value)
+    assert path in msg and 'init_cfg=None' in msg
+    assert 'pola_official_to_mm.py' in msg

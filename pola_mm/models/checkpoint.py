@@ -12,6 +12,8 @@ names as pola_mm's backbones, so conversion is a prefix rename:
 - the recomputed buffers ``relative_position_index`` and ``attn_mask`` are
   dropped.
 """
+import os
+import os.path as osp
 import re
 from collections import OrderedDict
 from itertools import zip_longest
@@ -132,6 +134,15 @@ def load_pretrained(module: torch.nn.Module,
         ValueError: missing, unexpected or shape-mismatched keys.
     """
     from mmengine.runner.checkpoint import CheckpointLoader
+    is_remote = '://' in str(checkpoint)
+    if not is_remote and not osp.isfile(checkpoint):
+        raise FileNotFoundError(
+            f'Pretrained checkpoint {checkpoint!r} not found (relative to '
+            f'{os.getcwd()!r}). Put the ImageNet weights there (the authors\' '
+            'release or a file converted by '
+            'tools/model_converters/pola_official_to_mm.py), point '
+            'model.backbone.init_cfg.checkpoint at them, or train from '
+            'scratch with --cfg-options model.backbone.init_cfg=None.')
     ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')
     sd = extract_state_dict(ckpt)
     if prefix:
