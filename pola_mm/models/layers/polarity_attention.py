@@ -164,7 +164,13 @@ class PolarityAttention(BaseModule):
         """
         if self.fused_qkvg:
             return self.qkvg(x)
-        return torch.cat([self.qg(x), self.kv(x)], dim=-1)  # q, g, k, v
+        # one product with the stacked weights (tiny) instead of two products
+        # and a concatenation of their (..., 2C) outputs
+        bias = None
+        if self.qg.bias is not None:
+            bias = torch.cat([self.qg.bias, self.kv.bias])
+        return F.linear(x, torch.cat([self.qg.weight, self.kv.weight]),
+                        bias)  # q, g, k, v
 
     def _split(self, qkvg: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         parts = qkvg.unflatten(-1, (4, self.embed_dims)).unbind(-2)
@@ -257,13 +263,27 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
     """Resize a learned ``(1, Hr * Wr, C)`` token table to ``(1, H * W, C)``.
 
     Bicubic, ``align_corners=False``, on the 2-D grid; the table itself is
-    returned at its reference size.
+    returned at its reference size. Where no gradient is needed (inference,
+    frozen tables), the resized table is cached on ``table`` for the last
+    ``hw`` and reused until the table changes (in place or by a move); the
+    result must then not be modified in place.
     """
     if tuple(hw) == tuple(ref_hw):
         return table
+    cache = not (torch.is_grad_enabled() and table.requires_grad) and \
+        not torch.compiler.is_compiling()
+    if cache:
+        key = (tuple(int(i) for i in hw), tuple(ref_hw), table._version,
+               table.data_ptr(), table.dtype, table.device)
+        hit = getattr(table, '_pola_resized', None)
+        if hit is not None and hit[0] == key:
+            return hit[1]
     C = table.shape[-1]
     grid = table.reshape(1, ref_hw[0], ref_hw[1], C).permute(0, 3, 1, 2)
     dt = torch.promote_types(table.dtype, torch.float32)
     grid = F.interpolate(grid.to(dt), size=(int(hw[0]), int(hw[1])),
                          mode='bicubic', align_corners=False)
-    return grid.flatten(2).transpose(1, 2).to(table.dtype)
+    out = grid.flatten(2).transpose(1, 2).to(table.dtype)
+    if cache:
+        table._pola_resized = (key, out)
+    return out
