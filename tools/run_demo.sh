@@ -55,6 +55,7 @@ if [ "$train_rc" -ne 0 ] || [ ! -f "$WORK/last_checkpoint" ]; then
   exit 1
 fi
 CKPT=$(cat "$WORK/last_checkpoint")
+CKPT=${CKPT#"$PWD/"}
 train_s=$((SECONDS - start))
 
 log "evaluating $CKPT (log: $WORK/test.log)"

@@ -15,8 +15,9 @@ img_size = 128
 embed_dims = 32
 neck_channels = 64
 num_classes = 3
-max_iters = 1200
-val_interval = 1200
+max_iters = 300
+val_interval = max_iters
+warmup_iters = 50
 
 model = dict(
     data_preprocessor=dict(pad_size_divisor=32),
@@ -120,8 +121,8 @@ train_cfg = dict(
     val_interval=val_interval)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
-         end=100),
-    dict(type='CosineAnnealingLR', by_epoch=False, begin=100,
+         end=warmup_iters),
+    dict(type='CosineAnnealingLR', by_epoch=False, begin=warmup_iters,
          end=max_iters, eta_min_ratio=0.01)
 ]
 optim_wrapper = dict(
