@@ -3,8 +3,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pola_mm.models.layers import polarity_kernel
 from pola_mm.models.layers.polarity_kernel import (PolarityAttentionFunction,
                                                    polarity_attention_kernel)
+
+# slab sizes (elements) that make the CPU path work on: everything at once;
+# a few whole sequences at a time; runs of tokens of one sequence
+CHUNKS = {'whole': 1 << 30, 'sequences': 200, 'tokens': 24}
+
+
+@pytest.fixture(params=sorted(CHUNKS))
+def chunking(request, monkeypatch):
+    monkeypatch.setattr(polarity_kernel, 'CPU_CHUNK_ELEMENTS',
+                        CHUNKS[request.param])
+    return request.param
 
 
 def reference(q, k, v, scale, power, alpha, valid=None):
@@ -54,7 +66,7 @@ def _inputs(B=2, h=3, N=11, d=6, dtype=torch.float64, masked=False, seed=0,
 @pytest.mark.parametrize('masked', [False, True])
 @pytest.mark.parametrize('shape', [(2, 3, 11, 6), (1, 1, 5, 2),
                                    (2, 2, 64, 32)])
-def test_forward_matches_reference_float64(masked, shape):
+def test_forward_matches_reference_float64(masked, shape, chunking):
     B, h, N, d = shape
     q, k, v, scale, power, valid = _inputs(B, h, N, d, masked=masked)
     out = polarity_attention_kernel(q, k, v, scale, power, 4.0, valid)
@@ -84,7 +96,7 @@ def test_exact_zeros_and_shared_scale():
 
 @pytest.mark.parametrize('masked', [False, True])
 @pytest.mark.parametrize('scale_heads', [True, False])
-def test_gradcheck_float64(masked, scale_heads):
+def test_gradcheck_float64(masked, scale_heads, chunking):
     q, k, v, scale, power, valid = _inputs(2, 2, 7, 4, masked=masked,
                                            scale_heads=scale_heads)
     for t in (q, k, v, scale, power):
@@ -96,7 +108,7 @@ def test_gradcheck_float64(masked, scale_heads):
     assert torch.autograd.gradcheck(fn, (q, k, v, scale, power))
 
 
-def test_gradients_match_reference_autograd():
+def test_gradients_match_reference_autograd(chunking):
     q, k, v, scale, power, valid = _inputs(2, 3, 40, 8, masked=True)
     args = [t.requires_grad_(True) for t in (q, k, v, scale, power)]
     g = torch.randn(2, 3, 40, 8, dtype=torch.float64)
@@ -170,3 +182,14 @@ def test_resized_position_table_is_cached_only_without_grad():
     assert c.requires_grad  # with grad: computed, differentiable
     torch.testing.assert_close(c, b)
     assert resize_pos_table(t, (7, 7), (7, 7)) is t
+
+
+def test_slab_plan(monkeypatch):
+    monkeypatch.setattr(polarity_kernel, 'CPU_CHUNK_ELEMENTS', 1000)
+    plan = polarity_kernel._plan
+    slabs, step = plan(torch.empty(10, 2, 5, 4))  # 40 per sequence
+    assert step == 5 and len(slabs) == 1 and slabs[0] == slice(0, 10)
+    slabs, step = plan(torch.empty(100, 2, 5, 4))
+    assert step == 5 and [s.stop - s.start for s in slabs] == [25] * 4
+    slabs, step = plan(torch.empty(2, 2, 500, 4))  # 4000 per sequence
+    assert len(slabs) == 2 and step == 125
