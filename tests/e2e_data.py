@@ -28,8 +28,7 @@ from PIL import Image, ImageDraw
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(REPO, 'configs')
 
-# the first COCO / ADE class names, so the upstream datasets' default
-# metainfo (80 / 150 classes) applies unchanged
+# COCO-style category names of the synthetic instance set
 COCO_NAMES = ('person', 'bicycle', 'car')
 COLOURS = ((220, 40, 40), (40, 200, 60), (50, 80, 230))
 
@@ -214,7 +213,8 @@ def no_workers(loader: dict) -> None:
 
 
 def shrink_widths(node, width: int = 32, fc_width: int = 64) -> None:
-    """Neck / head widths 256 -> ``width`` and fc 1024 -> ``fc_width``."""
+    """Neck / head widths 256 -> ``width`` and fc 1024 -> ``fc_width``,
+    80 COCO classes -> ours, fewer RoIs, cheap RoIAlign sampling."""
     if isinstance(node, dict):
         for key, value in node.items():
             if key in ('in_channels', 'out_channels', 'feat_channels',
@@ -222,6 +222,8 @@ def shrink_widths(node, width: int = 32, fc_width: int = 64) -> None:
                 node[key] = width
             elif key == 'fc_out_channels' and value == 1024:
                 node[key] = fc_width
+            elif key == 'num_classes' and value == 80:
+                node[key] = len(COCO_NAMES)  # the heads predict our classes
             elif key == 'sampling_ratio' and value == 0:
                 node[key] = 2  # RoIAlign: fixed, cheap sampling
             elif key == 'num' and node.get('type') == 'RandomSampler':
@@ -247,6 +249,7 @@ def tiny_det(cfg: Config, data: Dict[str, str], work_dir: str,
         ds.data_root = data['data_root']
         ds.ann_file = data['ann_file']
         ds.data_prefix = dict(img=data['img_prefix'])
+        ds.metainfo = dict(classes=COCO_NAMES)
         for t in ds.pipeline:
             if t.type == 'Resize':
                 t.scale = (size, size)

@@ -168,3 +168,19 @@ def test_config_builds_its_model(name):
         if key in ('.power', 'attn.scale', '.positional_encoding'):
             assert hits, f'{key} matches no parameter of {name}'
             assert all(n.startswith('backbone.') for n in hits), hits
+
+
+@pytest.mark.parametrize('name', ['mask_rcnn_pola_pvt_t.py',
+                                  'upernet_pola_swin_t_ade20k.py'])
+def test_missing_weights_give_one_clear_message(name, tmp_path, monkeypatch):
+    """No ImageNet file at the documented place: FileNotFoundError naming
+    the path, raised when the weights are loaded (``init_weights``)."""
+    pytest.importorskip('mmdet.models')
+    pytest.importorskip('mmseg.models')
+    import pola_mm  # noqa: F401
+    monkeypatch.chdir(tmp_path)  # no checkpoints/ folder here
+    cfg = _load(name)
+    model = _build(cfg)
+    with pytest.raises(FileNotFoundError) as info:
+        model.init_weights()
+    assert cfg.model.backbone.init_cfg.checkpoint in str(info.value)

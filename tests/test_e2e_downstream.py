@@ -75,13 +75,18 @@ def ade(tmp_path_factory):
     return e2e_data.make_ade(str(tmp_path_factory.mktemp('ade')))
 
 
-@pytest.mark.parametrize('name, metric_keys', [
-    ('retinanet_pola_pvt_t.py', ['coco/bbox_mAP']),
-    ('mask_rcnn_pola_swin_t.py', ['coco/bbox_mAP', 'coco/segm_mAP']),
-    ('cascade_mask_rcnn_pola_swin_t.py', ['coco/bbox_mAP', 'coco/segm_mAP']),
+# (config, epochs of 4 iterations, lr, metrics): RetinaNet's focal loss is
+# unstable on 8 images above ~3e-4, so it gets a lower lr and more epochs
+@pytest.mark.parametrize('name, epochs, lr, metric_keys', [
+    ('retinanet_pola_pvt_t.py', 10, 3e-4, ['coco/bbox_mAP']),
+    ('mask_rcnn_pola_swin_t.py', 6, 5e-4, ['coco/bbox_mAP', 'coco/segm_mAP']),
+    ('cascade_mask_rcnn_pola_swin_t.py', 6, 5e-4,
+     ['coco/bbox_mAP', 'coco/segm_mAP']),
 ])
-def test_detection_trains_and_evaluates(name, metric_keys, coco, tmp_path):
-    cfg = e2e_data.tiny_det(e2e_data.load(name), coco, str(tmp_path))
+def test_detection_trains_and_evaluates(name, epochs, lr, metric_keys, coco,
+                                        tmp_path):
+    cfg = e2e_data.tiny_det(e2e_data.load(name), coco, str(tmp_path),
+                            epochs=epochs, lr=lr)
     losses, metrics = train_and_test(cfg)
     print(name, [round(v, 3) for v in losses], metrics)
     assert_learns(losses, drop=0.2)
@@ -89,7 +94,7 @@ def test_detection_trains_and_evaluates(name, metric_keys, coco, tmp_path):
         assert key in metrics, metrics
         # an untrained detector scores 0; this one has fitted some boxes
         assert metrics[key + '_50'] > 0.0, metrics
-    assert osp.isfile(osp.join(str(tmp_path), 'epoch_6.pth'))
+    assert osp.isfile(osp.join(str(tmp_path), f'epoch_{epochs}.pth'))
 
 
 @pytest.mark.parametrize('name, lr', [
