@@ -1,4 +1,5 @@
-# Cascade Mask R-CNN, Pola-Swin-S backbone, COCO instance segmentation, 3x schedule.
+# Cascade Mask R-CNN, Pola-Swin-S backbone, COCO instance segmentation,
+# 3x schedule.
 # 36 epochs (lr steps 27, 33; 500-iter warm-up), multi-scale 480-800
 # short side with random crop,
 # AdamW lr 1e-4, weight decay 0.05, drop path 0.3, 2 images per GPU x 8 GPUs.

@@ -1,4 +1,5 @@
-# Cascade Mask R-CNN, Pola-Swin-T backbone, COCO instance segmentation, 1x schedule.
+# Cascade Mask R-CNN, Pola-Swin-T backbone, COCO instance segmentation,
+# 1x schedule.
 # 12 epochs (lr steps 8, 11; 500-iter warm-up), single scale 1333x800,
 # AdamW lr 1e-4, weight decay 0.05, drop path 0.2, 2 images per GPU x 8 GPUs.
 _base_ = [

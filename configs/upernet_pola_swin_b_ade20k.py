@@ -1,6 +1,7 @@
 # UperNet, Pola-Swin-B backbone, ADE20K 512x512.
 # 160k iterations, AdamW lr 6e-5, weight decay 0.01, 1500-iter linear warm-up,
-# poly (power 1.0), drop path 0.3, 2 images per GPU x 8 GPUs (16 per iteration).
+# poly (power 1.0), drop path 0.3, 2 images per GPU x 8 GPUs
+# (16 per iteration).
 _base_ = [
     'mmseg::_base_/models/upernet_swin.py',
     'mmseg::_base_/datasets/ade20k.py',

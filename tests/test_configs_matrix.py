@@ -25,8 +25,10 @@ IN1K = [f'pola_swin_{k}_in1k.py' for k in SWIN] + \
 # name -> (backbone type, arch, lr, weight decay, schedule, images per GPU)
 DET = {}
 for k in PVT:
-    DET[f'retinanet_pola_pvt_{k}.py'] = ('PolaPVT', PVT[k], 1e-4, 1e-4, '1x', 2)
-    DET[f'mask_rcnn_pola_pvt_{k}.py'] = ('PolaPVT', PVT[k], 2e-4, 1e-4, '1x', 2)
+    DET[f'retinanet_pola_pvt_{k}.py'] = (
+        'PolaPVT', PVT[k], 1e-4, 1e-4, '1x', 2)
+    DET[f'mask_rcnn_pola_pvt_{k}.py'] = (
+        'PolaPVT', PVT[k], 2e-4, 1e-4, '1x', 2)
 for k in SWIN:
     for det in ('mask_rcnn', 'cascade_mask_rcnn'):
         DET[f'{det}_pola_swin_{k}.py'] = (

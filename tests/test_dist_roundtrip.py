@@ -108,7 +108,7 @@ def test_dist_train_resumes(run_dir):
                 run_dir['cfg'], '2', '--resume', ckpt,
                 '--cfg-options', 'train_cfg.max_epochs=3'],
                cwd=run_dir['root'])
-    assert f'resumed epoch: 2' in log.lower() or \
+    assert 'resumed epoch: 2' in log.lower() or \
         f'Load checkpoint from {ckpt}' in log, log[-3000:]
     assert osp.isfile(osp.join(run_dir['work_dir'], 'epoch_3.pth'))
     assert re.search(r'Epoch\(train\) +\[3\]\[2/2\]', log), log[-3000:]

@@ -15,9 +15,10 @@ import e2e_data
 
 import pola_mm  # noqa: F401  (as tools/train.py: registers the pola_mm scope)
 
+SWIN_T_CH = [96, 192, 384, 768]
 SNIPPETS = {
-    'pola_swin_t_fpn.py': ('PolaSwinTransformer', 'tiny', [96, 192, 384, 768]),
-    'pola_swin_s_fpn.py': ('PolaSwinTransformer', 'small', [96, 192, 384, 768]),
+    'pola_swin_t_fpn.py': ('PolaSwinTransformer', 'tiny', SWIN_T_CH),
+    'pola_swin_s_fpn.py': ('PolaSwinTransformer', 'small', SWIN_T_CH),
     'pola_swin_b_fpn.py': ('PolaSwinTransformer', 'base',
                            [128, 256, 512, 1024]),
     'pola_pvt_t_fpn.py': ('PolaPVT', 'tiny', [64, 128, 320, 512]),

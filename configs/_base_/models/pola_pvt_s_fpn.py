@@ -1,22 +1,23 @@
-# Pola-PVT-S backbone plus the input channels of the neck/head that follows it.
+# Pola-PVT-S: backbone plus the channels of the neck / head after it.
 #
-# A snippet for any MMDetection / MMSegmentation config (pola_mm must be
-# installed). Use it as a sibling base next to a complete upstream config and
-# plug its pieces into ``model``:
+# A snippet for MMDetection / MMSegmentation configs (pola_mm installed;
+# tools that import pola_mm, e.g. its tools/train.py, resolve pola_mm::).
+# List it next to a complete upstream config, then plug its pieces in:
 #
 #   _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
 #             'pola_mm::_base_/models/pola_pvt_s_fpn.py']
 #   model = dict(backbone=_base_.pola_backbone, neck=_base_.pola_neck)
 #
-# (MMSegmentation UperNet: ``decode_head=dict(in_channels=_base_.pola_channels)``,
-# ``auxiliary_head=dict(in_channels=_base_.pola_channels[2])``.)
-# Sibling bases may not share keys, which is why the snippet exposes
-# ``pola_*`` variables instead of a ``model`` dict of its own.
+# MMSegmentation UperNet instead:
+#   decode_head=dict(in_channels=_base_.pola_channels),
+#   auxiliary_head=dict(in_channels=_base_.pola_channels[2])
+# (Sibling bases may not share keys, hence ``pola_*`` variables rather than
+# a ``model`` dict.)
 #
-# ImageNet-1k weights: ``checkpoints/pola_pvt_s_in1k.pth`` relative to the working
-# directory, or ``$POLA_PRETRAINED/pola_pvt_s_in1k.pth`` when the environment variable
-# POLA_PRETRAINED names another folder. The authors' released file
-# ({'model': state_dict}) or an mmpretrain checkpoint of configs/pola_pvt_s_in1k.py both load.
+# ImageNet-1k weights: checkpoints/pola_pvt_s_in1k.pth under the working
+# directory, or $POLA_PRETRAINED/pola_pvt_s_in1k.pth if that variable is set.
+# The authors' released file or an mmpretrain checkpoint of
+# configs/pola_pvt_s_in1k.py both load.
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 
 pola_pretrained = '{{$POLA_PRETRAINED:checkpoints}}/pola_pvt_s_in1k.pth'
