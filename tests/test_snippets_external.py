@@ -40,6 +40,16 @@ def _write(tmp_path, text: str, name: str = 'my_config.py') -> str:
     return str(path)
 
 
+def test_importing_pola_mm_registers_the_config_scope():
+    from mmengine.config import config as config_module
+    from mmengine.config.utils import MODULE2PACKAGE
+    assert 'pola_mm' in MODULE2PACKAGE, (
+        'import pola_mm must run pola_mm.mim_scope.register_config_scope() '
+        '(pola_mm/__init__.py: from . import mim_scope)')
+    assert config_module.get_installed_path('pola_mm') == \
+        osp.dirname(pola_mm.__file__)
+
+
 def test_every_snippet_is_in_the_package():
     snippet_dir = osp.join(osp.dirname(pola_mm.__file__), '.mim', 'configs',
                            '_base_', 'models')
