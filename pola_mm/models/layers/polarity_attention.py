@@ -233,8 +233,10 @@ class PolarityAttention(BaseModule):
             bias = self.dwc.bias.to(dt) if self.dwc.bias is not None else None
             v = F.conv2d(v, self.dwc.weight.to(dt), bias,
                          padding=self.dwc.padding, groups=self.dwc.groups)
-            x = x + v.permute(0, 2, 3, 1).reshape(B, h, N, d)
-            x = x.transpose(1, 2).reshape(B, N, C)
+            # (B, N, h, d) order: free for the kernel's token-major output
+            x = torch.add(x.transpose(1, 2),
+                          v.permute(0, 2, 3, 1).reshape(B, h, N, d).transpose(
+                              1, 2)).reshape(B, N, C)
         return x.to(out_dtype)
 
     # -- step 3 ------------------------------------------------------------

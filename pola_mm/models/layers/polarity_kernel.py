@@ -187,20 +187,28 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, inv_s: Tensor, p: Tensor,
     if len(slabs) == 1:
         return _forward_slab(q, k, v, inv_s, p, mask, n, eps, step)
     B, h, N, d = q.shape
-    x = q.new_empty(B, h, N, d)
+    x = _token_major(q)
     rz = q.new_empty(B, h, N, 2)
     m = q.new_empty(B, h, 2 * d, d + 2)
     for b in slabs:
-        x[b], m[b], rz[b] = _forward_slab(q[b], k[b], v[b], inv_s, p,
-                                          _sub(mask, b), _sub(n, b), eps,
-                                          step)
+        _, m[b], rz[b] = _forward_slab(q[b], k[b], v[b], inv_s, p,
+                                       _sub(mask, b), _sub(n, b), eps, step,
+                                       out=x[b])
     return x, m, rz
+
+
+def _token_major(q: Tensor) -> Tensor:
+    """An empty ``(B, h, N, d)`` laid out ``(B, N, h, d)`` in memory, so that
+    the caller's ``x.transpose(1, 2).reshape(B, N, h * d)`` is free."""
+    B, h, N, d = q.shape
+    return q.new_empty(B, N, h, d).transpose(1, 2)
 
 
 def _forward_slab(q: Tensor, k: Tensor, v: Tensor, inv_s: Tensor, p: Tensor,
                   mask: Optional[Tensor], n: Union[float, Tensor], eps: float,
-                  step: int):
-    """:func:`_forward` on whole sequences, walking tokens by ``step``."""
+                  step: int, out: Optional[Tensor] = None):
+    """:func:`_forward` on whole sequences, walking tokens by ``step``;
+    writes ``x`` into ``out`` when given (eager CPU path only)."""
     B, h, N, d = q.shape
     chunks = _token_chunks(N, step)
     # r = [k'^T v, sum_N k'] (B, h, 2d, d + 1), halves of k' kept apart
@@ -217,20 +225,24 @@ def _forward_slab(q: Tensor, k: Tensor, v: Tensor, inv_s: Tensor, p: Tensor,
     m = _mix_matrix(r, n)  # (B, h, 2d, d + 2)
     m_pos, m_neg = m.chunk(2, dim=-2)
 
-    def flows(qc: Tensor) -> Tuple[Tensor, Tensor]:
+    def flows(qc: Tensor,
+              dst: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         _, qf = _features(qc, inv_s, p, None)
         u = (qf[0] @ m_pos).add_(qf[1] @ m_neg)  # (B, h, n_c, d + 2)
         rz = (u[..., d:] + eps).reciprocal_()  # (B, h, n_c, 2)
-        x = (u[..., :d].unflatten(-1, (2, d // 2)) * rz.unsqueeze(-1))
-        return x.flatten(-2), rz
+        num = u[..., :d].unflatten(-1, (2, d // 2))
+        if dst is None:
+            return (num * rz.unsqueeze(-1)).flatten(-2), rz
+        torch.mul(num, rz.unsqueeze(-1), out=dst.unflatten(-1, (2, d // 2)))
+        return dst, rz
 
     if len(chunks) == 1:
-        x, rz = flows(q)
+        x, rz = flows(q, out)
         return x, m, rz
-    x = q.new_empty(B, h, N, d)
+    x = _token_major(q) if out is None else out
     rz = q.new_empty(B, h, N, 2)
     for c in chunks:
-        x[:, :, c], rz[:, :, c] = flows(q[:, :, c])
+        _, rz[:, :, c] = flows(q[:, :, c], x[:, :, c])
     return x, m, rz
 
 
