@@ -216,9 +216,10 @@ def _forward_slab(q: Tensor, k: Tensor, v: Tensor, inv_s: Tensor, p: Tensor,
     for c in chunks:
         mc = _chunk(mask, c)
         _, kf = _features(k[:, :, c], inv_s, p, mc)
-        vm = v[:, :, c] if mc is None else v[:, :, c] * mc
+        # v needs no mask: the masked k' rows are exactly 0
+        vc = v[:, :, c]
         rc = torch.cat([
-            torch.cat([f.transpose(-2, -1) @ vm,
+            torch.cat([f.transpose(-2, -1) @ vc,
                        f.sum(-2).unsqueeze(-1)], dim=-1) for f in kf
         ], dim=-2)
         r = rc if r is None else r.add_(rc)
@@ -300,14 +301,13 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, m: Tensor,
     dr_a, dr_t = dr[..., :d].chunk(2, dim=-2)
     for c in chunks:
         mc = _chunk(mask, c)
-        vm = v[:, :, c] if mc is None else v[:, :, c] * mc
-        dk_at = (vm @ drt[..., :d, :]).add_(drt[..., d:, :])
+        # at masked keys a = t = 0, so dv = 0 there and the (nonzero) dk_at
+        # is multiplied by a = 0: no mask on v or on the gradients needed
+        dk_at = (v[:, :, c] @ drt[..., :d, :]).add_(drt[..., d:, :])
         ks, sk, axk, lk, ak, tk = _features_for_backward(
             k[:, :, c], inv_s, p, mc)
         if need_v:
             dvc = (ak @ dr_a).add_(tk @ dr_t)  # (B, h, n_c, d)
-            if mc is not None:
-                dvc = dvc.mul_(mc)
             if one:
                 dv = dvc
             else:
