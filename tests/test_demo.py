@@ -1,8 +1,11 @@
-"""The embedded demo: its config, a few training iterations, evaluation and
-the prediction picture, on a tiny shapes set (the learning run is
-``make demo``)."""
+"""The embedded demo: its config builds, and tools/run_demo.sh trains a few
+iterations, evaluates and draws on a tiny shapes set (the learning run itself
+is ``make demo``)."""
+import os
 import os.path as osp
-import runpy
+import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -16,25 +19,6 @@ from pola_mm.utils.shapes import SHAPES_CLASSES, make_shapes_dataset  # noqa
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIG = osp.join(REPO, 'configs', 'demo', 'mask_rcnn_pola_swin_shapes.py')
-
-
-def _tiny_cfg(data_root: str, work_dir: str, iters: int = 2) -> Config:
-    cfg = Config.fromfile(CONFIG)
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        cfg[loader].dataset.data_root = data_root
-        cfg[loader].batch_size = 2
-    for evaluator in ('val_evaluator', 'test_evaluator'):
-        cfg[evaluator].ann_file = osp.join(data_root, 'annotations',
-                                           'instances_val.json')
-    cfg.train_cfg.max_iters = iters
-    cfg.train_cfg.val_interval = iters
-    cfg.param_scheduler[0].end = 1
-    cfg.param_scheduler[1].begin = 1
-    cfg.param_scheduler[1].end = iters
-    cfg.default_hooks.checkpoint.interval = iters
-    cfg.default_hooks.logger.interval = 1
-    cfg.work_dir = work_dir
-    return cfg
 
 
 def test_demo_config_builds():
@@ -53,29 +37,33 @@ def test_demo_config_builds():
     assert model.roi_head.mask_head.num_classes == len(SHAPES_CLASSES)
 
 
-def test_demo_trains_evaluates_and_draws(tmp_path, monkeypatch):
-    from mmengine.runner import Runner
-    data_root = str(tmp_path / 'shapes')
-    make_shapes_dataset(data_root, num_train=4, num_val=2, seed=1)
-    cfg = _tiny_cfg(data_root, str(tmp_path / 'work'))
-    runner = Runner.from_cfg(cfg)
-    runner.train()
-    metrics = runner.val_loop.run()
-    for key in ('coco/bbox_mAP', 'coco/segm_mAP'):
-        assert key in metrics and metrics[key] >= 0
-    ckpt = osp.join(cfg.work_dir, 'iter_2.pth')
-    assert osp.isfile(ckpt)
-
-    # tools/misc/visualize_predictions.py on the checkpoint
-    out = tmp_path / 'predictions.png'
-    monkeypatch.setattr(sys, 'argv', [
-        'visualize_predictions.py', CONFIG, ckpt, '--out', str(out),
-        '--num-images', '2', '--score-thr', '0.0', '--scale', '2',
-        '--cfg-options', f'test_dataloader.dataset.data_root={data_root}'
-    ])
-    runpy.run_path(
-        osp.join(REPO, 'tools', 'misc', 'visualize_predictions.py'),
-        run_name='__main__')
+@pytest.mark.skipif(shutil.which('bash') is None, reason='needs bash')
+def test_run_demo_script(tmp_path):
+    """tools/run_demo.sh end to end (2 iterations on 4 images): train.py,
+    test.py on the checkpoint, the picture and the summary."""
+    data_root = tmp_path / 'shapes'
+    make_shapes_dataset(str(data_root), num_train=4, num_val=2, seed=1)
+    work_dir = tmp_path / 'work'
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        DEMO_DATA=str(data_root),
+        DEMO_WORK_DIR=str(work_dir),
+        DEMO_TRAIN_OPTIONS=' '.join([
+            'train_cfg.max_iters=2', 'train_dataloader.batch_size=2',
+            'param_scheduler.0.end=1', 'param_scheduler.1.begin=1',
+            'param_scheduler.1.end=2', 'default_hooks.checkpoint.interval=2',
+            'default_hooks.logger.interval=1'
+        ]))
+    proc = subprocess.run(['bash', osp.join(REPO, 'tools', 'run_demo.sh')],
+                          env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'Iter(train) [2/2]' in proc.stdout
+    bbox = re.search(r'COCO bbox mAP: ([0-9.]+)', proc.stdout)
+    segm = re.search(r'COCO segm mAP: ([0-9.]+)', proc.stdout)
+    assert bbox and segm, proc.stdout[-3000:]
+    assert osp.isfile(work_dir / 'iter_2.pth')
     from PIL import Image
-    img = Image.open(out)
-    assert img.width > 2 * 256 and img.height > 256
+    img = Image.open(work_dir / 'predictions.png')
+    assert img.width > 2 * 128 * 3 and img.height > 128 * 3

