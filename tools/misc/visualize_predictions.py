@@ -8,7 +8,7 @@ Example::
 
     python tools/misc/visualize_predictions.py \
         configs/demo/mask_rcnn_pola_swin_shapes.py \
-        work_dirs/demo/iter_1200.pth --out work_dirs/demo/predictions.png
+        work_dirs/demo/iter_400.pth --out work_dirs/demo/predictions.png
 """
 import argparse
 import os
