@@ -106,6 +106,31 @@ def allow_runner_checkpoints() -> bool:
     return True
 
 
+def sync_bn_to_bn(node: Any) -> int:
+    """Replace ``SyncBN`` / ``MMSyncBN`` norm configs by ``BN`` in place.
+
+    torch's SyncBatchNorm only runs on CUDA tensors; every mmseg decode head
+    uses it. Only called on the CPU distributed path.
+
+    Args:
+        node: a config (dict / list) tree, edited in place.
+
+    Returns:
+        How many norm configs were changed.
+    """
+    count = 0
+    if isinstance(node, dict):
+        if node.get('type') in ('SyncBN', 'MMSyncBN'):
+            node['type'] = 'BN'
+            count += 1
+        for value in node.values():
+            count += sync_bn_to_bn(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            count += sync_bn_to_bn(value)
+    return count
+
+
 def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
     """Make ``--launcher pytorch`` work on a machine without CUDA (gloo).
 
@@ -116,7 +141,8 @@ def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
     torchrun environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``), which makes the Runner skip ``init_dist``, and sets
     ``cfg.model_wrapper_cfg['device_ids'] = None`` (keeping any wrapper type
-    and options the config chose). Otherwise it does nothing.
+    and options the config chose); ``SyncBN`` norms in ``cfg.model`` become
+    ``BN``. Otherwise it does nothing.
 
     Args:
         cfg: the config the Runner will be built from; edited in place.
@@ -151,6 +177,11 @@ def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
                                                     DistributedDataParallel):
         wrapper['device_ids'] = None
     cfg.model_wrapper_cfg = wrapper
+    swapped = sync_bn_to_bn(cfg.model)
+    if swapped:
+        print_log(
+            f'pola_mm: SyncBN needs CUDA; {swapped} SyncBN norm configs run '
+            'as BN on CPU (statistics per process)', logger='current')
     print_log(
         f'pola_mm: CUDA unavailable, distributed on CPU with gloo '
         f'(rank {torch_dist.get_rank()}/{torch_dist.get_world_size()})',

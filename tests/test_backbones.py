@@ -6,6 +6,7 @@ import os
 import os.path as osp
 
 import pytest
+from conftest import reference_root
 import torch
 
 from pola_mm.models import PolaPVT, PolaSwinTransformer
@@ -22,13 +23,8 @@ SIZES = [(224, 224), (250, 333), (112, 137), (64, 64), (33, 47), (511, 511)]
 
 
 def _layouts():
-    root = os.environ.get('POLA_MM_REFERENCE') or osp.join(
-        REPO, '..', 'shared', 'reference')
-    path = osp.join(root, 'official_state_dict_layouts.json')
-    if not osp.isfile(path):
-        pytest.skip(f'reference layouts not found at {path} '
-                    '(set POLA_MM_REFERENCE)')
-    with open(path) as f:
+    root = reference_root('official_state_dict_layouts.json')
+    with open(osp.join(root, 'official_state_dict_layouts.json')) as f:
         return json.load(f)
 
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import reference_root
 import torch
 
 import pola_mm.models.checkpoint as ckpt_mod
@@ -23,12 +24,7 @@ PVT_MINI = dict(embed_dims=(32, 64, 160, 256), depths=(1, 1, 1, 1),
 
 @pytest.fixture(scope='module')
 def reference_dir():
-    root = os.environ.get('POLA_MM_REFERENCE') or osp.join(
-        REPO, '..', 'shared', 'reference')
-    if not osp.isfile(osp.join(root, 'official_pola_swin_mini.pth')):
-        pytest.skip(f'reference files not found in {root} '
-                    '(set POLA_MM_REFERENCE)')
-    return root
+    return reference_root('official_pola_swin_mini.pth')
 
 
 def _official(reference_dir, name):

@@ -232,3 +232,19 @@ def test_two_process_cpu_training_with_torchrun(tmp_path):
         str(tmp_path / 'dist_test')
     ], cwd=tmp_path)
     assert 'mse:' in proc.stdout + proc.stderr
+
+
+def test_cpu_distributed_turns_syncbn_into_bn():
+    """mmseg heads use SyncBN, which only runs on CUDA: the CPU path swaps it."""
+    from mmengine.config import Config
+
+    from pola_mm.compat import sync_bn_to_bn
+    cfg = Config(dict(model=dict(
+        backbone=dict(type='X', norm_cfg=dict(type='LN')),
+        decode_head=dict(norm_cfg=dict(type='SyncBN', requires_grad=True)),
+        auxiliary_head=[dict(norm_cfg=dict(type='MMSyncBN'))])))
+    assert sync_bn_to_bn(cfg.model) == 2
+    assert cfg.model.decode_head.norm_cfg == dict(type='BN',
+                                                  requires_grad=True)
+    assert cfg.model.auxiliary_head[0].norm_cfg.type == 'BN'
+    assert cfg.model.backbone.norm_cfg.type == 'LN'

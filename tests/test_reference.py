@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import reference_root
 import torch
 
 from pola_mm.models import PolaPVT, PolaSwinTransformer
@@ -29,12 +30,7 @@ MINIS = {
 
 @pytest.fixture(scope='module')
 def reference_dir():
-    root = os.environ.get('POLA_MM_REFERENCE') or osp.join(
-        REPO, '..', 'shared', 'reference')
-    if not osp.isfile(osp.join(root, 'official_pola_swin_mini_io.pth')):
-        pytest.skip(f'reference files not found in {root} '
-                    '(set POLA_MM_REFERENCE)')
-    return root
+    return reference_root('official_pola_swin_mini_io.pth')
 
 
 def _load(reference_dir, name):
