@@ -11,8 +11,9 @@ step, forward + backward of the sum of the means of all outputs
 
 Peak memory is the peak resident set size of the worker process (``VmHWM``
 of ``/proc/self/status``; ``resource.getrusage`` where there is none) on
-CPU, which includes the interpreter, torch and the weights, and ``torch.cuda.max_memory_allocated`` on CUDA, which includes the
-weights and the input. ``base_mem_mb`` is the memory in use just before the
+CPU, which includes the interpreter, torch and the weights, and
+``torch.cuda.max_memory_allocated`` on CUDA, which includes the weights and
+the input. ``base_mem_mb`` is the memory in use just before the
 first step (weights, input, libraries), so ``peak - base`` is what the steps
 themselves added.
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .polarity_kernel import polarity_attention_kernel
+from .polarity_kernel import is_compiling, polarity_attention_kernel
 
 Size2 = Tuple[int, int]
 
@@ -273,7 +273,7 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
     if tuple(hw) == tuple(ref_hw):
         return table
     cache = not (torch.is_grad_enabled() and table.requires_grad) and \
-        not torch.compiler.is_compiling()
+        not is_compiling()
     if cache:
         key = (tuple(int(i) for i in hw), tuple(ref_hw), table._version,
                table.data_ptr(), table.dtype, table.device)

@@ -143,10 +143,18 @@ def _to_sign_basis(m: Tensor) -> Tensor:
 CPU_CHUNK_ELEMENTS = 1 << 17
 
 
+def is_compiling() -> bool:
+    """Whether torch.compile is tracing (False on torch without it)."""
+    fn = getattr(getattr(torch, 'compiler', None), 'is_compiling', None)
+    if fn is None:  # torch < 2.3
+        fn = getattr(getattr(torch, '_dynamo', None), 'is_compiling', None)
+    return bool(fn()) if fn is not None else False
+
+
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
     """Slabs for ``x`` ``(B, h, N, d)``: slices of B, and a token step."""
     B, h, N, d = x.shape
-    if x.device.type != 'cpu' or torch.compiler.is_compiling():
+    if x.device.type != 'cpu' or is_compiling():
         return [slice(0, B)], N
     per_item = max(h * N * d, 1)
     if per_item <= CPU_CHUNK_ELEMENTS:
