@@ -261,3 +261,16 @@ def test_default_init(cls, arch):
             assert 0.01 < p.std() < 0.03, n
         elif n.endswith('fc1.bias'):
             assert not p.any(), n
+
+
+@pytest.mark.parametrize('cls, arch', [
+    (PolaSwinTransformer, dict(embed_dims=16, depths=(1, 1, 1, 1),
+                               num_heads=(1, 1, 2, 2))),
+    (PolaPVT, dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
+                   num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2)))])
+def test_wrong_input_shape_is_named(cls, arch):
+    model = cls(arch=arch)
+    with pytest.raises(ValueError, match=r'\(B, 3, H, W\).*in_channels=1'):
+        model(torch.zeros(1, 1, 32, 32))
+    with pytest.raises(ValueError, match='batch dimension'):
+        model(torch.zeros(3, 32, 32))

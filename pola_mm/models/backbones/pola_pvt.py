@@ -14,8 +14,8 @@ from ...registry import register_model
 from ..checkpoint import load_pretrained
 from ..layers import (Mlp, PatchEmbed, PolarityAttention,
                       SpatialReductionAttention, resize_pos_table)
-from .utils import (check_out_indices, freeze, init_module, linspace, pair,
-                    resolve_arch)
+from .utils import (check_input, check_out_indices, freeze, init_module,
+                    linspace, pair, resolve_arch)
 
 Size2 = Tuple[int, int]
 
@@ -147,6 +147,7 @@ class PolaPVT(BaseModule):
                  act_cfg: dict = dict(type='GELU'),
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
+        self.in_channels = in_channels
         arch = resolve_arch(arch, self.arch_zoo, self._arch_keys, type(self))
         embed_dims = tuple(int(c) for c in arch['embed_dims'])
         depths = tuple(int(d) for d in arch['depths'])
@@ -243,6 +244,7 @@ class PolaPVT(BaseModule):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
+        check_input(x, self.in_channels, 'PolaPVT')
         B = x.shape[0]
         outs = []
         for i in range(self.num_built):

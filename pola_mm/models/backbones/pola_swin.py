@@ -16,8 +16,8 @@ from ..layers.window import (crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
                              pad_map, shift_region_mask, valid_token_map,
                              window_partition, window_reverse)
-from .utils import (check_out_indices, freeze, init_module, linspace, pair,
-                    resolve_arch)
+from .utils import (check_input, check_out_indices, freeze, init_module,
+                    linspace, pair, resolve_arch)
 
 Size2 = Tuple[int, int]
 
@@ -269,6 +269,7 @@ class PolaSwinTransformer(BaseModule):
                  act_cfg: dict = dict(type='GELU'),
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
+        self.in_channels = in_channels
         arch = resolve_arch(arch, self.arch_zoo, self._arch_keys, type(self))
         embed_dims = int(arch['embed_dims'])
         depths = tuple(int(d) for d in arch['depths'])
@@ -370,6 +371,7 @@ class PolaSwinTransformer(BaseModule):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
+        check_input(x, self.in_channels, 'PolaSwinTransformer')
         x, hw = self.patch_embed(x)
         x = self.drop_after_pos(x)
         outs = []

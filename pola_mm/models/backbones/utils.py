@@ -4,6 +4,8 @@ from typing import Dict, List, Sequence, Tuple, Union
 import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 
+from torch import Tensor
+
 from ..layers import PolarityAttention, WindowMSA
 
 Size2 = Tuple[int, int]
@@ -81,3 +83,18 @@ def init_module(m: nn.Module) -> None:
         nn.init.zeros_(m.positional_encoding)
     elif isinstance(m, WindowMSA):
         trunc_normal_(m.relative_position_bias_table, std=.02)
+
+
+def check_input(x: Tensor, in_channels: int, name: str) -> None:
+    """Raise a clear error unless ``x`` is an image batch ``(B, Cin, H, W)``.
+
+    Args:
+        x: the backbone input.
+        in_channels: the ``Cin`` the backbone was built with.
+        name: the backbone's class name, for the message.
+    """
+    if x.dim() != 4 or x.shape[1] != in_channels:
+        raise ValueError(
+            f'{name} expects images of shape (B, {in_channels}, H, W), got '
+            f'{tuple(x.shape)}; add a batch dimension, or build the backbone '
+            f'with in_channels={x.shape[1] if x.dim() == 4 else "C"}')
