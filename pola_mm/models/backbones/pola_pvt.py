@@ -11,11 +11,10 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ...registry import register_model
-from ..checkpoint import load_pretrained
 from ..layers import (Mlp, PatchEmbed, PolarityAttention,
                       SpatialReductionAttention, resize_pos_table)
-from .utils import (check_input, check_out_indices, freeze, init_module,
-                    linspace, pair, resolve_arch)
+from .utils import (PolaBackbone, check_out_indices, freeze, linspace,
+                    pair, resolve_arch)
 
 Size2 = Tuple[int, int]
 
@@ -80,7 +79,7 @@ class PolaPVTBlock(BaseModule):
 
 
 @register_model
-class PolaPVT(BaseModule):
+class PolaPVT(PolaBackbone):
     """Pola-PVT backbone (PolaFormer, ICLR 2025) for any input size.
 
     Stage ``i`` (1-based, the authors' names): ``patch_embed{i}`` (the input
@@ -126,6 +125,7 @@ class PolaPVT(BaseModule):
         **dict.fromkeys(['l', 'large'], dict(_common, depths=(3, 8, 27, 3))),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
+    family = 'Pola-PVT'
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -201,24 +201,9 @@ class PolaPVT(BaseModule):
         self._freeze_stages()
 
     # ------------------------------------------------------------------
-    def init_weights(self) -> None:
-        """Default init (trunc-normal Linear and ``pos_embed``, zero
-        ``power``/``scale``/``positional_encoding`` as the authors), then the
-        pretrained checkpoint of ``init_cfg`` if any."""
-        cfg = self.init_cfg if isinstance(self.init_cfg, dict) else None
-        self.apply(init_module)
+    def _init_extra(self) -> None:
         for i in range(self.num_built):
             trunc_normal_(getattr(self, f'pos_embed{i + 1}'), std=.02)
-        if cfg is not None and cfg.get('type') == 'Pretrained':
-            load_pretrained(
-                self, cfg['checkpoint'], lambda key: False,
-                self._expected_unexpected,
-                'a Pola-PVT checkpoint of the same arch (the authors\' file '
-                'or one converted by tools/model_converters/'
-                'pola_official_to_mm.py)', prefix=cfg.get('prefix'))
-        elif self.init_cfg is not None:
-            super().init_weights()
-        self._is_init = True
 
     def _expected_unexpected(self, key: str) -> bool:
         head = key.split('.')[0]
@@ -236,15 +221,9 @@ class PolaPVT(BaseModule):
             getattr(self, f'pos_embed{i}').requires_grad = False
             freeze(getattr(self, f'block{i}'))
 
-    def train(self, mode: bool = True) -> 'PolaPVT':
-        """Set the mode; frozen stages stay in eval mode."""
-        super().train(mode)
-        self._freeze_stages()
-        return self
-
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
-        check_input(x, self.in_channels, 'PolaPVT')
+        self.check_input(x)
         B = x.shape[0]
         outs = []
         for i in range(self.num_built):

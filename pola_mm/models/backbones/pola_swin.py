@@ -9,15 +9,14 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...registry import register_model
-from ..checkpoint import load_pretrained
 from ..layers import (Mlp, PatchEmbed, PatchMerging, PolarityAttention,
                       WindowMSA)
 from ..layers.window import (crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
                              pad_map, shift_region_mask, valid_token_map,
                              window_partition, window_reverse)
-from .utils import (check_input, check_out_indices, freeze, init_module,
-                    linspace, pair, resolve_arch)
+from .utils import (PolaBackbone, check_out_indices, freeze, linspace,
+                    pair, resolve_arch)
 
 Size2 = Tuple[int, int]
 
@@ -192,7 +191,7 @@ class PolaSwinStage(BaseModule):
 
 
 @register_model
-class PolaSwinTransformer(BaseModule):
+class PolaSwinTransformer(PolaBackbone):
     """Pola-Swin backbone (PolaFormer, ICLR 2025) for any input size.
 
     Exactly the published model at 224 (fed a converted or authors'
@@ -246,6 +245,7 @@ class PolaSwinTransformer(BaseModule):
             embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    family = 'Pola-Swin'
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -323,23 +323,6 @@ class PolaSwinTransformer(BaseModule):
         self._freeze_stages()
 
     # ------------------------------------------------------------------
-    def init_weights(self) -> None:
-        """Default init (trunc-normal Linear, zero ``power``/``scale``/
-        ``positional_encoding`` as the authors, trunc-normal .02 bias tables),
-        then the pretrained checkpoint of ``init_cfg`` if any."""
-        cfg = self.init_cfg if isinstance(self.init_cfg, dict) else None
-        self.apply(init_module)
-        if cfg is not None and cfg.get('type') == 'Pretrained':
-            load_pretrained(
-                self, cfg['checkpoint'], self._expected_missing,
-                self._expected_unexpected,
-                'a Pola-Swin checkpoint of the same arch (the authors\' file '
-                'or one converted by tools/model_converters/'
-                'pola_official_to_mm.py)', prefix=cfg.get('prefix'))
-        elif self.init_cfg is not None:
-            super().init_weights()
-        self._is_init = True
-
     def _expected_missing(self, key: str) -> bool:
         # New output norms of the dense interface (the classifier has norm3).
         return key.split('.')[0] in ('norm0', 'norm1', 'norm2')
@@ -363,15 +346,9 @@ class PolaSwinTransformer(BaseModule):
             if (i - 1) in self.out_indices:
                 freeze(getattr(self, f'norm{i - 1}'))
 
-    def train(self, mode: bool = True) -> 'PolaSwinTransformer':
-        """Set the mode; frozen stages stay in eval mode."""
-        super().train(mode)
-        self._freeze_stages()
-        return self
-
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
-        check_input(x, self.in_channels, 'PolaSwinTransformer')
+        self.check_input(x)
         x, hw = self.patch_embed(x)
         x = self.drop_after_pos(x)
         outs = []

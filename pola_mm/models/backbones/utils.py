@@ -2,10 +2,11 @@
 from typing import Dict, List, Sequence, Tuple, Union
 
 import torch.nn as nn
+from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
-
 from torch import Tensor
 
+from ..checkpoint import load_pretrained
 from ..layers import PolarityAttention, WindowMSA
 
 Size2 = Tuple[int, int]
@@ -98,3 +99,58 @@ def check_input(x: Tensor, in_channels: int, name: str) -> None:
             f'{name} expects images of shape (B, {in_channels}, H, W), got '
             f'{tuple(x.shape)}; add a batch dimension, or build the backbone '
             f'with in_channels={x.shape[1] if x.dim() == 4 else "C"}')
+
+
+class PolaBackbone(BaseModule):
+    """What Pola-Swin and Pola-PVT share: default init, strict pretrained
+    loading through ``init_cfg``, frozen stages kept in eval mode, and the
+    input check.
+
+    Subclasses set ``in_channels`` and ``family`` (e.g. ``'Pola-Swin'``) and
+    implement :meth:`_freeze_stages` and :meth:`_expected_unexpected`; they
+    may override :meth:`_init_extra` and :meth:`_expected_missing`.
+    """
+
+    family: str = 'Pola'
+
+    def _init_extra(self) -> None:
+        """Init beyond :func:`init_module` (e.g. learned position tables)."""
+
+    def _expected_missing(self, key: str) -> bool:
+        """Module keys a fitting checkpoint may lack."""
+        return False
+
+    def _expected_unexpected(self, key: str) -> bool:
+        """Checkpoint keys that are fine to ignore."""
+        raise NotImplementedError
+
+    def _freeze_stages(self) -> None:
+        raise NotImplementedError
+
+    def init_weights(self) -> None:
+        """Default init (trunc-normal Linear, zero ``power``/``scale``/
+        ``positional_encoding`` as the authors, :meth:`_init_extra`), then
+        the pretrained checkpoint of ``init_cfg`` if any."""
+        cfg = self.init_cfg if isinstance(self.init_cfg, dict) else None
+        self.apply(init_module)
+        self._init_extra()
+        if cfg is not None and cfg.get('type') == 'Pretrained':
+            load_pretrained(
+                self, cfg['checkpoint'], self._expected_missing,
+                self._expected_unexpected,
+                f'a {self.family} checkpoint of the same arch (the authors\' '
+                'file or one converted by tools/model_converters/'
+                'pola_official_to_mm.py)', prefix=cfg.get('prefix'))
+        elif self.init_cfg is not None:
+            super().init_weights()
+        self._is_init = True
+
+    def train(self, mode: bool = True) -> 'PolaBackbone':
+        """Set the mode; frozen stages stay in eval mode."""
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def check_input(self, x: Tensor) -> None:
+        """Raise a clear error unless ``x`` is ``(B, in_channels, H, W)``."""
+        check_input(x, self.in_channels, type(self).__name__)
