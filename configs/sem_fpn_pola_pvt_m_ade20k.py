@@ -3,30 +3,8 @@
 # 4 images per GPU x 4 GPUs (16 per iteration; with 8 GPUs pass
 # --cfg-options train_dataloader.batch_size=2).
 _base_ = [
-    'mmseg::_base_/models/fpn_r50.py',
-    'mmseg::_base_/datasets/ade20k.py',
-    'mmseg::_base_/default_runtime.py',
-    './_base_/schedules/seg_adamw_poly_40k.py',
+    './_base_/sem_fpn_pola_ade20k.py',
     './_base_/models/pola_pvt_m_fpn.py',
 ]
-custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 
-crop_size = (512, 512)
-data_preprocessor = dict(size=crop_size)
-model = dict(
-    pretrained=None,
-    data_preprocessor=data_preprocessor,
-    backbone=_base_.pola_backbone,
-    neck=_base_.pola_neck,
-    decode_head=dict(num_classes=150))
-
-test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=(2048, 512), keep_ratio=True),
-    dict(type='ResizeToMultiple', size_divisor=32),
-    dict(type='LoadAnnotations', reduce_zero_label=True),
-    dict(type='PackSegInputs')
-]
-train_dataloader = dict(batch_size=4, num_workers=4)
-val_dataloader = dict(batch_size=1, dataset=dict(pipeline=test_pipeline))
-test_dataloader = val_dataloader
+model = dict(backbone=_base_.pola_backbone, neck=_base_.pola_neck)
