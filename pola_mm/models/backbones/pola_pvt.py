@@ -3,23 +3,19 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.utils.checkpoint as cp
-from mmcv.cnn import build_norm_layer
-from mmcv.cnn.bricks import DropPath
-from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ...registry import register_model
-from ..layers import (Mlp, PatchEmbed, PolarityAttention,
+from ..layers import (PatchEmbed, PolarityAttention,
                       SpatialReductionAttention, resize_pos_table)
-from .utils import (PolaBackbone, check_out_indices, freeze, linspace,
-                    pair, resolve_arch)
+from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
+                    linspace, pair, resolve_arch)
 
 Size2 = Tuple[int, int]
 
 
-class PolaPVTBlock(BaseModule):
+class PolaPVTBlock(PreNormBlock):
     """PVT block: ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``.
 
     ``'L'``: polarity attention over all tokens of the stage (``qg``, ``kv``
@@ -45,37 +41,25 @@ class PolaPVTBlock(BaseModule):
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
         if attn_type not in ('L', 'S'):
             raise ValueError(
                 f"attn_type must be 'L' or 'S', got {attn_type!r}")
-        self.with_cp = with_cp
-        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         if attn_type == 'L':
-            self.attn = PolarityAttention(
+            attn = PolarityAttention(
                 embed_dims, num_heads, ref_hw, fused_qkvg=False,
                 qkv_bias=qkv_bias, alpha=alpha, kernel_size=kernel_size,
                 attn_drop=attn_drop_rate, proj_drop=drop_rate)
         else:
-            self.attn = SpatialReductionAttention(
+            attn = SpatialReductionAttention(
                 embed_dims, num_heads, sr_ratio, qkv_bias=qkv_bias,
                 attn_drop=attn_drop_rate, proj_drop=drop_rate,
                 norm_cfg=norm_cfg)
-        self.drop_path = (DropPath(drop_path_rate)
-                          if drop_path_rate > 0 else nn.Identity())
-        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), act_cfg,
-                       drop_rate)
+        super().__init__(embed_dims, attn, mlp_ratio, drop_rate,
+                         drop_path_rate, act_cfg, norm_cfg, with_cp,
+                         init_cfg=init_cfg)
 
-    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x), hw))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
-
-    def forward(self, x: Tensor, hw: Size2) -> Tensor:
-        """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
-        return self._forward(x, hw)
+    def _attend(self, x: Tensor, hw: Size2) -> Tensor:
+        return self.attn(x, hw)
 
 
 @register_model

@@ -2,26 +2,24 @@
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
-from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...registry import register_model
-from ..layers import (Mlp, PatchEmbed, PatchMerging, PolarityAttention,
+from ..layers import (PatchEmbed, PatchMerging, PolarityAttention,
                       WindowMSA)
 from ..layers.window import (crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
                              pad_map, shift_region_mask, valid_token_map,
                              window_partition, window_reverse)
-from .utils import (PolaBackbone, check_out_indices, freeze, linspace,
-                    pair, resolve_arch)
+from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
+                    linspace, pair, resolve_arch)
 
 Size2 = Tuple[int, int]
 
 
-class PolaSwinBlock(BaseModule):
+class PolaSwinBlock(PreNormBlock):
     """One Swin block with polarity (``'L'``) or softmax (``'S'``) attention.
 
     Window rules at run time, per dimension: if the map is not larger than
@@ -76,30 +74,26 @@ class PolaSwinBlock(BaseModule):
                  norm_cfg: dict = dict(type='LN'),
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
         if attn_type not in ('L', 'S'):
             raise ValueError(
                 f"attn_type must be 'L' or 'S', got {attn_type!r}")
-        self.attn_type = attn_type
-        self.window_size = pair(window_size)
-        self.shift_size = ((self.window_size[0] // 2, self.window_size[1] // 2)
-                           if shift else (0, 0))
-        self.with_cp = with_cp
-        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        window_size = pair(window_size)
         if attn_type == 'L':
-            self.attn = PolarityAttention(
-                embed_dims, num_heads, self.window_size, fused_qkvg=True,
+            attn = PolarityAttention(
+                embed_dims, num_heads, window_size, fused_qkvg=True,
                 qkv_bias=qkv_bias, alpha=alpha, kernel_size=kernel_size,
                 attn_drop=attn_drop_rate, proj_drop=drop_rate)
         else:
-            self.attn = WindowMSA(
-                embed_dims, num_heads, self.window_size, qkv_bias=qkv_bias,
+            attn = WindowMSA(
+                embed_dims, num_heads, window_size, qkv_bias=qkv_bias,
                 attn_drop=attn_drop_rate, proj_drop=drop_rate)
-        self.drop_path = (DropPath(drop_path_rate)
-                          if drop_path_rate > 0 else nn.Identity())
-        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), act_cfg,
-                       drop_rate)
+        super().__init__(embed_dims, attn, mlp_ratio, drop_rate,
+                         drop_path_rate, act_cfg, norm_cfg, with_cp,
+                         init_cfg=init_cfg)
+        self.attn_type = attn_type
+        self.window_size = window_size
+        self.shift_size = ((window_size[0] // 2, window_size[1] // 2)
+                           if shift else (0, 0))
 
     def _polarity(self, x: Tensor, hw: Size2) -> Tensor:
         B, L, C = x.shape
@@ -139,18 +133,10 @@ class PolaSwinBlock(BaseModule):
                          reverse=True)
         return crop_map(y, pad).reshape(B, L, C)
 
-    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        y = self.norm1(x)
-        y = self._polarity(y, hw) if self.attn_type == 'L' else \
-            self._softmax(y, hw)
-        x = x + self.drop_path(y)
-        return x + self.drop_path(self.mlp(self.norm2(x)))
-
-    def forward(self, x: Tensor, hw: Size2) -> Tensor:
-        """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
-        return self._forward(x, hw)
+    def _attend(self, x: Tensor, hw: Size2) -> Tensor:
+        if self.attn_type == 'L':
+            return self._polarity(x, hw)
+        return self._softmax(x, hw)
 
 
 class PolaSwinStage(BaseModule):

@@ -1,13 +1,16 @@
 """Helpers shared by the Pola backbones: arch resolution, freezing, init."""
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
+from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ..checkpoint import load_pretrained
-from ..layers import PolarityAttention, WindowMSA
+from ..layers import Mlp, PolarityAttention, WindowMSA
 
 Size2 = Tuple[int, int]
 
@@ -154,3 +157,41 @@ class PolaBackbone(BaseModule):
     def check_input(self, x: Tensor) -> None:
         """Raise a clear error unless ``x`` is ``(B, in_channels, H, W)``."""
         check_input(x, self.in_channels, type(self).__name__)
+
+
+class PreNormBlock(BaseModule):
+    """Transformer block ``x + drop_path(attn(norm1(x)))``,
+    ``x + drop_path(mlp(norm2(x)))`` with optional gradient checkpointing.
+
+    Subclasses build their attention module, pass it in (so ``attn`` sits
+    between ``norm1`` and ``norm2`` like the authors' blocks) and implement
+    :meth:`_attend`.
+    """
+
+    def __init__(self, embed_dims: int, attn: nn.Module, mlp_ratio: float,
+                 drop_rate: float, drop_path_rate: float, act_cfg: dict,
+                 norm_cfg: dict, with_cp: bool,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.with_cp = with_cp
+        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.attn = attn
+        self.drop_path = (DropPath(drop_path_rate)
+                          if drop_path_rate > 0 else nn.Identity())
+        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), act_cfg,
+                       drop_rate)
+
+    def _attend(self, x: Tensor, hw: Size2) -> Tensor:
+        """Attention on normalised tokens ``(B, H * W, C)`` on grid ``hw``."""
+        raise NotImplementedError
+
+    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
+        x = x + self.drop_path(self._attend(self.norm1(x), hw))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
+        return self._forward(x, hw)
