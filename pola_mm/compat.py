@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 __all__ = [
     'allow_runner_checkpoints', 'runner_checkpoint_safe_globals',
-    'setup_cpu_distributed'
+    'setup_cpu_distributed', 'finish_distributed'
 ]
 
 # numpy dtypes a checkpoint may hold as arrays or scalars (log values, counts)
@@ -186,6 +186,27 @@ def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
         f'pola_mm: CUDA unavailable, distributed on CPU with gloo '
         f'(rank {torch_dist.get_rank()}/{torch_dist.get_world_size()})',
         logger='current')
+    return True
+
+
+def finish_distributed() -> bool:
+    """Tear the default process group down after a finished run.
+
+    mmengine's Runner never calls ``destroy_process_group``. Left alive, the
+    backend's worker threads are destroyed during interpreter shutdown, and
+    with gloo that intermittently aborts a rank (SIGABRT) after the run has
+    already succeeded, so torchrun reports the whole job as failed. A barrier
+    first lets every rank finish its last collective; then the group is
+    destroyed while Python is still fully alive. Does nothing outside a
+    distributed run.
+
+    Returns:
+        True if a process group was destroyed.
+    """
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return False
+    torch_dist.barrier()
+    torch_dist.destroy_process_group()
     return True
 
 

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence
 from mmengine.config import Config, DictAction
 from mmengine.runner import Runner
 
-from .compat import setup_cpu_distributed
+from .compat import finish_distributed, setup_cpu_distributed
 
 __all__ = [
     'ToolError', 'train_parser', 'test_parser', 'load_config',
@@ -223,13 +223,16 @@ def train_main(argv: Optional[Sequence[str]] = None) -> None:
     args = train_parser().parse_args(argv)
     runner = build_runner(prepare_train_config(args))
     runner.train()
+    finish_distributed()
 
 
 def test_main(argv: Optional[Sequence[str]] = None) -> dict:
     """Entry point of ``tools/test.py``; returns the metrics."""
     args = test_parser().parse_args(argv)
     runner = build_runner(prepare_test_config(args))
-    return runner.test()
+    metrics = runner.test()
+    finish_distributed()
+    return metrics
 
 
 def run_tool(main, argv: Optional[List[str]] = None) -> int:

@@ -234,6 +234,39 @@ def test_two_process_cpu_training_with_torchrun(tmp_path):
     assert 'mse:' in proc.stdout + proc.stderr
 
 
+_FINISH_SCRIPT = """
+import sys
+import torch.distributed as dist
+from pola_mm.tools_utils import test_main, train_main
+main = train_main if sys.argv[1] == 'train' else test_main
+main(sys.argv[2:])
+print('process group alive after run:', dist.is_initialized())
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CPU-only path')
+@pytest.mark.parametrize('tool', ['train', 'test'])
+def test_tools_destroy_process_group_after_run(trained, tmp_path, tool):
+    """A live gloo group at interpreter exit can abort a rank (SIGABRT)
+    after a successful run; the tools must tear it down themselves."""
+    env = _env()
+    env.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0',
+               MASTER_ADDR='127.0.0.1', MASTER_PORT=str(_free_port()))
+    if tool == 'train':
+        args = [str(CFG), '--work-dir', str(tmp_path / 'w')]
+    else:
+        args = [str(CFG), str(trained / 'iter_4.pth'), '--work-dir',
+                str(tmp_path / 'w')]
+    proc = subprocess.run(
+        [sys.executable, '-c', _FINISH_SCRIPT, tool, *args, '--launcher',
+         'pytorch'], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert 'distributed on CPU with gloo' in log
+    assert 'process group alive after run: False' in proc.stdout
+
+
 def test_cpu_distributed_turns_syncbn_into_bn():
     """mmseg heads use SyncBN, which only runs on CUDA: the CPU path swaps it."""
     from mmengine.config import Config
