@@ -120,6 +120,38 @@ def test_gradients_match_reference_autograd(chunking):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize('masked', [False, True])
+def test_key_bias_equals_adding_it_to_the_keys(masked, chunking):
+    """k_bias (a positional table shared by the batch) is added inside the
+    kernel: same values and gradients as adding it to k beforehand, and its
+    gradient is the batch sum of the keys' gradient."""
+    q, k, v, scale, power, valid = _inputs(3, 2, 13, 6, masked=masked)
+    bias = torch.randn(1, 2, 13, 6, dtype=torch.float64)
+    args = [t.requires_grad_(True) for t in (q, k, v, scale, power, bias)]
+    g = torch.randn(3, 2, 13, 6, dtype=torch.float64)
+    out = polarity_attention_kernel(*args[:5], 4.0, valid, k_bias=args[5])
+    ref = reference(q, k + bias, v, scale, power, 4.0, valid)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    grads = torch.autograd.grad(out, args, g)
+    ref_grads = torch.autograd.grad(ref, args, g)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            polarity_attention_kernel(q, k, v, scale, power, 4.0, valid,
+                                      k_bias=bias), ref)
+
+    q, k, v, scale, power, valid = _inputs(2, 2, 5, 4, masked=masked)
+    bias = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+
+    def fn(k, scale, bias):
+        return polarity_attention_kernel(q, k, v, scale, power, 4.0, valid,
+                                         k_bias=bias)
+
+    assert torch.autograd.gradcheck(
+        fn, (k.requires_grad_(True), scale.requires_grad_(True), bias))
+
+
 def test_partial_requires_grad_and_no_grad_path():
     q, k, v, scale, power, _ = _inputs(1, 2, 6, 4)
     v.requires_grad_(True)

@@ -99,20 +99,21 @@ class PolaSwinBlock(PreNormBlock):
         B, L, C = x.shape
         win, shift = effective_window(hw, self.window_size, self.shift_size)
         # Per-token projections before padding: padded tokens are masked
-        # keys and their outputs are discarded, so nothing is lost.
-        qkvg = self.attn.project(x)
+        # keys (zero v) and their outputs are discarded, so nothing is lost;
+        # the gate never needs windows.
+        q, k, v, g = self.attn.project(x)
         offset = ((win[0] - shift[0]) % win[0], (win[1] - shift[1]) % win[1])
         pad = grid_padding(hw, win, offset)
-        padded = pad_map(qkvg.view(B, hw[0], hw[1], 4 * C), pad)
-        padded_hw = (padded.shape[1], padded.shape[2])
-        windows = window_partition(padded, win)  # (B * nW, N, 4C)
+        padded_hw = (hw[0] + pad[0] + pad[1], hw[1] + pad[2] + pad[3])
+        q, k, v = (window_partition(pad_map(t.view(B, hw[0], hw[1], C), pad),
+                                    win) for t in (q, k, v))  # (B * nW, N, C)
         valid = None
         if any(pad):
             valid = key_valid_mask(valid_token_map(hw, pad, x.device), win)
             valid = valid.repeat(B, 1)  # (B * nW, N)
-        y = self.attn.mix(windows, win, valid)
+        y = self.attn.mix(q, k, v, win, valid)
         y = crop_map(window_reverse(y, win, padded_hw), pad).reshape(B, L, C)
-        return self.attn.output(y, self.attn.gate(qkvg))
+        return self.attn.output(y, g)
 
     def _softmax(self, x: Tensor, hw: Size2) -> Tensor:
         B, L, C = x.shape

@@ -152,35 +152,25 @@ class PolarityAttention(BaseModule):
                 f'ref_hw={self.ref_hw}, alpha={self.alpha}')
 
     # -- step 1 ------------------------------------------------------------
-    def project(self, x: Tensor) -> Tensor:
+    def project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """Input projections.
 
         Args:
             x: ``(..., C)`` tokens.
 
         Returns:
-            ``(..., 4 * C)``: q, k, v, g concatenated in this order (the
-            authors' ``reshape(..., 4, C)`` split).
+            ``q, k, v, g``, each ``(..., C)`` (views into one projection
+            output: the authors' ``reshape(..., 4, C)`` split of ``qkvg``,
+            or ``qg`` and ``kv`` for PVT). Split by ``unbind`` so that
+            backward assembles the projection's gradient in one pass.
         """
+        C = self.embed_dims
         if self.fused_qkvg:
-            return self.qkvg(x)
-        # one product with the stacked weights (tiny) instead of two products
-        # and a concatenation of their (..., 2C) outputs
-        bias = None
-        if self.qg.bias is not None:
-            bias = torch.cat([self.qg.bias, self.kv.bias])
-        return F.linear(x, torch.cat([self.qg.weight, self.kv.weight]),
-                        bias)  # q, g, k, v
-
-    def _split(self, qkvg: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        parts = qkvg.unflatten(-1, (4, self.embed_dims)).unbind(-2)
-        if self.fused_qkvg:
-            return parts[0], parts[1], parts[2], parts[3]
-        return parts[0], parts[2], parts[3], parts[1]
-
-    def gate(self, qkvg: Tensor) -> Tensor:
-        """The gate ``g`` of :meth:`project`'s output: ``(..., C)``."""
-        return self._split(qkvg)[3]
+            q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
+            return q, k, v, g
+        q, g = self.qg(x).unflatten(-1, (2, C)).unbind(-2)
+        k, v = self.kv(x).unflatten(-1, (2, C)).unbind(-2)
+        return q, k, v, g
 
     def positional_table(self, hw: Size2) -> Tensor:
         """``positional_encoding`` for a grid ``hw``: ``(1, H * W, C)``.
@@ -191,52 +181,54 @@ class PolarityAttention(BaseModule):
         return resize_pos_table(self.positional_encoding, self.ref_hw, hw)
 
     # -- step 2 ------------------------------------------------------------
-    def mix(self, qkvg: Tensor, hw: Size2,
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2,
             valid: Optional[Tensor] = None) -> Tensor:
         """Attention and depth-wise conv on v for sequences laid out on grids.
 
         Under fp16/bf16 autocast the computation runs in float32; the result
-        is returned in ``qkvg``'s dtype.
+        is returned in the inputs' dtype.
 
         Args:
-            qkvg: ``(B', N, 4C)`` from :meth:`project`, ``N = H * W`` tokens
-                row-major on the grid ``hw`` (a window or a stage).
+            q, k, v: ``(B', N, C)`` from :meth:`project` (any strides),
+                ``N = H * W`` tokens row-major on the grid ``hw`` (a window
+                or a stage); ``k`` without the positional table.
             hw: ``(H, W)``.
-            valid: optional ``(B', N)`` bool; False marks padded tokens, which
-                act as absent keys and as zero v for the conv (like the conv's
-                zero padding at image borders).
+            valid: optional ``(B', N)`` bool; False marks padded tokens,
+                which act as absent keys. Their ``v`` must be zero (as
+                zero-padding the projections makes it), so that they also
+                act as the conv's zero padding.
 
         Returns:
             ``(B', N, C)`` (before the gate).
         """
-        out_dtype = qkvg.dtype
+        out_dtype = q.dtype
         # float32 at least (float64 stays float64, e.g. for gradcheck)
         dt = torch.promote_types(out_dtype, torch.float32)
-        with torch.autocast(device_type=qkvg.device.type, enabled=False):
-            q, k, v, _ = self._split(qkvg.to(dt))
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
             B, N, C = q.shape
             h, d = self.num_heads, self.head_dims
-            k = k + self.positional_table(hw).to(dt)
-            q = q.reshape(B, N, h, d).transpose(1, 2)
-            k = k.reshape(B, N, h, d).transpose(1, 2)
-            v = v.reshape(B, N, h, d).transpose(1, 2)
-            scale = self.scale.to(dt).reshape(1, h, 1, d)
-            # the fast kernel: same formula as polarity_linear_attention
-            x = polarity_attention_kernel(q, k, v, scale, self.power.to(dt),
-                                          self.alpha, valid)  # (B, h, N, d)
-            if valid is not None:
-                v = v * valid[:, None, :, None].to(dt)
-            # v as a channels-last (B * h, d, H, W) map, one depth-wise kernel
-            # for all heads: faster than channels-first on CPU, and the
-            # result is already laid out like x, (B, h, N, d)
-            v = v.reshape(B * h, hw[0], hw[1], d).permute(0, 3, 1, 2)
-            bias = self.dwc.bias.to(dt) if self.dwc.bias is not None else None
-            v = F.conv2d(v, self.dwc.weight.to(dt), bias,
-                         padding=self.dwc.padding, groups=self.dwc.groups)
-            # (B, N, h, d) order: free for the kernel's token-major output
-            x = torch.add(x.transpose(1, 2),
-                          v.permute(0, 2, 3, 1).reshape(B, h, N, d).transpose(
-                              1, 2)).reshape(B, N, C)
+            pos = self.positional_table(hw).to(dt)  # (1, N, C)
+            x = polarity_attention_kernel(
+                q.unflatten(-1, (h, d)).transpose(1, 2),
+                k.unflatten(-1, (h, d)).transpose(1, 2),
+                v.unflatten(-1, (h, d)).transpose(1, 2),
+                self.scale.to(dt).reshape(1, h, 1, d), self.power.to(dt),
+                self.alpha, valid,
+                k_bias=pos.unflatten(-1, (h, d)).transpose(1, 2))
+            # depth-wise conv on v: the per-head kernel repeated over the
+            # heads, on the channels-last (B', C, H, W) map, so its output is
+            # already token-major like the kernel's
+            vmap = v.reshape(B, hw[0], hw[1], C).contiguous().permute(
+                0, 3, 1, 2)
+            weight = self.dwc.weight.to(dt).repeat(h, 1, 1, 1)
+            bias = self.dwc.bias
+            if bias is not None:
+                bias = bias.to(dt).repeat(h)
+            conv = F.conv2d(vmap, weight, bias, padding=self.dwc.padding,
+                            groups=C)
+            x = torch.add(x.transpose(1, 2).reshape(B, N, C),
+                          conv.permute(0, 2, 3, 1).reshape(B, N, C))
         return x.to(out_dtype)
 
     # -- step 3 ------------------------------------------------------------
@@ -251,14 +243,16 @@ class PolarityAttention(BaseModule):
         Args:
             x: ``(B, N, C)``, ``N = H * W``.
             hw: ``(H, W)``.
-            valid: optional ``(B, N)`` bool key-validity mask.
+            valid: optional ``(B, N)`` bool key-validity mask (padded
+                tokens are absent keys and zero ``v``).
 
         Returns:
             ``(B, N, C)``.
         """
-        qkvg = self.project(x)
-        y = self.mix(qkvg, hw, valid)
-        return self.output(y, self.gate(qkvg))
+        q, k, v, g = self.project(x)
+        if valid is not None:
+            v = v * valid.unsqueeze(-1).to(v.dtype)
+        return self.output(self.mix(q, k, v, hw, valid), g)
 
 
 def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
