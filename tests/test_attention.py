@@ -10,7 +10,8 @@ from pola_mm.models.layers import (PolarityAttention, WindowMSA,
                                    relative_position_index, resize_pos_table)
 from pola_mm.models.layers.window import (crop_map, cyclic_shift,
                                           effective_window, grid_padding,
-                                          key_valid_mask, pad_map,
+                                          key_padding_logits, key_valid_mask,
+                                          merge_crop, pad_map, pad_partition,
                                           shift_region_mask, valid_token_map,
                                           window_partition, window_reverse)
 
@@ -33,6 +34,56 @@ def test_partition_roundtrip(hw, window):
     # first window = top-left block, row-major
     assert torch.equal(w[0].view(*window, 3), x[0, :window[0], :window[1]])
     assert torch.equal(window_reverse(w, window, hw), x)
+
+
+@pytest.mark.parametrize('hw,window,offset', [
+    ((9, 11), (4, 5), (0, 0)), ((9, 11), (4, 5), (2, 3)),
+    ((8, 10), (4, 5), (2, 0)), ((3, 2), (4, 5), (1, 4)),
+    ((13, 5), (3, 5), (1, 2))])
+def test_pad_partition_equals_pad_then_partition(hw, window, offset):
+    """The one-copy pad + partition (and its inverse) equal the two-step
+    helpers, for strided inputs, any fill value, and in backward."""
+    pad = grid_padding(hw, window, offset)
+    base = torch.randn(2, *hw, 12, dtype=torch.float64)
+    x = base[..., ::3]  # strided, like an unbind view
+    ref = window_partition(pad_map(x, pad), window)
+    assert torch.equal(pad_partition(x, pad, window), ref)
+    filled = pad_partition(x, pad, window, 1.0)
+    valid = key_valid_mask(valid_token_map(hw, pad), window).repeat(2, 1)
+    assert torch.equal(filled[valid], ref[valid])
+    assert bool((filled[~valid] == 1).all())
+    padded_hw = (hw[0] + pad[0] + pad[1], hw[1] + pad[2] + pad[3])
+    assert torch.equal(merge_crop(ref, pad, window, hw), x)
+    assert torch.equal(
+        merge_crop(ref, pad, window, hw),
+        crop_map(window_reverse(ref, window, padded_hw), pad))
+    xg = x.clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda t: pad_partition(t, pad, window, 1.0), (xg, ))
+    w = ref.clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda t: merge_crop(t, pad, window, hw), (w, ))
+
+
+@pytest.mark.parametrize('mask_kind', ['none', 'shift', 'padding'])
+def test_window_msa_fused_inference_equals_explicit(mask_kind):
+    """Inference runs scaled_dot_product_attention; it equals the explicit
+    product-softmax-product that CPU training runs."""
+    torch.manual_seed(0)
+    attn = WindowMSA(16, 4, (7, 7)).double()
+    _randomise(attn)
+    x = torch.randn(2 * 6, 49, 16, dtype=torch.float64)
+    mask = {'none': None,
+            'shift': shift_region_mask((14, 21), (7, 7), (3, 3)),
+            'padding': key_padding_logits(torch.rand(6, 49) > 0.3)}[mask_kind]
+    xg = x.clone().requires_grad_()
+    assert not attn.use_fused(xg)
+    explicit = attn(xg, (7, 7), mask)
+    with torch.no_grad():
+        assert attn.use_fused(x)
+        fused = attn(x, (7, 7), mask)
+    torch.testing.assert_close(fused, explicit.detach(), rtol=1e-12,
+                               atol=1e-12)
 
 
 def test_effective_window_and_padding():

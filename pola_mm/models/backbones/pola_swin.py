@@ -11,7 +11,8 @@ from ..layers import (PatchEmbed, PatchMerging, PolarityAttention,
                       WindowMSA)
 from ..layers.window import (crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
-                             pad_map, shift_region_mask, valid_token_map,
+                             merge_crop, pad_map, pad_partition,
+                             shift_region_mask, valid_token_map,
                              window_partition, window_reverse)
 from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                     linspace, pair, resolve_arch)
@@ -104,15 +105,18 @@ class PolaSwinBlock(PreNormBlock):
         q, k, v, g = self.attn.project(x)
         offset = ((win[0] - shift[0]) % win[0], (win[1] - shift[1]) % win[1])
         pad = grid_padding(hw, win, offset)
-        padded_hw = (hw[0] + pad[0] + pad[1], hw[1] + pad[2] + pad[3])
-        q, k, v = (window_partition(pad_map(t.view(B, hw[0], hw[1], C), pad),
-                                    win) for t in (q, k, v))  # (B * nW, N, C)
+        # (B * nW, N, C) windows; padded keys are masked and v is zero
+        # there. Padded queries only produce discarded outputs: they hold 1,
+        # not 0, because |0|^p sends exp() down its slow underflow path.
+        q = pad_partition(q.view(B, hw[0], hw[1], C), pad, win, 1.0)
+        k, v = (pad_partition(t.view(B, hw[0], hw[1], C), pad, win)
+                for t in (k, v))
         valid = None
         if any(pad):
             valid = key_valid_mask(valid_token_map(hw, pad, x.device), win)
             valid = valid.repeat(B, 1)  # (B * nW, N)
         y = self.attn.mix(q, k, v, win, valid)
-        y = crop_map(window_reverse(y, win, padded_hw), pad).reshape(B, L, C)
+        y = merge_crop(y, pad, win, hw).reshape(B, L, C)
         return self.attn.output(y, g)
 
     def _softmax(self, x: Tensor, hw: Size2) -> Tensor:

@@ -132,6 +132,132 @@ def window_reverse(windows: Tensor, window: Size2, hw: Size2) -> Tensor:
     return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
 
 
+def _segments(size: int, win: int, before: int):
+    """Runs of a padded axis that map to rectangular window pieces.
+
+    A token at index ``i`` of an axis padded by ``before`` sits at ``i +
+    before``: window ``(i + before) // win``, offset ``(i + before) % win``.
+    The axis splits into at most three runs (a partial first window, whole
+    windows, a partial last window), each a plain slice of the input and of
+    the ``(windows, offset)`` axes.
+
+    Returns:
+        tuples ``(src slice, window slice, offset slice)``.
+    """
+    segs = []
+    pos, end = before, before + size
+    while pos < end:
+        blk, inner = divmod(pos, win)
+        if inner == 0 and end - pos >= win:
+            nb = (end - pos) // win
+            stop_inner, length, blocks = win, nb * win, nb
+        else:
+            stop_inner = min(win, inner + end - pos)
+            length, blocks = stop_inner - inner, 1
+        segs.append((slice(pos - before, pos - before + length),
+                     slice(blk, blk + blocks), slice(inner, stop_inner)))
+        pos += length
+    return segs
+
+
+def _scatter_windows(x: Tensor, pad: Pad4, window: Size2,
+                     value: float) -> Tensor:
+    B, H, W, C = x.shape
+    wh, ww = window
+    Hp, Wp = H + pad[0] + pad[1], W + pad[2] + pad[3]
+    out = x.new_full((B, Hp // wh, Wp // ww, wh, ww, C), value)
+    grid = out.permute(0, 1, 3, 2, 4, 5)  # (B, nWh, wh, nWw, ww, C)
+    for ys, yb, yi in _segments(H, wh, pad[0]):
+        for xs, xb, xi in _segments(W, ww, pad[2]):
+            src = x[:, ys, xs].reshape(B, yb.stop - yb.start,
+                                       yi.stop - yi.start,
+                                       xb.stop - xb.start,
+                                       xi.stop - xi.start, C)
+            grid[:, yb, yi, xb, xi].copy_(src)
+    return out.view(-1, wh * ww, C)
+
+
+def _gather_windows(windows: Tensor, pad: Pad4, window: Size2,
+                    hw: Size2) -> Tensor:
+    H, W = hw
+    wh, ww = window
+    Hp, Wp = H + pad[0] + pad[1], W + pad[2] + pad[3]
+    C = windows.shape[-1]
+    grid = windows.reshape(-1, Hp // wh, Wp // ww, wh, ww, C).permute(
+        0, 1, 3, 2, 4, 5)
+    B = grid.shape[0]
+    out = windows.new_empty(B, H, W, C)
+    for ys, yb, yi in _segments(H, wh, pad[0]):
+        for xs, xb, xi in _segments(W, ww, pad[2]):
+            out[:, ys, xs].view(B, yb.stop - yb.start, yi.stop - yi.start,
+                                xb.stop - xb.start, xi.stop - xi.start,
+                                C).copy_(grid[:, yb, yi, xb, xi])
+    return out
+
+
+class _PadPartition(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x, pad, window, value):
+        ctx.geometry = (pad, window, (x.shape[1], x.shape[2]))
+        return _scatter_windows(x, pad, window, value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pad, window, hw = ctx.geometry
+        return _gather_windows(grad, pad, window, hw), None, None, None
+
+
+class _MergeCrop(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, windows, pad, window, hw):
+        ctx.geometry = (pad, window)
+        return _gather_windows(windows, pad, window, hw)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pad, window = ctx.geometry
+        return _scatter_windows(grad, pad, window, 0.0), None, None, None
+
+
+def pad_partition(x: Tensor, pad: Pad4, window: Size2,
+                  value: float = 0.0) -> Tensor:
+    """:func:`pad_map` then :func:`window_partition` in one copy.
+
+    Args:
+        x: ``(B, H, W, C)`` (any strides).
+        pad: ``(top, bottom, left, right)``; the padded size must be a
+            multiple of the window.
+        window: ``(wh, ww)``.
+        value: what padded tokens hold.
+
+    Returns:
+        ``(B * nW, wh * ww, C)`` like :func:`window_partition`.
+    """
+    if not any(pad):
+        return window_partition(x, window)
+    return _PadPartition.apply(x, tuple(pad), tuple(window), float(value))
+
+
+def merge_crop(windows: Tensor, pad: Pad4, window: Size2,
+               hw: Size2) -> Tensor:
+    """:func:`window_reverse` then :func:`crop_map` in one copy.
+
+    Args:
+        windows: ``(B * nW, wh * ww, C)`` of the padded map.
+        pad: the padding :func:`pad_partition` used.
+        window: ``(wh, ww)``.
+        hw: ``(H, W)`` before padding.
+
+    Returns:
+        ``(B, H, W, C)``, contiguous when anything was padded.
+    """
+    if not any(pad):
+        return window_reverse(windows, window, hw)
+    return _MergeCrop.apply(windows, tuple(pad), tuple(window), tuple(hw))
+
+
 def cyclic_shift(x: Tensor, shift: Size2, reverse: bool = False) -> Tensor:
     """Swin's cyclic shift of a channel-last map (``roll`` by ``-shift``).
 
