@@ -154,8 +154,9 @@ def _scaled(x: Tensor, inv_s: Tensor, bias_s: Optional[Tensor]) -> Tensor:
 
 
 def _features(xs: Tensor, p: Tensor, mask: Optional[Tensor],
-              with_log: bool) -> Tuple[Tensor, Optional[Tensor],
-                                       Optional[Tensor]]:
+              with_log: bool,
+              buf: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor],
+                                                     Optional[Tensor]]:
     """``[f+, f-]`` ``(..., 2d)`` of scaled inputs ``xs`` ``(..., d)``.
 
     ``|xs|^p`` is taken once (as ``exp(p log|xs|)``) and split by the sign
@@ -164,6 +165,9 @@ def _features(xs: Tensor, p: Tensor, mask: Optional[Tensor],
     ``|xs|`` is clamped to the smallest normal number, which leaves every
     ``|xs| >= 1.2e-38`` (float32) unchanged, makes the features underflow to
     0 at ``xs = 0`` and keeps ``log|xs|`` finite for the derivatives.
+
+    ``buf`` (``(B, h, >= n, 2d)``), when given, is reused for the features
+    instead of a fresh allocation per piece.
 
     Returns:
         ``[f+, f-]`` (times ``mask`` when given) and, when ``with_log``,
@@ -181,12 +185,24 @@ def _features(xs: Tensor, p: Tensor, mask: Optional[Tensor],
         f = torch.cat([pos, pos - t], dim=-1)
     else:  # written straight into the halves of one buffer
         d = xs.shape[-1]
-        f = xs.new_empty(xs.shape[:-1] + (2 * d, ))
+        if buf is None:
+            f = xs.new_empty(xs.shape[:-1] + (2 * d, ))
+        else:
+            f = buf[:, :, :xs.shape[-2]]
         pos = torch.clamp_min(t, 0, out=f[..., :d])
         torch.sub(pos, t, out=f[..., d:])
     if with_log:
         return f, ax.copysign_(xs), la
     return f, None, None
+
+
+def _scratch(x: Tensor, step: int) -> Optional[Tensor]:
+    """A feature buffer ``(B, h, step, 2d)`` reused by every piece of a
+    walk over tokens (None when there is one piece)."""
+    B, h, N, d = x.shape
+    if step >= N or is_compiling():
+        return None
+    return x.new_empty(B, h, step, 2 * d)
 
 
 def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
@@ -195,11 +211,13 @@ def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
     ``(B, h, 2d, d + 1)``."""
     N = k.shape[-2]
     r: Optional[Tensor] = None
+    buf = _scratch(k, step)
     for c in _token_chunks(N, step):
         xs = _scaled(k[:, :, c], prm.inv_s,
                      None if kb_s is None else kb_s[:, :, c])
         f, _, _ = _features(xs, prm.p,
-                            None if mask is None else mask[:, :, c], False)
+                            None if mask is None else mask[:, :, c], False,
+                            buf)
         # v needs no mask: the masked rows of the features are exactly 0
         rc = torch.cat([f.transpose(-2, -1) @ v[:, :, c],
                         f.sum(-2).unsqueeze(-1)], dim=-1)
@@ -224,8 +242,9 @@ def _forward_slab(q: Tensor, k: Tensor, v: Tensor, prm: _Params,
     B, h, N, d = q.shape
     half = d // 2
     S = _mix_matrix(_key_product(k, v, prm, mask, kb_s, step), n)
+    buf = _scratch(q, step)
     for c in _token_chunks(N, step):
-        f, _, _ = _features(q[:, :, c] * prm.inv_s, prm.p, None, False)
+        f, _, _ = _features(q[:, :, c] * prm.inv_s, prm.p, None, False, buf)
         u = f @ S  # (B, h, n_c, d + 2): [numerators, z_sim, z_opp]
         num = u[..., :d].unflatten(-1, (2, half))
         if x is None or rz is None:
@@ -324,6 +343,7 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     # operations per token); S and dS are flipped to match.
     S_flip = torch.cat([S[..., :d], -S[..., d:]], -1)
     S_t = S_flip.transpose(-2, -1)  # (B, h, d + 2, 2d)
+    buf = _scratch(q, step)
     for c in chunks:
         rz_c = rz[:, :, c]
         dx_c = dx[:, :, c]
@@ -338,7 +358,7 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
                       out=du[..., :d].unflatten(-1, (2, half)))
             torch.mul(dz, rz_c, out=du[..., d:])
         xs = q[:, :, c] * prm.inv_s
-        f, xsafe, la = _features(xs, prm.p, None, True)
+        f, xsafe, la = _features(xs, prm.p, None, True, buf)
         dS = acc(dS, f.transpose(-2, -1) @ du)
         dq_c, w_c = _power_grads(du @ S_t, f, xsafe, la, pinv,
                                  None if dq is None else dq[:, :, c])
@@ -357,7 +377,7 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
         mc = None if mask is None else mask[:, :, c]
         xs = _scaled(k[:, :, c], prm.inv_s, None if kb is None else kb[:, :,
                                                                        c])
-        f, xsafe, la = _features(xs, prm.p, mc, True)
+        f, xsafe, la = _features(xs, prm.p, mc, True, buf)
         if need_v:
             if dv is None:
                 dv = f @ dR_v

@@ -134,16 +134,17 @@ class WindowMSA(BaseModule):
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, window: Size2,
                mask: Optional[Tensor]) -> Tensor:
         B_, h, N, d = q.shape
-        bias = self.relative_bias(window).to(q.dtype)  # (h, N, N)
+        # a 4-D mask: with 3-D or 5-D operands torch 2.14's CPU kernel falls
+        # back to a path slower than the explicit one
+        bias = self.relative_bias(window).to(q.dtype).unsqueeze(0)
         if mask is not None:
-            # windows of one image share the mask: (B, nW, h, N, d) inputs
-            # against an (nW, h, N, N) bias + mask, broadcast over images
             nW = mask.shape[0]
-            bias = bias.unsqueeze(0) + mask.unsqueeze(1).to(q.dtype)
-            q, k, v = (t.reshape(B_ // nW, nW, h, N, d) for t in (q, k, v))
+            bias = bias + mask.unsqueeze(1).to(q.dtype)  # (nW, h, N, N)
+            if B_ != nW:  # the same masks for every image
+                bias = bias.repeat(B_ // nW, 1, 1, 1)
         x = F.scaled_dot_product_attention(
             q, k, v, attn_mask=bias,
             dropout_p=self.attn_drop.p if self.training else 0.,
             scale=self.scale)
-        x = x.reshape(B_, h, N, d).transpose(1, 2).reshape(B_, N, h * d)
+        x = x.transpose(1, 2).reshape(B_, N, h * d)
         return self.proj_drop(self.proj(x))
