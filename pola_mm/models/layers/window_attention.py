@@ -123,7 +123,7 @@ class WindowMSA(BaseModule):
         """Whether to run the fused ``scaled_dot_product_attention``.
 
         Same result up to float rounding. Measured on a 2-core x86 CPU
-        (torch 2.14), the fused kernel is 3-4.5x faster than the explicit
+        (torch 2.14), the fused kernel is 2-4.5x faster than the explicit
         product-softmax-product for inference with Swin's 7x7 windows, but
         about 1.2-1.3x slower for forward + backward, so CPU training keeps
         the explicit path; GPUs always use the fused kernel.
