@@ -274,3 +274,22 @@ def test_wrong_input_shape_is_named(cls, arch):
         model(torch.zeros(1, 1, 32, 32))
     with pytest.raises(ValueError, match='batch dimension'):
         model(torch.zeros(3, 32, 32))
+
+
+def test_backbones_trace_without_graph_breaks():
+    """torch.compile sees each backbone as one graph, in inference and in
+    training, at a size that pads and shifts both kinds of windows (one-copy
+    pad/partition, masked polarity kernel, fused or explicit softmax)."""
+    explain = pytest.importorskip('torch._dynamo').explain
+    swin = PolaSwinTransformer(
+        arch=dict(embed_dims=16, depths=(2, 2), num_heads=(1, 2)),
+        attn_layout='LS', window_size=8, pretrain_img_size=64,
+        out_indices=(0, 1))
+    pvt = PolaPVT(arch=TINY_PVT, out_indices=(0, 1))
+    x = torch.randn(1, 3, 76, 100)
+    for model in (swin, pvt):
+        for train in (False, True):
+            model.train(train)
+            with torch.set_grad_enabled(train):
+                result = explain(model)(x)
+            assert result.graph_break_count == 0, result.break_reasons
