@@ -2,7 +2,6 @@
 with_cp, frozen_stages, drop_path and registry scopes."""
 import json
 import math
-import os
 import os.path as osp
 
 import pytest
