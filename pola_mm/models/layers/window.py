@@ -132,32 +132,37 @@ def window_reverse(windows: Tensor, window: Size2, hw: Size2) -> Tensor:
     return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
 
 
-def _segments(size: int, win: int, before: int):
-    """Runs of a padded axis that map to rectangular window pieces.
+def _runs(start: int, stop: int, win: int):
+    """Runs of positions ``[start, stop)`` of a windowed axis that map to
+    rectangular window pieces: a partial first window, whole windows, a
+    partial last window (at most three).
 
-    A token at index ``i`` of an axis padded by ``before`` sits at ``i +
-    before``: window ``(i + before) // win``, offset ``(i + before) % win``.
-    The axis splits into at most three runs (a partial first window, whole
-    windows, a partial last window), each a plain slice of the input and of
-    the ``(windows, offset)`` axes.
+    Position ``i`` sits in window ``i // win`` at offset ``i % win``.
 
     Returns:
-        tuples ``(src slice, window slice, offset slice)``.
+        tuples ``(first position, window slice, offset slice)``.
     """
-    segs = []
-    pos, end = before, before + size
-    while pos < end:
+    runs = []
+    pos = start
+    while pos < stop:
         blk, inner = divmod(pos, win)
-        if inner == 0 and end - pos >= win:
-            nb = (end - pos) // win
-            stop_inner, length, blocks = win, nb * win, nb
+        if inner == 0 and stop - pos >= win:
+            nb = (stop - pos) // win
+            runs.append((pos, slice(blk, blk + nb), slice(0, win)))
+            pos += nb * win
         else:
-            stop_inner = min(win, inner + end - pos)
-            length, blocks = stop_inner - inner, 1
-        segs.append((slice(pos - before, pos - before + length),
-                     slice(blk, blk + blocks), slice(inner, stop_inner)))
-        pos += length
-    return segs
+            end_inner = min(win, inner + stop - pos)
+            runs.append((pos, slice(blk, blk + 1), slice(inner, end_inner)))
+            pos += end_inner - inner
+    return runs
+
+
+def _segments(size: int, win: int, before: int):
+    """The runs of the real tokens of an axis padded by ``before``: tuples
+    ``(input slice, window slice, offset slice)``."""
+    return [(slice(pos - before, pos - before +
+                   (wb.stop - wb.start) * (wi.stop - wi.start)), wb, wi)
+            for pos, wb, wi in _runs(before, before + size, win)]
 
 
 def _scatter_windows(x: Tensor, pad: Pad4, window: Size2,
@@ -165,8 +170,18 @@ def _scatter_windows(x: Tensor, pad: Pad4, window: Size2,
     B, H, W, C = x.shape
     wh, ww = window
     Hp, Wp = H + pad[0] + pad[1], W + pad[2] + pad[3]
-    out = x.new_full((B, Hp // wh, Wp // ww, wh, ww, C), value)
+    out = x.new_empty((B, Hp // wh, Wp // ww, wh, ww, C))
     grid = out.permute(0, 1, 3, 2, 4, 5)  # (B, nWh, wh, nWw, ww, C)
+    # fill only the padding: the rows above and below the map, and the
+    # columns left and right of it
+    for start, stop in ((0, pad[0]), (pad[0] + H, Hp)):
+        for _, yb, yi in _runs(start, stop, wh):
+            grid[:, yb, yi].fill_(value)
+    rows = _runs(pad[0], pad[0] + H, wh)
+    for start, stop in ((0, pad[2]), (pad[2] + W, Wp)):
+        for _, xb, xi in _runs(start, stop, ww):
+            for _, yb, yi in rows:
+                grid[:, yb, yi, xb, xi].fill_(value)
     for ys, yb, yi in _segments(H, wh, pad[0]):
         for xs, xb, xi in _segments(W, ww, pad[2]):
             src = x[:, ys, xs].reshape(B, yb.stop - yb.start,
