@@ -13,20 +13,18 @@ TOOL=$1
 GPUS=$2
 shift 2
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=tools/python_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/python_env.sh"
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-if [ -z "${PYTHON:-}" ]; then
-    if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python; fi
-fi
 
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$POLA_MM_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 exec "$PYTHON" -m torch.distributed.run \
     --nnodes="$NNODES" \
     --node_rank="$NODE_RANK" \
     --master_addr="$MASTER_ADDR" \
     --master_port="$PORT" \
     --nproc_per_node="$GPUS" \
-    "$ROOT/tools/$TOOL" "$@"
+    "$POLA_MM_ROOT/tools/$TOOL" "$@"

@@ -19,9 +19,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
-elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
-else PY=python; fi
+# shellcheck source=tools/python_env.sh
+source tools/python_env.sh
+PY=$PYTHON
 CONFIG=configs/demo/mask_rcnn_pola_swin_shapes.py
 DATA=${DEMO_DATA:-data/shapes}
 DATA=${DATA%/}

@@ -16,17 +16,15 @@ PARTITION=$2
 JOB_NAME=$3
 shift 3
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=tools/python_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/python_env.sh"
 GPUS=${GPUS:-8}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 CPUS_PER_TASK=${CPUS_PER_TASK:-5}
 SRUN_ARGS=${SRUN_ARGS:-}
 GRES=${GRES-gpu:${GPUS_PER_NODE}}
-if [ -z "${PYTHON:-}" ]; then
-    if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python; fi
-fi
 
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$POLA_MM_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck disable=SC2086  # SRUN_ARGS is a list of words on purpose
 exec srun -p "$PARTITION" \
     --job-name="$JOB_NAME" \
@@ -36,4 +34,4 @@ exec srun -p "$PARTITION" \
     --cpus-per-task="$CPUS_PER_TASK" \
     --kill-on-bad-exit=1 \
     ${SRUN_ARGS} \
-    "$PYTHON" -u "$ROOT/tools/$TOOL" "$@"
+    "$PYTHON" -u "$POLA_MM_ROOT/tools/$TOOL" "$@"
