@@ -165,6 +165,17 @@ def _segments(size: int, win: int, before: int):
             for pos, wb, wi in _runs(before, before + size, win)]
 
 
+def _real_pieces(hw: Size2, pad: Pad4, window: Size2):
+    """Rectangles of the real tokens of a padded, windowed map: yields
+    ``(rows, cols, index)``, slices of the ``(B, H, W, C)`` map and the
+    matching ``(window row, offset, window col, offset)`` slices of the
+    ``(B, nWh, wh, nWw, ww, C)`` grid view, and the piece's shape there."""
+    for ys, yb, yi in _segments(hw[0], window[0], pad[0]):
+        for xs, xb, xi in _segments(hw[1], window[1], pad[2]):
+            index = (yb, yi, xb, xi)
+            yield ys, xs, index, tuple(t.stop - t.start for t in index)
+
+
 def _scatter_windows(x: Tensor, pad: Pad4, window: Size2,
                      value: float) -> Tensor:
     B, H, W, C = x.shape
@@ -182,13 +193,8 @@ def _scatter_windows(x: Tensor, pad: Pad4, window: Size2,
         for _, xb, xi in _runs(start, stop, ww):
             for _, yb, yi in rows:
                 grid[:, yb, yi, xb, xi].fill_(value)
-    for ys, yb, yi in _segments(H, wh, pad[0]):
-        for xs, xb, xi in _segments(W, ww, pad[2]):
-            src = x[:, ys, xs].reshape(B, yb.stop - yb.start,
-                                       yi.stop - yi.start,
-                                       xb.stop - xb.start,
-                                       xi.stop - xi.start, C)
-            grid[:, yb, yi, xb, xi].copy_(src)
+    for ys, xs, (yb, yi, xb, xi), shape in _real_pieces((H, W), pad, window):
+        grid[:, yb, yi, xb, xi].copy_(x[:, ys, xs].reshape(B, *shape, C))
     return out.view(-1, wh * ww, C)
 
 
@@ -202,11 +208,8 @@ def _gather_windows(windows: Tensor, pad: Pad4, window: Size2,
         0, 1, 3, 2, 4, 5)
     B = grid.shape[0]
     out = windows.new_empty(B, H, W, C)
-    for ys, yb, yi in _segments(H, wh, pad[0]):
-        for xs, xb, xi in _segments(W, ww, pad[2]):
-            out[:, ys, xs].view(B, yb.stop - yb.start, yi.stop - yi.start,
-                                xb.stop - xb.start, xi.stop - xi.start,
-                                C).copy_(grid[:, yb, yi, xb, xi])
+    for ys, xs, (yb, yi, xb, xi), shape in _real_pieces(hw, pad, window):
+        out[:, ys, xs].view(B, *shape, C).copy_(grid[:, yb, yi, xb, xi])
     return out
 
 
