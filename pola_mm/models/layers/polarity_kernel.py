@@ -149,8 +149,11 @@ class _Params:
         self.kb_s = None if k_bias is None else k_bias * self.inv_s
 
 
-def _scaled(x: Tensor, inv_s: Tensor, bias_s: Optional[Tensor]) -> Tensor:
-    return x * inv_s if bias_s is None else torch.addcmul(bias_s, x, inv_s)
+def _scaled_keys(k: Tensor, c: slice, prm: _Params) -> Tensor:
+    """``(k + k_bias) / s`` for the tokens ``c`` of ``k``."""
+    if prm.kb_s is None:
+        return k[:, :, c] * prm.inv_s
+    return torch.addcmul(prm.kb_s[:, :, c], k[:, :, c], prm.inv_s)
 
 
 def _features(xs: Tensor, p: Tensor, mask: Optional[Tensor],
@@ -206,15 +209,14 @@ def _scratch(x: Tensor, step: int) -> Optional[Tensor]:
 
 
 def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
-                 kb_s: Optional[Tensor], step: int) -> Tensor:
+                 step: int) -> Tensor:
     """``[f+, f-]^T [v, 1]`` of the keys, summed over tokens:
     ``(B, h, 2d, d + 1)``."""
     N = k.shape[-2]
     r: Optional[Tensor] = None
     buf = _scratch(k, step)
     for c in _token_chunks(N, step):
-        xs = _scaled(k[:, :, c], prm.inv_s,
-                     None if kb_s is None else kb_s[:, :, c])
+        xs = _scaled_keys(k, c, prm)
         f, _, _ = _features(xs, prm.p,
                             None if mask is None else mask[:, :, c], False,
                             buf)
@@ -228,8 +230,8 @@ def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
 
 def _forward_slab(q: Tensor, k: Tensor, v: Tensor, prm: _Params,
                   mask: Optional[Tensor], n: Union[float, Tensor],
-                  eps: float, step: int, kb_s: Optional[Tensor],
-                  x: Optional[Tensor], rz: Optional[Tensor]):
+                  eps: float, step: int, x: Optional[Tensor],
+                  rz: Optional[Tensor]):
     """Both flows on whole sequences, walking tokens by ``step``.
 
     Writes into ``x`` and ``rz`` when given (the eager CPU path), else
@@ -241,7 +243,7 @@ def _forward_slab(q: Tensor, k: Tensor, v: Tensor, prm: _Params,
     """
     B, h, N, d = q.shape
     half = d // 2
-    S = _mix_matrix(_key_product(k, v, prm, mask, kb_s, step), n)
+    S = _mix_matrix(_key_product(k, v, prm, mask, step), n)
     buf = _scratch(q, step)
     for c in _token_chunks(N, step):
         f, _, _ = _features(q[:, :, c] * prm.inv_s, prm.p, None, False, buf)
@@ -262,17 +264,15 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, prm: _Params,
              mask: Optional[Tensor], n: Union[float, Tensor], eps: float):
     """Both flows, piece by piece: ``x``, ``S`` and ``1 / z``."""
     slabs, step = _plan(q)
-    kb = prm.kb_s
     if len(slabs) == 1 and step >= q.shape[-2]:
-        return _forward_slab(q, k, v, prm, mask, n, eps, step, kb, None,
-                             None)
+        return _forward_slab(q, k, v, prm, mask, n, eps, step, None, None)
     B, h, N, d = q.shape
     x = _token_major(q)
     rz = q.new_empty(B, h, N, 2)
     S = q.new_empty(B, h, 2 * d, d + 2)
     for b in slabs:
         _, S[b], _ = _forward_slab(q[b], k[b], v[b], prm, _sub(mask, b),
-                                   _sub(n, b), eps, step, kb, x[b], rz[b])
+                                   _sub(n, b), eps, step, x[b], rz[b])
     return x, S, rz
 
 
@@ -328,7 +328,6 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     half = d // 2
     chunks = _token_chunks(N, step)
     pinv = prm.p * prm.inv_s
-    kb = prm.kb_s
     w: Optional[Tensor] = None
     dS: Optional[Tensor] = None
     dq = dk = dv = None
@@ -375,8 +374,7 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     dR_1 = dR[..., d:].transpose(-2, -1)  # (B, h, 1, 2d)
     for c in chunks:
         mc = None if mask is None else mask[:, :, c]
-        xs = _scaled(k[:, :, c], prm.inv_s, None if kb is None else kb[:, :,
-                                                                       c])
+        xs = _scaled_keys(k, c, prm)
         f, xsafe, la = _features(xs, prm.p, mc, True, buf)
         if need_v:
             if dv is None:
