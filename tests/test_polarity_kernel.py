@@ -1,9 +1,10 @@
 """The fast polarity attention kernel against the published formula."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from pola_mm.models.layers import polarity_kernel
+from pola_mm.models.layers.polarity_attention import \
+    polarity_linear_attention as reference  # the plain published formula
 from pola_mm.models.layers.polarity_kernel import (PolarityAttentionFunction,
                                                    polarity_attention_kernel)
 
@@ -17,33 +18,6 @@ def chunking(request, monkeypatch):
     monkeypatch.setattr(polarity_kernel, 'CPU_CHUNK_ELEMENTS',
                         CHUNKS[request.param])
     return request.param
-
-
-def reference(q, k, v, scale, power, alpha, valid=None):
-    """The published formula, written out as the authors do (no tricks)."""
-    N = q.shape[-2]
-    s = F.softplus(scale)
-    q = q / s
-    k = k / s
-    p = 1 + alpha * torch.sigmoid(power)
-    q_pos, q_neg = F.relu(q)**p, F.relu(-q)**p
-    k_pos, k_neg = F.relu(k)**p, F.relu(-k)**p
-    if valid is None:
-        n = torch.full((q.shape[0], 1, 1, 1), float(N), dtype=q.dtype)
-    else:
-        m = valid[:, None, :, None].to(q.dtype)
-        k_pos, k_neg, v = k_pos * m, k_neg * m, v * m
-        n = m.sum(dim=-2, keepdim=True).clamp(min=1.0)
-    q_sim = torch.cat([q_pos, q_neg], dim=-1)
-    q_opp = torch.cat([q_neg, q_pos], dim=-1)
-    kk = torch.cat([k_pos, k_neg], dim=-1)
-    v1, v2 = torch.chunk(v, 2, dim=-1)
-    k_mean = kk.sum(dim=-2, keepdim=True) / n
-    kv1 = kk.transpose(-2, -1) @ v1 / n
-    kv2 = kk.transpose(-2, -1) @ v2 / n
-    x_sim = q_sim @ kv1 / (q_sim @ k_mean.transpose(-2, -1) + 1e-6)
-    x_opp = q_opp @ kv2 / (q_opp @ k_mean.transpose(-2, -1) + 1e-6)
-    return torch.cat([x_sim, x_opp], dim=-1)
 
 
 def _inputs(B=2, h=3, N=11, d=6, dtype=torch.float64, masked=False, seed=0,
