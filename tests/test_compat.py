@@ -181,9 +181,7 @@ def test_cpu_ddp_wrapper_needs_compat(monkeypatch):
     from pola_mm.compat import setup_cpu_distributed
     if dist.is_initialized():
         pytest.skip('a process group already exists in this process')
-    for key, value in dict(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0',
-                           MASTER_ADDR='127.0.0.1',
-                           MASTER_PORT=str(_free_port())).items():
+    for key, value in _one_rank_env().items():
         monkeypatch.setenv(key, value)
     with pytest.raises((RuntimeError, AssertionError)):
         torch.cuda.set_device(0)  # what mmengine's init_dist('pytorch') does
@@ -203,6 +201,12 @@ def test_cpu_ddp_wrapper_needs_compat(monkeypatch):
         assert wrapped(torch.ones(1, 2)).shape == (1, 2)
     finally:
         dist.destroy_process_group()
+
+
+def _one_rank_env() -> dict:
+    """The torchrun environment of a 1-process group on a free port."""
+    return dict(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0',
+                MASTER_ADDR='127.0.0.1', MASTER_PORT=str(_free_port()))
 
 
 def _free_port() -> int:
@@ -250,8 +254,7 @@ def test_tools_destroy_process_group_after_run(trained, tmp_path, tool):
     """A live gloo group at interpreter exit can abort a rank (SIGABRT)
     after a successful run; the tools must tear it down themselves."""
     env = _env()
-    env.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0',
-               MASTER_ADDR='127.0.0.1', MASTER_PORT=str(_free_port()))
+    env.update(_one_rank_env())
     if tool == 'train':
         args = [str(CFG), '--work-dir', str(tmp_path / 'w')]
     else:
