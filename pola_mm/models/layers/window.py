@@ -176,6 +176,40 @@ def _real_pieces(hw: Size2, pad: Pad4, window: Size2):
             yield ys, xs, index, tuple(t.stop - t.start for t in index)
 
 
+def window_groups(hw: Size2, pad: Pad4, window: Size2, max_windows: int):
+    """Split a padded window grid into groups of whole windows.
+
+    Groups are runs of at most ``max_windows`` windows of one window row,
+    row by row. Each group is a rectangle of the unpadded map plus its own
+    share of the padding, so that ``pad_partition`` of the rectangle with
+    that padding gives exactly the group's windows of the whole map.
+
+    Args:
+        hw: ``(H, W)`` before padding.
+        pad: ``(top, bottom, left, right)`` of the whole map (each side less
+            than a window, as :func:`grid_padding` gives).
+        window: ``(wh, ww)``.
+        max_windows: windows per group (at least 1).
+
+    Yields:
+        ``(rows, cols, group_pad)``: slices of the ``(B, H, W, C)`` map and
+        the group's ``(top, bottom, left, right)``.
+    """
+    H, W = hw
+    wh, ww = window
+    top, bottom, left, right = pad
+    per = max(1, int(max_windows))
+    n_cols = (W + left + right) // ww
+    for r in range((H + top + bottom) // wh):
+        y0, y1 = r * wh - top, (r + 1) * wh - top
+        rows = slice(max(y0, 0), min(y1, H))
+        for c0 in range(0, n_cols, per):
+            x0, x1 = c0 * ww - left, min(c0 + per, n_cols) * ww - left
+            cols = slice(max(x0, 0), min(x1, W))
+            yield rows, cols, (rows.start - y0, y1 - rows.stop,
+                               cols.start - x0, x1 - cols.stop)
+
+
 def _scatter_windows(x: Tensor, pad: Pad4, window: Size2,
                      value: float) -> Tensor:
     B, H, W, C = x.shape

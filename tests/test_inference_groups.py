@@ -1,0 +1,124 @@
+"""Inference on CPU runs the polarity half of Pola-Swin blocks on groups of
+windows and the feed-forward half of every block on runs of tokens; both
+must give the whole-map results, and training must keep the whole-map
+path."""
+import itertools
+
+import pytest
+import torch
+
+import pola_mm.models.backbones.pola_swin as pola_swin
+import pola_mm.models.backbones.utils as backbone_utils
+from pola_mm.models import PolaPVT, PolaSwinTransformer
+from pola_mm.models.backbones.pola_swin import PolaSwinBlock
+from pola_mm.models.layers.window import (grid_padding, pad_partition,
+                                          window_groups)
+
+TINY_SWIN = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 1, 2, 2))
+TINY_PVT = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
+                num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2))
+
+
+@pytest.mark.parametrize('hw,win,offset,per', [
+    ((13, 17), (5, 4), (0, 0), 1), ((13, 17), (5, 4), (3, 2), 2),
+    ((20, 8), (4, 8), (2, 4), 3), ((7, 30), (7, 6), (3, 3), 100),
+    ((9, 9), (3, 3), (1, 2), 2)])
+def test_window_groups_tile_the_window_grid(hw, win, offset, per):
+    """Partitioning each group with its own padding gives exactly the
+    windows of the whole padded map, in the same order."""
+    pad = grid_padding(hw, win, offset)
+    x = torch.randn(2, hw[0], hw[1], 3)
+    whole = pad_partition(x, pad, win, -1.0)  # (2 * nW, N, C)
+    n_w = whole.shape[0] // 2
+    whole = whole.view(2, n_w, -1, 3)
+    groups = list(window_groups(hw, pad, win, per))
+    parts = [pad_partition(x[:, r, c], gp, win, -1.0).view(
+        2, -1, whole.shape[2], 3) for r, c, gp in groups]
+    assert all(p.shape[1] <= per for p in parts)
+    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=0)
+    # every real token lies in exactly one group
+    cover = torch.zeros(hw, dtype=torch.int64)
+    for r, c, _ in groups:
+        cover[r, c] += 1
+    assert bool((cover == 1).all())
+
+
+def _count_calls(monkeypatch, obj, name):
+    calls = []
+    original = getattr(obj, name)
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, wrapped)
+    return calls
+
+
+@pytest.mark.parametrize('hw', [(30, 41), (28, 28), (9, 50)])
+@pytest.mark.parametrize('shift', [False, True])
+def test_grouped_polarity_block_matches_whole_map(monkeypatch, hw, shift):
+    torch.manual_seed(0)
+    block = PolaSwinBlock(16, 2, (7, 7), shift=shift, attn_type='L').eval()
+    x = torch.randn(2, hw[0] * hw[1], 16)
+    with torch.no_grad():
+        whole = block(x, hw)
+        monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 49 * 2)
+        calls = _count_calls(monkeypatch, block, '_polarity_windows')
+        grouped = block(x, hw)
+    n_windows = -(-hw[0] // 7) * -(-hw[1] // 7)
+    assert len(calls) >= n_windows // 2 > 1
+    torch.testing.assert_close(grouped, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_training_and_gradients_keep_the_whole_map(monkeypatch):
+    """Groups are an inference path: with autograd recording (training or
+    eval with gradients) the block attends to the whole map in one go."""
+    def small_groups():
+        monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 49)
+        monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 64)
+        monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
+
+    small_groups()
+    block = PolaSwinBlock(16, 2, (7, 7), shift=True, attn_type='L')
+    hw = (20, 20)
+    x = torch.randn(1, 400, 16)
+    for train in (True, False):
+        block.train(train)
+        calls = _count_calls(monkeypatch, block, '_polarity_windows')
+        mlp_calls = _count_calls(monkeypatch, block.mlp, 'forward')
+        block(x, hw).sum().backward()
+        assert len(calls) == 1 and len(mlp_calls) == 1
+        monkeypatch.undo()
+        small_groups()
+    # a frozen block under autograd (no parameter, no input needing grad)
+    # takes the grouped paths
+    block.eval().requires_grad_(False)
+    calls = _count_calls(monkeypatch, block, '_polarity_windows')
+    mlp_calls = _count_calls(monkeypatch, block.mlp, 'forward')
+    block(x, hw)
+    assert len(calls) > 1 and len(mlp_calls) > 1
+
+
+@pytest.mark.parametrize('cls,arch', [(PolaSwinTransformer, TINY_SWIN),
+                                      (PolaPVT, TINY_PVT)],
+                         ids=['swin', 'pvt'])
+def test_backbone_inference_paths_match(monkeypatch, cls, arch):
+    """Whole backbones, several sizes: grouped windows and token runs give
+    the whole-map outputs."""
+    torch.manual_seed(0)
+    model = cls(arch=arch).eval()
+    for size in [(224, 224), (250, 333), (97, 161)]:
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 1 << 40)
+            monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 1 << 40)
+            whole = model(x)
+            monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 100)
+            monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 256)
+            monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
+            mlp_calls = _count_calls(monkeypatch, torch.nn.Linear, 'forward')
+            parts = model(x)
+        assert len(mlp_calls) > 2 * sum(arch['depths'])
+        for a, b in zip(parts, whole):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
