@@ -217,9 +217,17 @@ class PreNormBlock(BaseModule):
         # independent
         flat = x.reshape(-1, C)
         out = torch.empty_like(flat)
+        fused = (not torch.is_autocast_enabled('cpu')
+                 and self.mlp.fc1.weight.dtype == x.dtype)
+        hidden = (flat.new_empty(step, self.mlp.fc1.out_features)
+                  if fused else None)
         for i in range(0, flat.shape[0], step):
-            t = flat[i:i + step]
-            torch.add(t, self.mlp(self.norm2(t)), out=out[i:i + step])
+            t, o = flat[i:i + step], out[i:i + step]
+            if hidden is not None:  # one hidden buffer for every run
+                self.mlp.forward_into(self.norm2(t), o, hidden)
+                o.add_(t)
+            else:
+                torch.add(t, self.mlp(self.norm2(t)), out=o)
         return out.view(x.shape)
 
     @staticmethod

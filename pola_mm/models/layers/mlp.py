@@ -1,6 +1,7 @@
 """Transformer MLP with the authors' parameter names (``fc1``, ``fc2``)."""
 from typing import Optional
 
+import torch
 import torch.nn as nn
 from mmcv.cnn import build_activation_layer
 from mmengine.model import BaseModule
@@ -32,3 +33,31 @@ class Mlp(BaseModule):
     def forward(self, x: Tensor) -> Tensor:
         """``(..., C)`` -> ``(..., C)``."""
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+    def forward_into(self, x: Tensor, out: Tensor, hidden: Tensor) -> None:
+        """Inference only: ``fc2(act(fc1(x)))`` written into ``out``.
+
+        ``hidden`` (at least ``(len(x), hidden_features)``) holds the hidden
+        layer, so that a caller walking runs of tokens reuses one buffer
+        instead of allocating (and page-faulting) a fresh one per run.
+        Dropout is skipped (eval mode).
+
+        Args:
+            x: ``(T, C)``.
+            out: ``(T, C)``.
+            hidden: scratch of ``(>= T, hidden_features)``.
+        """
+        h = hidden[:x.shape[0]]
+        _linear_into(x, self.fc1, h)
+        if type(self.act) is nn.GELU:
+            torch.ops.aten.gelu_(h, approximate=self.act.approximate)
+        else:
+            h = self.act(h)
+        _linear_into(h, self.fc2, out)
+
+
+def _linear_into(x: Tensor, fc: nn.Linear, out: Tensor) -> None:
+    if fc.bias is None:
+        torch.mm(x, fc.weight.t(), out=out)
+    else:
+        torch.addmm(fc.bias, x, fc.weight.t(), out=out)
