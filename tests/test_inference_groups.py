@@ -11,6 +11,7 @@ import pola_mm.models.backbones.pola_swin as pola_swin
 import pola_mm.models.backbones.utils as backbone_utils
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
+from pola_mm.models.layers import Mlp
 from pola_mm.models.layers.window import (grid_padding, pad_partition,
                                           window_groups)
 
@@ -95,7 +96,7 @@ def test_training_and_gradients_keep_the_whole_map(monkeypatch):
     # takes the grouped paths
     block.eval().requires_grad_(False)
     calls = _count_calls(monkeypatch, block, '_polarity_windows')
-    mlp_calls = _count_calls(monkeypatch, block.mlp, 'forward')
+    mlp_calls = _count_calls(monkeypatch, block.mlp, 'forward_into')
     block(x, hw)
     assert len(calls) > 1 and len(mlp_calls) > 1
 
@@ -117,8 +118,20 @@ def test_backbone_inference_paths_match(monkeypatch, cls, arch):
             monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 100)
             monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 256)
             monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
-            mlp_calls = _count_calls(monkeypatch, torch.nn.Linear, 'forward')
+            mlp_calls = _count_calls(monkeypatch, Mlp, 'forward_into')
             parts = model(x)
         assert len(mlp_calls) > 2 * sum(arch['depths'])
         for a, b in zip(parts, whole):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('act', ['GELU', 'ReLU'])
+def test_mlp_forward_into_matches_forward(act):
+    torch.manual_seed(0)
+    mlp = Mlp(8, 24, act_cfg=dict(type=act)).eval()
+    x = torch.randn(10, 8)
+    out = torch.empty(10, 8)
+    hidden = torch.full((16, 24), float('nan'))  # larger than needed
+    with torch.no_grad():
+        mlp.forward_into(x, out, hidden)
+        torch.testing.assert_close(out, mlp(x))

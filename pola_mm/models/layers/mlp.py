@@ -35,7 +35,8 @@ class Mlp(BaseModule):
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
     def forward_into(self, x: Tensor, out: Tensor, hidden: Tensor) -> None:
-        """Inference only: ``fc2(act(fc1(x)))`` written into ``out``.
+        """Inference only (no autograd): ``fc2(act(fc1(x)))`` written into
+        ``out``.
 
         ``hidden`` (at least ``(len(x), hidden_features)``) holds the hidden
         layer, so that a caller walking runs of tokens reuses one buffer
