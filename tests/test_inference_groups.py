@@ -1,17 +1,23 @@
 """Inference on CPU runs the polarity half of Pola-Swin blocks on groups of
-windows and the feed-forward half of every block on runs of tokens; both
-must give the whole-map results, and training must keep the whole-map
-path."""
+windows, Pola-PVT's attention on runs of rows and the feed-forward half of
+every block on runs of tokens; all must give the whole-map results, and
+training must keep the whole-map path."""
 import itertools
 
 import pytest
 import torch
 
+import pola_mm.models.backbones.pola_pvt as pola_pvt
 import pola_mm.models.backbones.pola_swin as pola_swin
 import pola_mm.models.backbones.utils as backbone_utils
+import pola_mm.models.layers.polarity_kernel as polarity_kernel
 from pola_mm.models import PolaPVT, PolaSwinTransformer
+from pola_mm.models.backbones.pola_pvt import PolaPVTBlock
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
-from pola_mm.models.layers import Mlp
+from pola_mm.models.layers import Mlp, PolarityAttention
+from pola_mm.models.layers.polarity_kernel import (polarity_attention_kernel,
+                                                   polarity_key_state,
+                                                   polarity_query_apply)
 from pola_mm.models.layers.window import (grid_padding, pad_partition,
                                           window_groups)
 
@@ -135,3 +141,66 @@ def test_mlp_forward_into_matches_forward(act):
     with torch.no_grad():
         mlp.forward_into(x, out, hidden)
         torch.testing.assert_close(out, mlp(x))
+
+
+@pytest.mark.parametrize('hw,rows', [((9, 13), 2), ((9, 13), 4), ((5, 7), 1),
+                                     ((12, 6), 5)])
+@pytest.mark.parametrize('residual', [False, True])
+def test_polarity_attention_in_runs_matches_forward(hw, rows, residual):
+    """PVT's global polarity attention streamed in runs of rows (keys, then
+    queries, conv with a halo) equals the one-shot forward, also with the
+    block's norm and residual folded in."""
+    torch.manual_seed(0)
+    attn = PolarityAttention(16, 2, (7, 7), fused_qkvg=False).eval()
+    with torch.no_grad():
+        for t in (attn.scale, attn.power, attn.positional_encoding,
+                  attn.dwc.weight):
+            t.normal_(0, 0.5)
+    norm = torch.nn.LayerNorm(16) if residual else None
+    x = torch.randn(2, hw[0] * hw[1], 16)
+    with torch.no_grad():
+        ref = attn(norm(x) if norm is not None else x, hw)
+        if residual:
+            ref = x + ref
+        out = attn.forward_in_runs(x, hw, rows, norm=norm, residual=residual)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('chunk', [1 << 18, 512])
+def test_key_state_and_query_apply_split_the_kernel(monkeypatch, chunk):
+    """Keys summed over runs, then queries in runs, give the kernel's
+    output (with the kernel's walk over pieces of the batch, too)."""
+    monkeypatch.setattr(polarity_kernel, 'CPU_CHUNK_ELEMENTS', chunk)
+    torch.manual_seed(0)
+    B, h, N, d = 2, 3, 300, 8
+    q, k, v = (torch.randn(B, h, N, d) for _ in range(3))
+    scale, power = torch.randn(1, h, 1, d), torch.randn(1, h, 1, d)
+    bias = torch.randn(1, h, N, d)
+    ref = polarity_attention_kernel(q, k, v, scale, power, 3.0, k_bias=bias)
+    cuts = [0, 37, 150, 151, N]
+    state = sum(polarity_key_state(k[:, :, a:b], v[:, :, a:b], scale, power,
+                                   3.0, bias[:, :, a:b])
+                for a, b in zip(cuts, cuts[1:]))
+    out = torch.cat([
+        polarity_query_apply(q[:, :, a:b], state, float(N), scale, power, 3.0)
+        for a, b in zip(cuts, cuts[1:])], dim=2)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_pvt_block_runs_only_at_inference(monkeypatch):
+    monkeypatch.setattr(pola_pvt, 'RUN_TOKENS', 20)
+    torch.manual_seed(0)
+    block = PolaPVTBlock(16, 2, (7, 7), mlp_ratio=2)
+    hw = (9, 11)
+    x = torch.randn(2, 99, 16)
+    calls = _count_calls(monkeypatch, block.attn, 'forward_in_runs')
+    block.train()(x, hw).sum().backward()
+    assert not calls
+    block.eval()
+    with torch.no_grad():
+        out = block(x, hw)
+        assert len(calls) == 1
+        monkeypatch.setattr(pola_pvt, 'RUN_TOKENS', 1 << 30)
+        ref = block(x, hw)
+    assert len(calls) == 1
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -9,10 +9,17 @@ from torch import Tensor
 from ...registry import register_model
 from ..layers import (PatchEmbed, PolarityAttention,
                       SpatialReductionAttention, resize_pos_table)
+from ..layers.polarity_kernel import is_compiling
 from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                     linspace, pair, resolve_arch)
 
 Size2 = Tuple[int, int]
+
+#: At inference on CPU, polarity attention over a stage runs on runs of grid
+#: rows of about this many tokens (keys first, then queries; see
+#: :meth:`PolarityAttention.forward_in_runs`), so that its intermediates
+#: stay cache-sized instead of growing with the image.
+RUN_TOKENS = 1 << 14
 
 
 class PolaPVTBlock(PreNormBlock):
@@ -60,6 +67,21 @@ class PolaPVTBlock(PreNormBlock):
 
     def _attend(self, x: Tensor, hw: Size2) -> Tensor:
         return self.attn(x, hw)
+
+    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
+        rows = max(1, RUN_TOKENS // hw[1])
+        if (isinstance(self.attn, PolarityAttention) and rows < hw[0]
+                and not self.training and x.device.type == 'cpu'
+                and x.dtype in (torch.float32, torch.float64)
+                and not torch.is_autocast_enabled('cpu')
+                and not is_compiling()
+                and not self._needs_grad(x, self.norm1, self.attn)):
+            # inference: the attention half in runs of rows, the residual
+            # written by it, and the feed-forward half added in place
+            x = self.attn.forward_in_runs(x, hw, rows, norm=self.norm1,
+                                          residual=True)
+            return self._ffn(x, inplace=True)
+        return super()._forward(x, hw)
 
 
 @register_model

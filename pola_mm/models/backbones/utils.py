@@ -203,9 +203,11 @@ class PreNormBlock(BaseModule):
         x = x + self.drop_path(self._attend(self.norm1(x), hw))
         return self._ffn(x)
 
-    def _ffn(self, x: Tensor) -> Tensor:
+    def _ffn(self, x: Tensor, inplace: bool = False) -> Tensor:
         """``x + drop_path(mlp(norm2(x)))``, in runs of tokens when nothing
-        needs a gradient on CPU (see :data:`FFN_CHUNK_ELEMENTS`)."""
+        needs a gradient on CPU (see :data:`FFN_CHUNK_ELEMENTS`); with
+        ``inplace`` (for a contiguous ``x`` the block itself made), the runs
+        are added into ``x``."""
         C = x.shape[-1]
         step = max(FFN_CHUNK_ELEMENTS // self.mlp.fc1.out_features,
                    _FFN_MIN_TOKENS)
@@ -215,19 +217,24 @@ class PreNormBlock(BaseModule):
             return x + self.drop_path(self.mlp(self.norm2(x)))
         # eval mode: drop_path and dropout are identities, every token is
         # independent
-        flat = x.reshape(-1, C)
-        out = torch.empty_like(flat)
+        flat = x.view(-1, C) if inplace else x.reshape(-1, C)
+        out = flat if inplace else torch.empty_like(flat)
         fused = (not torch.is_autocast_enabled('cpu')
                  and self.mlp.fc1.weight.dtype == x.dtype)
         hidden = (flat.new_empty(step, self.mlp.fc1.out_features)
                   if fused else None)
+        scratch = flat.new_empty(step, C) if fused and inplace else None
         for i in range(0, flat.shape[0], step):
             t, o = flat[i:i + step], out[i:i + step]
-            if hidden is not None:  # one hidden buffer for every run
+            if hidden is None:
+                o.copy_(t + self.mlp(self.norm2(t)))
+            elif scratch is None:  # one hidden buffer for every run
                 self.mlp.forward_into(self.norm2(t), o, hidden)
                 o.add_(t)
             else:
-                torch.add(t, self.mlp(self.norm2(t)), out=o)
+                y = scratch[:t.shape[0]]
+                self.mlp.forward_into(self.norm2(t), y, hidden)
+                t.add_(y)
         return out.view(x.shape)
 
     @staticmethod

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .polarity_kernel import is_compiling, polarity_attention_kernel
+from .polarity_kernel import (is_compiling, polarity_attention_kernel,
+                              polarity_key_state, polarity_query_apply)
 
 Size2 = Tuple[int, int]
 
@@ -221,15 +222,87 @@ class PolarityAttention(BaseModule):
             # already token-major like the kernel's
             vmap = v.reshape(B, hw[0], hw[1], C).contiguous().permute(
                 0, 3, 1, 2)
-            weight = self.dwc.weight.to(dt).repeat(h, 1, 1, 1)
-            bias = self.dwc.bias
-            if bias is not None:
-                bias = bias.to(dt).repeat(h)
-            conv = F.conv2d(vmap, weight, bias, padding=self.dwc.padding,
-                            groups=C)
+            conv = F.conv2d(vmap, *self._dwc_params(dt),
+                            padding=self.dwc.padding, groups=C)
             x = torch.add(x.transpose(1, 2).reshape(B, N, C),
                           conv.permute(0, 2, 3, 1).reshape(B, N, C))
         return x.to(out_dtype)
+
+    def _dwc_params(self, dt: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
+        """The depth-wise conv's per-head kernel and bias repeated over the
+        heads (one ``groups=C`` conv over all channels)."""
+        h = self.num_heads
+        weight = self.dwc.weight.to(dt).repeat(h, 1, 1, 1)
+        bias = self.dwc.bias
+        return weight, None if bias is None else bias.to(dt).repeat(h)
+
+    def forward_in_runs(self, x: Tensor, hw: Size2, rows: int,
+                        norm: Optional[nn.Module] = None,
+                        residual: bool = False) -> Tensor:
+        """Inference: :meth:`forward` on runs of ``rows`` grid rows.
+
+        Two passes over the runs: the keys' state summed over all runs,
+        then each run's queries, depth-wise conv (with a halo of rows),
+        gate and output projection. The result is :meth:`forward`'s, but
+        nothing larger than a run is allocated besides one ``v`` map for
+        the conv. No autograd, no padding mask; float32/float64 inputs.
+
+        Args:
+            x: ``(B, N, C)`` tokens of the grid ``hw``.
+            hw: ``(H, W)``.
+            rows: grid rows per run.
+            norm: applied to each run of ``x`` first (a block's ``norm1``,
+                so that the normalised map is never held whole).
+            residual: return ``x + attention`` instead.
+
+        Returns:
+            ``(B, N, C)``.
+        """
+        B, N, C = x.shape
+        H, W = hw
+        h, d = self.num_heads, self.head_dims
+        xmap = x.view(B, H, W, C)
+        pos = self.positional_table(hw).view(1, H, W, C).to(x.dtype)
+        scale = self.scale.to(x.dtype).reshape(1, h, 1, d)
+        power = self.power.to(x.dtype)
+        runs = [(r, min(r + rows, H)) for r in range(0, H, rows)]
+
+        def inputs(r0: int, r1: int) -> Tensor:
+            run = xmap[:, r0:r1]
+            return run if norm is None else norm(run)
+
+        def heads(t: Tensor) -> Tensor:  # (B', r, W, C) -> (B', h, r W, d)
+            return t.reshape(t.shape[0], -1, h, d).transpose(1, 2)
+
+        vmap = x.new_empty(B, H, W, C)
+        state: Optional[Tensor] = None
+        for r0, r1 in runs:
+            k, v = self.kv(inputs(r0, r1)).unflatten(-1, (2, C)).unbind(-2)
+            vmap[:, r0:r1] = v
+            part = polarity_key_state(heads(k), heads(v), scale, power,
+                                      self.alpha, heads(pos[:, r0:r1]))
+            state = part if state is None else state.add_(part)
+        assert state is not None
+        weight, bias = self._dwc_params(x.dtype)
+        ph, pw = self.dwc.padding
+        vchw = vmap.permute(0, 3, 1, 2)  # channels-last (B, C, H, W)
+        out = torch.empty_like(xmap)
+        for r0, r1 in runs:
+            q, g = self.qg(inputs(r0, r1)).unflatten(-1, (2, C)).unbind(-2)
+            y = polarity_query_apply(heads(q), state, float(N), scale, power,
+                                     self.alpha)
+            lo, hi = max(r0 - ph, 0), min(r1 + ph, H)
+            band = F.pad(vchw[:, :, lo:hi],
+                         (0, 0, ph - (r0 - lo), ph - (hi - r1)))
+            conv = F.conv2d(band, weight, bias, padding=(0, pw), groups=C)
+            y = torch.add(y.transpose(1, 2).reshape(B, r1 - r0, W, C),
+                          conv.permute(0, 2, 3, 1))
+            if residual:
+                torch.add(xmap[:, r0:r1], self.output(y, g),
+                          out=out[:, r0:r1])
+            else:
+                out[:, r0:r1] = self.output(y, g)
+        return out.view(B, N, C)
 
     # -- step 3 ------------------------------------------------------------
     def output(self, x: Tensor, g: Tensor) -> Tensor:

@@ -34,7 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['polarity_attention_kernel', 'PolarityAttentionFunction']
+__all__ = [
+    'polarity_attention_kernel', 'PolarityAttentionFunction',
+    'polarity_key_state', 'polarity_query_apply'
+]
 
 _EPS = 1e-6
 
@@ -241,23 +244,32 @@ def _forward_slab(q: Tensor, k: Tensor, v: Tensor, prm: _Params,
         ``x`` ``(B, h, N, d)``, the mix matrix ``M`` ``(B, h, 2d, d + 2)``
         and ``1 / z`` ``(B, h, N, 2)``.
     """
-    B, h, N, d = q.shape
-    half = d // 2
     S = _mix_matrix(_key_product(k, v, prm, mask, step), n)
+    x, rz = _query_slab(q, S, prm, eps, step, x, rz)
+    return x, S, rz
+
+
+def _query_slab(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
+                x: Optional[Tensor], rz: Optional[Tensor]):
+    """Outputs of the queries ``q`` against the mix matrix ``S``, walking
+    tokens by ``step``; into ``x`` and ``rz`` when given. Returns ``x`` and
+    ``1 / z``."""
+    d = q.shape[-1]
+    half = d // 2
     buf = _scratch(q, step)
-    for c in _token_chunks(N, step):
+    for c in _token_chunks(q.shape[-2], step):
         f, _, _ = _features(q[:, :, c] * prm.inv_s, prm.p, None, False, buf)
         u = f @ S  # (B, h, n_c, d + 2): [numerators, z_sim, z_opp]
         num = u[..., :d].unflatten(-1, (2, half))
         if x is None or rz is None:
             rz_c = (u[..., d:] + eps).reciprocal_()
-            return (num * rz_c.unsqueeze(-1)).flatten(-2), S, rz_c
+            return (num * rz_c.unsqueeze(-1)).flatten(-2), rz_c
         rz_c = rz[:, :, c]
         torch.add(u[..., d:], eps, out=rz_c)
         rz_c.reciprocal_()
         torch.mul(num, rz_c.unsqueeze(-1),
                   out=x[:, :, c].unflatten(-1, (2, half)))
-    return x, S, rz
+    return x, rz
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, prm: _Params,
@@ -453,6 +465,54 @@ class PolarityAttentionFunction(torch.autograd.Function):
         if ctx.needs_input_grad[9]:
             dbias = _sum_to(dk, k_bias.shape)
         return dq, dk, dv, dscale, dpower, None, None, None, None, dbias
+
+
+def polarity_key_state(k: Tensor, v: Tensor, scale: Tensor, power: Tensor,
+                       alpha: float, k_bias: Optional[Tensor] = None
+                       ) -> Tensor:
+    """Inference: what a run of keys contributes to the attention.
+
+    For callers that stream the keys of long sequences in runs (the sums of
+    several runs add up) and then the queries in runs with
+    :func:`polarity_query_apply`, so that no full-size intermediate is ever
+    held. No autograd.
+
+    Args:
+        k, v: ``(B, h, n, d)`` keys and values of a run of tokens.
+        scale, power, alpha: as in :func:`polarity_attention_kernel`.
+        k_bias: optional ``(1, h, n, d)`` positional table of these tokens.
+
+    Returns:
+        ``(B, h, 2d, d + 1)``: ``[f+(k), f-(k)]^T [v, 1]``.
+    """
+    prm = _Params(scale, power, alpha, k_bias)
+    slabs, step = _plan(k)
+    if len(slabs) == 1:
+        return _key_product(k, v, prm, None, step)
+    return torch.cat([
+        _key_product(k[b], v[b], prm, None, step) for b in slabs])
+
+
+def polarity_query_apply(q: Tensor, state: Tensor, n: float, scale: Tensor,
+                         power: Tensor, alpha: float,
+                         eps: float = _EPS) -> Tensor:
+    """Inference: outputs of a run of queries given the keys' summed
+    :func:`polarity_key_state` of ``n`` keys (no autograd).
+
+    Returns:
+        ``(B, h, n_q, d)`` like :func:`polarity_attention_kernel`.
+    """
+    prm = _Params(scale, power, alpha, None)
+    S = _mix_matrix(state, n)
+    slabs, step = _plan(q)
+    if len(slabs) == 1 and step >= q.shape[-2]:
+        return _query_slab(q, S, prm, eps, step, None, None)[0]
+    B, h, N, d = q.shape
+    x = _token_major(q)
+    rz = q.new_empty(B, h, N, 2)
+    for b in slabs:
+        _query_slab(q[b], S[b], prm, eps, step, x[b], rz[b])
+    return x
 
 
 def polarity_attention_kernel(q: Tensor,
