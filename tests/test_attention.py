@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
 from pola_mm.models.layers import (PolarityAttention, WindowMSA,
                                    relative_position_index, resize_pos_table)
+from pola_mm.models.layers.polarity_attention import depthwise_conv2d
 from pola_mm.models.layers.window import (crop_map, cyclic_shift,
                                           effective_window, grid_padding,
                                           key_padding_logits, key_valid_mask,
@@ -373,3 +374,32 @@ def test_polarity_block_any_size(hw):
     blk = PolaSwinBlock(8, 2, (4, 4), shift=True, attn_type='L')
     x = torch.randn(2, hw[0] * hw[1], 8)
     assert blk(x, hw).shape == x.shape
+
+
+@pytest.mark.parametrize('with_bias', [True, False])
+def test_depthwise_conv_gradients(with_bias):
+    """The depth-wise conv's own backward (bias gradient as a sum) gives
+    F.conv2d's gradients, float64 gradcheck included, on a channels-last
+    map as PolarityAttention feeds it."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 6, 4, dtype=torch.float64).permute(0, 3, 1, 2)
+    x.requires_grad_()
+    w = torch.randn(4, 1, 3, 3, dtype=torch.float64, requires_grad=True)
+    b = (torch.randn(4, dtype=torch.float64, requires_grad=True)
+         if with_bias else None)
+    args = (x, w, b) if with_bias else (x, w)
+
+    def ours(*a):
+        return depthwise_conv2d(a[0], a[1], a[2] if with_bias else None,
+                                (1, 1))
+
+    def ref(*a):
+        return F.conv2d(a[0], a[1], a[2] if with_bias else None,
+                        padding=1, groups=4)
+
+    grad = torch.randn(2, 4, 5, 6, dtype=torch.float64)
+    got = torch.autograd.grad(ours(*args), args, grad)
+    want = torch.autograd.grad(ref(*args), args, grad)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r)
+    assert torch.autograd.gradcheck(ours, args)

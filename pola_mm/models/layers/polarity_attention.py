@@ -222,8 +222,8 @@ class PolarityAttention(BaseModule):
             # already token-major like the kernel's
             vmap = v.reshape(B, hw[0], hw[1], C).contiguous().permute(
                 0, 3, 1, 2)
-            conv = F.conv2d(vmap, *self._dwc_params(dt),
-                            padding=self.dwc.padding, groups=C)
+            conv = depthwise_conv2d(vmap, *self._dwc_params(dt),
+                                    padding=self.dwc.padding)
             x = torch.add(x.transpose(1, 2).reshape(B, N, C),
                           conv.permute(0, 2, 3, 1).reshape(B, N, C))
         return x.to(out_dtype)
@@ -326,6 +326,46 @@ class PolarityAttention(BaseModule):
         if valid is not None:
             v = v * valid.unsqueeze(-1).to(v.dtype)
         return self.output(self.mix(q, k, v, hw, valid), g)
+
+
+class _DepthwiseConv2d(torch.autograd.Function):
+    """``F.conv2d(..., groups=C)`` with its bias gradient taken as a plain
+    sum: PyTorch's CPU convolution backward computes the bias gradient of a
+    channels-last depth-wise conv about as slowly as the weight gradient
+    (15 ms against 0.1 ms for ``sum`` at Pola-Swin-T's first stage, batch
+    8); input and weight gradients are PyTorch's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                padding: Tuple[int, int]) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.padding = padding
+        ctx.has_bias = bias is not None
+        return F.conv2d(x, weight, bias, padding=padding,
+                        groups=x.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        if need_x or need_w:
+            dx, dw, _ = torch.ops.aten.convolution_backward(
+                grad, x, weight, None, [1, 1], list(ctx.padding), [1, 1],
+                False, [0, 0], x.shape[1], [need_x, need_w, False])
+        if ctx.has_bias and need_b:
+            db = grad.sum(dim=(0, 2, 3))
+        return dx, dw, db, None
+
+
+def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                     padding: Tuple[int, int]) -> Tensor:
+    """Depth-wise 2-D conv (stride 1, ``groups = channels``) of ``x``
+    ``(B, C, H, W)`` with ``weight`` ``(C, 1, kh, kw)``."""
+    if torch.is_grad_enabled() and x.device.type == 'cpu' and any(
+            t is not None and t.requires_grad for t in (x, weight, bias)):
+        return _DepthwiseConv2d.apply(x, weight, bias, tuple(padding))
+    return F.conv2d(x, weight, bias, padding=padding, groups=x.shape[1])
 
 
 def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
