@@ -23,9 +23,10 @@ Size2 = Tuple[int, int]
 
 #: At inference on CPU, the polarity half of a windowed block (projections,
 #: windows, attention, gate and output projection) runs on groups of whole
-#: windows of about this many tokens, one window row at a time, instead of
-#: the whole map at once: every intermediate then stays small enough to be
-#: reused from cache and from the allocator's heap.
+#: windows of at most about this many tokens (whole batch), one window row
+#: at a time, whenever the padded map holds more: every intermediate then
+#: stays small enough to be reused from cache and from the allocator's heap
+#: instead of being page-faulted afresh on every call.
 WINDOW_GROUP_TOKENS = 1 << 15
 
 
@@ -111,10 +112,12 @@ class PolaSwinBlock(PreNormBlock):
         offset = ((win[0] - shift[0]) % win[0], (win[1] - shift[1]) % win[1])
         pad = grid_padding(hw, win, offset)
         xmap = x.view(B, hw[0], hw[1], C)
-        per_group = max(1, WINDOW_GROUP_TOKENS // (win[0] * win[1]))
+        per_window = B * win[0] * win[1]  # tokens of a window, whole batch
+        per_group = max(1, WINDOW_GROUP_TOKENS // per_window)
         n_windows = ((hw[0] + pad[0] + pad[1]) // win[0] *
                      ((hw[1] + pad[2] + pad[3]) // win[1]))
-        if (n_windows <= per_group or x.device.type != 'cpu'
+        if (n_windows * per_window <= WINDOW_GROUP_TOKENS
+                or x.device.type != 'cpu'
                 or is_compiling() or self._needs_grad(x, self.attn)):
             return self._polarity_windows(xmap, hw, win, pad).view(B, L, C)
         # Inference on CPU: groups of windows, from the projections to the

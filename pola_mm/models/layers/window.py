@@ -180,7 +180,7 @@ def window_groups(hw: Size2, pad: Pad4, window: Size2, max_windows: int):
     """Split a padded window grid into groups of whole windows.
 
     Groups are runs of at most ``max_windows`` windows of one window row,
-    row by row. Each group is a rectangle of the unpadded map plus its own
+    row by row, each row split into runs of equal length (but the last). Each group is a rectangle of the unpadded map plus its own
     share of the padding, so that ``pad_partition`` of the rectangle with
     that padding gives exactly the group's windows of the whole map.
 
@@ -198,8 +198,10 @@ def window_groups(hw: Size2, pad: Pad4, window: Size2, max_windows: int):
     H, W = hw
     wh, ww = window
     top, bottom, left, right = pad
-    per = max(1, int(max_windows))
     n_cols = (W + left + right) // ww
+    # rows split into equal runs (6 windows at most 5 a run: 3 + 3)
+    runs = -(-n_cols // max(1, int(max_windows)))
+    per = -(-n_cols // runs)
     for r in range((H + top + bottom) // wh):
         y0, y1 = r * wh - top, (r + 1) * wh - top
         rows = slice(max(y0, 0), min(y1, H))
