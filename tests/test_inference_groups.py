@@ -2,7 +2,6 @@
 windows, Pola-PVT's attention on runs of rows and the feed-forward half of
 every block on runs of tokens; all must give the whole-map results, and
 training must keep the whole-map path."""
-import itertools
 
 import pytest
 import torch
@@ -204,3 +203,27 @@ def test_pvt_block_runs_only_at_inference(monkeypatch):
         ref = block(x, hw)
     assert len(calls) == 1
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('cls,arch', [(PolaSwinTransformer, TINY_SWIN),
+                                      (PolaPVT, TINY_PVT)],
+                         ids=['swin', 'pvt'])
+def test_inference_paths_under_bf16_autocast(monkeypatch, cls, arch):
+    """Under CPU autocast the token runs fall back to the modules' own
+    (autocast) forward per run and give the whole-map results."""
+    torch.manual_seed(0)
+    model = cls(arch=arch).eval()
+    x = torch.randn(1, 3, 250, 333)
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 1 << 40)
+        monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 1 << 40)
+        whole = model(x)
+        monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 100)
+        monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 256)
+        monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
+        parts = model(x)
+    for a, b in zip(parts, whole):
+        assert a.dtype == b.dtype
+        # bf16 rounding differs with the grouping of the operations
+        err = (a.float() - b.float()).abs().max()
+        assert err <= 0.02 * b.float().abs().max()

@@ -9,7 +9,7 @@ from torch import Tensor
 from ...registry import register_model
 from ..layers import (PatchEmbed, PolarityAttention,
                       SpatialReductionAttention, resize_pos_table)
-from ..layers.polarity_kernel import is_compiling
+from ..layers.polarity_kernel import cpu_autocast_enabled, is_compiling
 from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                     linspace, pair, resolve_arch)
 
@@ -73,7 +73,7 @@ class PolaPVTBlock(PreNormBlock):
         if (isinstance(self.attn, PolarityAttention) and rows < hw[0]
                 and not self.training and x.device.type == 'cpu'
                 and x.dtype in (torch.float32, torch.float64)
-                and not torch.is_autocast_enabled('cpu')
+                and not cpu_autocast_enabled()
                 and not is_compiling()
                 and not self._needs_grad(x, self.norm1, self.attn)):
             # inference: the attention half in runs of rows, the residual

@@ -134,7 +134,7 @@ class PolaSwinBlock(PreNormBlock):
                           pad: Pad4) -> Tensor:
         """Polarity attention of the windows of ``xmap`` ``(B, H, W, C)``
         padded by ``pad``; returns ``(B, H, W, C)``."""
-        B, C = xmap.shape[0], xmap.shape[-1]
+        B = xmap.shape[0]
         # Per-token projections before padding: padded tokens are masked
         # keys (zero v) and their outputs are discarded, so nothing is lost;
         # the gate never needs windows.

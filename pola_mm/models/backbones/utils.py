@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
-from ..layers.polarity_kernel import is_compiling
+from ..layers.polarity_kernel import cpu_autocast_enabled, is_compiling
 
 Size2 = Tuple[int, int]
 
@@ -219,7 +219,7 @@ class PreNormBlock(BaseModule):
         # independent
         flat = x.view(-1, C) if inplace else x.reshape(-1, C)
         out = flat if inplace else torch.empty_like(flat)
-        fused = (not torch.is_autocast_enabled('cpu')
+        fused = (not cpu_autocast_enabled()
                  and self.mlp.fc1.weight.dtype == x.dtype)
         hidden = (flat.new_empty(step, self.mlp.fc1.out_features)
                   if fused else None)

@@ -63,6 +63,14 @@ def is_compiling() -> bool:
     return bool(fn()) if fn is not None else False
 
 
+def cpu_autocast_enabled() -> bool:
+    """Whether CPU autocast is on (any torch >= 2.0)."""
+    try:
+        return bool(torch.is_autocast_enabled('cpu'))
+    except TypeError:  # torch < 2.4 takes no device type
+        return bool(torch.is_autocast_cpu_enabled())
+
+
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
     """Pieces for ``x`` ``(B, h, N, d)``: slices of B, and a token step.
 

@@ -180,9 +180,10 @@ def window_groups(hw: Size2, pad: Pad4, window: Size2, max_windows: int):
     """Split a padded window grid into groups of whole windows.
 
     Groups are runs of at most ``max_windows`` windows of one window row,
-    row by row, each row split into runs of equal length (but the last). Each group is a rectangle of the unpadded map plus its own
-    share of the padding, so that ``pad_partition`` of the rectangle with
-    that padding gives exactly the group's windows of the whole map.
+    row by row, each row split into runs of equal length (but the last).
+    Each group is a rectangle of the unpadded map plus its own share of the
+    padding, so that ``pad_partition`` of the rectangle with that padding
+    gives exactly the group's windows of the whole map.
 
     Args:
         hw: ``(H, W)`` before padding.
