@@ -28,8 +28,10 @@ TINY_PVT = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
 @pytest.mark.parametrize('hw,win,offset,per', [
     ((13, 17), (5, 4), (0, 0), 1), ((13, 17), (5, 4), (3, 2), 2),
     ((20, 8), (4, 8), (2, 4), 3), ((7, 30), (7, 6), (3, 3), 100),
-    ((9, 9), (3, 3), (1, 2), 2)])
-def test_window_groups_tile_the_window_grid(hw, win, offset, per):
+    ((9, 9), (3, 3), (1, 2), 2), ((9, 9), (3, 3), (1, 1), 100)])
+@pytest.mark.parametrize('split_borders', [False, True])
+def test_window_groups_tile_the_window_grid(hw, win, offset, per,
+                                            split_borders):
     """Partitioning each group with its own padding gives exactly the
     windows of the whole padded map, in the same order."""
     pad = grid_padding(hw, win, offset)
@@ -37,7 +39,13 @@ def test_window_groups_tile_the_window_grid(hw, win, offset, per):
     whole = pad_partition(x, pad, win, -1.0)  # (2 * nW, N, C)
     n_w = whole.shape[0] // 2
     whole = whole.view(2, n_w, -1, 3)
-    groups = list(window_groups(hw, pad, win, per))
+    groups = list(window_groups(hw, pad, win, per, split_borders))
+    if split_borders:  # border windows with padding stand alone
+        n_cols = (hw[1] + pad[2] + pad[3]) // win[1]
+        for _, c, gp in groups:
+            width = (c.stop - c.start + gp[2] + gp[3]) // win[1]
+            if (gp[2] or gp[3]) and n_cols > 1:
+                assert width == 1
     parts = [pad_partition(x[:, r, c], gp, win, -1.0).view(
         2, -1, whole.shape[2], 3) for r, c, gp in groups]
     assert all(p.shape[1] <= per for p in parts)
@@ -47,6 +55,18 @@ def test_window_groups_tile_the_window_grid(hw, win, offset, per):
     for r, c, _ in groups:
         cover[r, c] += 1
     assert bool((cover == 1).all())
+
+
+def _randomise_attention(model: torch.nn.Module) -> None:
+    """Non-zero positional tables, powers, scales and conv kernels (the
+    tables start at zero, which would hide a wrong crop)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, PolarityAttention):
+                for t in (m.positional_encoding, m.power, m.scale,
+                          m.dwc.weight):
+                    t.copy_(torch.randn(t.shape, generator=g) * 0.5)
 
 
 def _count_calls(monkeypatch, obj, name):
@@ -64,8 +84,11 @@ def _count_calls(monkeypatch, obj, name):
 @pytest.mark.parametrize('hw', [(30, 41), (28, 28), (9, 50)])
 @pytest.mark.parametrize('shift', [False, True])
 def test_grouped_polarity_block_matches_whole_map(monkeypatch, hw, shift):
+    """Groups of windows, border windows cut to their real tokens with the
+    matching crop of the positional table, equal the padded whole map."""
     torch.manual_seed(0)
     block = PolaSwinBlock(16, 2, (7, 7), shift=shift, attn_type='L').eval()
+    _randomise_attention(block)
     x = torch.randn(2, hw[0] * hw[1], 16)
     with torch.no_grad():
         whole = block(x, hw)
@@ -114,6 +137,7 @@ def test_backbone_inference_paths_match(monkeypatch, cls, arch):
     the whole-map outputs."""
     torch.manual_seed(0)
     model = cls(arch=arch).eval()
+    _randomise_attention(model)
     for size in [(224, 224), (250, 333), (97, 161)]:
         x = torch.randn(1, 3, *size)
         with torch.no_grad():

@@ -123,17 +123,42 @@ class PolaSwinBlock(PreNormBlock):
         # Inference on CPU: groups of windows, from the projections to the
         # output projection, so that every intermediate stays cache-sized
         # (see WINDOW_GROUP_TOKENS). Windows are independent: same result.
+        # A group's windows are cut to their real tokens along the sides
+        # that all of them pad (rows of the first and last window row,
+        # columns of a border window, which is a group of its own): padded
+        # keys are absent and padded v act as the conv's zero padding, so
+        # the cut window with the matching crop of the positional table is
+        # the same computation without the padding.
         out = torch.empty_like(xmap)
-        for rows, cols, gpad in window_groups(hw, pad, win, per_group):
+        table = None
+        for rows, cols, gpad in window_groups(hw, pad, win, per_group,
+                                              split_borders=True):
             ghw = (rows.stop - rows.start, cols.stop - cols.start)
+            cut_rows = gpad[0] + gpad[1] > 0
+            cut_cols = gpad[2] + gpad[3] > 0 and \
+                ghw[1] + gpad[2] + gpad[3] == win[1]
+            gwin, pos = win, None
+            if cut_rows or cut_cols:
+                if table is None:
+                    table = self.attn.positional_table(win).view(
+                        1, win[0], win[1], C)
+                r0 = gpad[0] if cut_rows else 0
+                c0 = gpad[2] if cut_cols else 0
+                gwin = (ghw[0] if cut_rows else win[0],
+                        ghw[1] if cut_cols else win[1])
+                pos = table[:, r0:r0 + gwin[0], c0:c0 + gwin[1]].reshape(
+                    1, -1, C)
+                gpad = ((0, 0) if cut_rows else gpad[:2]) + \
+                    ((0, 0) if cut_cols else gpad[2:])
             out[:, rows, cols] = self._polarity_windows(
-                xmap[:, rows, cols], ghw, win, gpad)
+                xmap[:, rows, cols], ghw, gwin, gpad, pos)
         return out.view(B, L, C)
 
     def _polarity_windows(self, xmap: Tensor, hw: Size2, win: Size2,
-                          pad: Pad4) -> Tensor:
+                          pad: Pad4, pos: Optional[Tensor] = None) -> Tensor:
         """Polarity attention of the windows of ``xmap`` ``(B, H, W, C)``
-        padded by ``pad``; returns ``(B, H, W, C)``."""
+        padded by ``pad`` (``pos``: the positional table to use, see
+        :meth:`PolarityAttention.mix`); returns ``(B, H, W, C)``."""
         B = xmap.shape[0]
         # Per-token projections before padding: padded tokens are masked
         # keys (zero v) and their outputs are discarded, so nothing is lost;
@@ -149,7 +174,7 @@ class PolaSwinBlock(PreNormBlock):
             valid = key_valid_mask(valid_token_map(hw, pad, xmap.device),
                                    win)
             valid = valid.repeat(B, 1)  # (B * nW, N)
-        y = self.attn.mix(q, k, v, win, valid)
+        y = self.attn.mix(q, k, v, win, valid, pos)
         return self.attn.output(merge_crop(y, pad, win, hw), g)
 
     def _softmax(self, x: Tensor, hw: Size2) -> Tensor:

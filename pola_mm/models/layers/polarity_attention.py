@@ -183,7 +183,8 @@ class PolarityAttention(BaseModule):
 
     # -- step 2 ------------------------------------------------------------
     def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2,
-            valid: Optional[Tensor] = None) -> Tensor:
+            valid: Optional[Tensor] = None,
+            pos: Optional[Tensor] = None) -> Tensor:
         """Attention and depth-wise conv on v for sequences laid out on grids.
 
         Under fp16/bf16 autocast the computation runs in float32; the result
@@ -198,6 +199,9 @@ class PolarityAttention(BaseModule):
                 which act as absent keys. Their ``v`` must be zero (as
                 zero-padding the projections makes it), so that they also
                 act as the conv's zero padding.
+            pos: optional ``(1, N, C)`` positional table to use instead of
+                :meth:`positional_table` of ``hw`` (the crop of a larger
+                window's table, for windows cut to their real tokens).
 
         Returns:
             ``(B', N, C)`` (before the gate).
@@ -209,7 +213,9 @@ class PolarityAttention(BaseModule):
             q, k, v = q.to(dt), k.to(dt), v.to(dt)
             B, N, C = q.shape
             h, d = self.num_heads, self.head_dims
-            pos = self.positional_table(hw).to(dt)  # (1, N, C)
+            if pos is None:
+                pos = self.positional_table(hw)
+            pos = pos.to(dt)  # (1, N, C)
             x = polarity_attention_kernel(
                 q.unflatten(-1, (h, d)).transpose(1, 2),
                 k.unflatten(-1, (h, d)).transpose(1, 2),

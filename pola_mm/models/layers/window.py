@@ -176,7 +176,8 @@ def _real_pieces(hw: Size2, pad: Pad4, window: Size2):
             yield ys, xs, index, tuple(t.stop - t.start for t in index)
 
 
-def window_groups(hw: Size2, pad: Pad4, window: Size2, max_windows: int):
+def window_groups(hw: Size2, pad: Pad4, window: Size2, max_windows: int,
+                  split_borders: bool = False):
     """Split a padded window grid into groups of whole windows.
 
     Groups are runs of at most ``max_windows`` windows of one window row,
@@ -191,6 +192,8 @@ def window_groups(hw: Size2, pad: Pad4, window: Size2, max_windows: int):
             than a window, as :func:`grid_padding` gives).
         window: ``(wh, ww)``.
         max_windows: windows per group (at least 1).
+        split_borders: make the first and the last window of each row a
+            group of its own where they hold left / right padding.
 
     Yields:
         ``(rows, cols, group_pad)``: slices of the ``(B, H, W, C)`` map and
@@ -200,14 +203,21 @@ def window_groups(hw: Size2, pad: Pad4, window: Size2, max_windows: int):
     wh, ww = window
     top, bottom, left, right = pad
     n_cols = (W + left + right) // ww
-    # rows split into equal runs (6 windows at most 5 a run: 3 + 3)
-    runs = -(-n_cols // max(1, int(max_windows)))
-    per = -(-n_cols // runs)
+    cuts = [0, n_cols]
+    if split_borders and n_cols > 1:
+        cuts = sorted(set([0, n_cols] + ([1] if left else []) +
+                          ([n_cols - 1] if right else [])))
+    spans = []  # runs of window columns
+    for a, b in zip(cuts, cuts[1:]):
+        # split into equal runs (6 windows at most 5 a run: 3 + 3)
+        runs = -(-(b - a) // max(1, int(max_windows)))
+        per = -(-(b - a) // runs)
+        spans += [(c, min(c + per, b)) for c in range(a, b, per)]
     for r in range((H + top + bottom) // wh):
         y0, y1 = r * wh - top, (r + 1) * wh - top
         rows = slice(max(y0, 0), min(y1, H))
-        for c0 in range(0, n_cols, per):
-            x0, x1 = c0 * ww - left, min(c0 + per, n_cols) * ww - left
+        for c0, c1 in spans:
+            x0, x1 = c0 * ww - left, c1 * ww - left
             cols = slice(max(x0, 0), min(x1, W))
             yield rows, cols, (rows.start - y0, y1 - rows.stop,
                                cols.start - x0, x1 - cols.stop)
