@@ -69,6 +69,17 @@ def _randomise_attention(model: torch.nn.Module) -> None:
                     t.copy_(torch.randn(t.shape, generator=g) * 0.5)
 
 
+def _run_sizes(monkeypatch, small: bool) -> None:
+    """Tiny groups and runs (every inference path taken at test sizes), or
+    none at all (the one-shot computation)."""
+    big = 1 << 40
+    monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 100 if small else big)
+    monkeypatch.setattr(pola_pvt, 'RUN_TOKENS', 100 if small else big)
+    monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS',
+                        256 if small else big)
+    monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
+
+
 def _count_calls(monkeypatch, obj, name):
     calls = []
     original = getattr(obj, name)
@@ -141,15 +152,16 @@ def test_backbone_inference_paths_match(monkeypatch, cls, arch):
     for size in [(224, 224), (250, 333), (97, 161)]:
         x = torch.randn(1, 3, *size)
         with torch.no_grad():
-            monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 1 << 40)
-            monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 1 << 40)
+            _run_sizes(monkeypatch, small=False)
             whole = model(x)
-            monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 100)
-            monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 256)
-            monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
+            _run_sizes(monkeypatch, small=True)
             mlp_calls = _count_calls(monkeypatch, Mlp, 'forward_into')
+            run_calls = _count_calls(monkeypatch, PolarityAttention,
+                                     'forward_in_runs')
             parts = model(x)
         assert len(mlp_calls) > 2 * sum(arch['depths'])
+        if cls is PolaPVT:  # the stages more than 100 tokens wide
+            assert len(run_calls) >= 2
         for a, b in zip(parts, whole):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
@@ -239,12 +251,9 @@ def test_inference_paths_under_bf16_autocast(monkeypatch, cls, arch):
     model = cls(arch=arch).eval()
     x = torch.randn(1, 3, 250, 333)
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
-        monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 1 << 40)
-        monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 1 << 40)
+        _run_sizes(monkeypatch, small=False)
         whole = model(x)
-        monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 100)
-        monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 256)
-        monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
+        _run_sizes(monkeypatch, small=True)
         parts = model(x)
     for a, b in zip(parts, whole):
         assert a.dtype == b.dtype
