@@ -73,7 +73,8 @@ def _run_sizes(monkeypatch, small: bool) -> None:
     """Tiny groups and runs (every inference path taken at test sizes), or
     none at all (the one-shot computation)."""
     big = 1 << 40
-    monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 100 if small else big)
+    monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS',
+                        100 if small else big)
     monkeypatch.setattr(pola_pvt, 'RUN_TOKENS', 100 if small else big)
     monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS',
                         256 if small else big)
