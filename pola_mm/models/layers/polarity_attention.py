@@ -4,7 +4,7 @@ One module serves both backbones: Pola-Swin (fused ``qkvg`` projection,
 attention inside windows) and Pola-PVT (``qg`` + ``kv`` projections,
 attention over all tokens of a stage). Parameter names are the authors'.
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -292,7 +292,9 @@ class PolarityAttention(BaseModule):
         weight, bias = self._dwc_params(x.dtype)
         ph, pw = self.dwc.padding
         vchw = vmap.permute(0, 3, 1, 2)  # channels-last (B, C, H, W)
-        out = torch.empty_like(xmap)
+        # The results overwrite the v map once no later run's conv halo
+        # reads their rows (one full-size allocation fewer).
+        pending: List[Tuple[int, int, Tensor]] = []
         for r0, r1 in runs:
             q, g = self.qg(inputs(r0, r1)).unflatten(-1, (2, C)).unbind(-2)
             y = polarity_query_apply(heads(q), state, float(N), scale, power,
@@ -303,12 +305,16 @@ class PolarityAttention(BaseModule):
             conv = F.conv2d(band, weight, bias, padding=(0, pw), groups=C)
             y = torch.add(y.transpose(1, 2).reshape(B, r1 - r0, W, C),
                           conv.permute(0, 2, 3, 1))
+            y = self.output(y, g)
             if residual:
-                torch.add(xmap[:, r0:r1], self.output(y, g),
-                          out=out[:, r0:r1])
-            else:
-                out[:, r0:r1] = self.output(y, g)
-        return out.view(B, N, C)
+                y = y.add_(xmap[:, r0:r1])
+            pending.append((r0, r1, y))
+            while pending and pending[0][1] <= r1 - ph:
+                a, b, done = pending.pop(0)
+                vmap[:, a:b] = done
+        for a, b, done in pending:
+            vmap[:, a:b] = done
+        return vmap.view(B, N, C)
 
     # -- step 3 ------------------------------------------------------------
     def output(self, x: Tensor, g: Tensor) -> Tensor:
