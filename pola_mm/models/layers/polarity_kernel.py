@@ -24,6 +24,11 @@ Computes exactly the published formula (see
   small enough to stay in cache (about 2x faster than streaming every
   intermediate through memory), writing straight into the outputs.
 
+For inference over long sequences the key side and the query side are also
+available separately (:func:`polarity_key_state`, summed over runs of keys,
+then :func:`polarity_query_apply` on runs of queries), so that a caller can
+stream a stage without holding any full-size intermediate.
+
 Everything is whole-tensor torch operations without host synchronisation or
 data-dependent Python control flow; on GPUs and under ``torch.compile`` the
 whole input is one piece, which traces into a single graph.
