@@ -244,24 +244,6 @@ def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
     return r
 
 
-def _forward_slab(q: Tensor, k: Tensor, v: Tensor, prm: _Params,
-                  mask: Optional[Tensor], n: Union[float, Tensor],
-                  eps: float, step: int, x: Optional[Tensor],
-                  rz: Optional[Tensor]):
-    """Both flows on whole sequences, walking tokens by ``step``.
-
-    Writes into ``x`` and ``rz`` when given (the eager CPU path), else
-    returns new tensors (one piece: GPUs, ``torch.compile``).
-
-    Returns:
-        ``x`` ``(B, h, N, d)``, the mix matrix ``M`` ``(B, h, 2d, d + 2)``
-        and ``1 / z`` ``(B, h, N, 2)``.
-    """
-    S = _mix_matrix(_key_product(k, v, prm, mask, step), n)
-    x, rz = _query_slab(q, S, prm, eps, step, x, rz)
-    return x, S, rz
-
-
 def _query_slab(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
                 x: Optional[Tensor], rz: Optional[Tensor]):
     """Outputs of the queries ``q`` against the mix matrix ``S``, walking
@@ -285,19 +267,39 @@ def _query_slab(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
     return x, rz
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, prm: _Params,
-             mask: Optional[Tensor], n: Union[float, Tensor], eps: float):
-    """Both flows, piece by piece: ``x``, ``S`` and ``1 / z``."""
+def _key_state(k: Tensor, v: Tensor, prm: _Params,
+               mask: Optional[Tensor]) -> Tensor:
+    """:func:`_key_product` of all keys, piece by piece:
+    ``(B, h, 2d, d + 1)``."""
+    slabs, step = _plan(k)
+    if len(slabs) == 1:
+        return _key_product(k, v, prm, mask, step)
+    return torch.cat([
+        _key_product(k[b], v[b], prm, _sub(mask, b), step) for b in slabs])
+
+
+def _queries(q: Tensor, S: Tensor, prm: _Params,
+             eps: float) -> Tuple[Tensor, Tensor]:
+    """:func:`_query_slab` of all queries, piece by piece: ``x`` and
+    ``1 / z``; fresh tensors for one piece (GPUs, ``torch.compile``), else
+    written into token-major outputs."""
     slabs, step = _plan(q)
     if len(slabs) == 1 and step >= q.shape[-2]:
-        return _forward_slab(q, k, v, prm, mask, n, eps, step, None, None)
+        return _query_slab(q, S, prm, eps, step, None, None)
     B, h, N, d = q.shape
     x = _token_major(q)
     rz = q.new_empty(B, h, N, 2)
-    S = q.new_empty(B, h, 2 * d, d + 2)
     for b in slabs:
-        _, S[b], _ = _forward_slab(q[b], k[b], v[b], prm, _sub(mask, b),
-                                   _sub(n, b), eps, step, x[b], rz[b])
+        _query_slab(q[b], S[b], prm, eps, step, x[b], rz[b])
+    return x, rz
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, prm: _Params,
+             mask: Optional[Tensor], n: Union[float, Tensor], eps: float):
+    """Both flows: ``x``, the mix matrix ``S`` ``(B, h, 2d, d + 2)`` and
+    ``1 / z`` ``(B, h, N, 2)``."""
+    S = _mix_matrix(_key_state(k, v, prm, mask), n)
+    x, rz = _queries(q, S, prm, eps)
     return x, S, rz
 
 
@@ -498,12 +500,7 @@ def polarity_key_state(k: Tensor, v: Tensor, scale: Tensor, power: Tensor,
     Returns:
         ``(B, h, 2d, d + 1)``: ``[f+(k), f-(k)]^T [v, 1]``.
     """
-    prm = _Params(scale, power, alpha, k_bias)
-    slabs, step = _plan(k)
-    if len(slabs) == 1:
-        return _key_product(k, v, prm, None, step)
-    return torch.cat([
-        _key_product(k[b], v[b], prm, None, step) for b in slabs])
+    return _key_state(k, v, _Params(scale, power, alpha, k_bias), None)
 
 
 def polarity_query_apply(q: Tensor, state: Tensor, n: float, scale: Tensor,
@@ -516,16 +513,7 @@ def polarity_query_apply(q: Tensor, state: Tensor, n: float, scale: Tensor,
         ``(B, h, n_q, d)`` like :func:`polarity_attention_kernel`.
     """
     prm = _Params(scale, power, alpha, None)
-    S = _mix_matrix(state, n)
-    slabs, step = _plan(q)
-    if len(slabs) == 1 and step >= q.shape[-2]:
-        return _query_slab(q, S, prm, eps, step, None, None)[0]
-    B, h, N, d = q.shape
-    x = _token_major(q)
-    rz = q.new_empty(B, h, N, 2)
-    for b in slabs:
-        _query_slab(q[b], S[b], prm, eps, step, x[b], rz[b])
-    return x
+    return _queries(q, _mix_matrix(state, n), prm, eps)[0]
 
 
 def polarity_attention_kernel(q: Tensor,
