@@ -9,7 +9,7 @@ from torch import Tensor
 from ...registry import register_model
 from ..layers import (PatchEmbed, PolarityAttention,
                       SpatialReductionAttention, resize_pos_table)
-from ..layers.polarity_kernel import cpu_autocast_enabled, is_compiling
+from ..layers.polarity_kernel import cpu_autocast_enabled
 from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                     linspace, pair, resolve_arch)
 
@@ -71,11 +71,10 @@ class PolaPVTBlock(PreNormBlock):
     def _forward(self, x: Tensor, hw: Size2) -> Tensor:
         rows = max(1, RUN_TOKENS // hw[1])
         if (isinstance(self.attn, PolarityAttention) and rows < hw[0]
-                and not self.training and x.device.type == 'cpu'
+                and not self.training
                 and x.dtype in (torch.float32, torch.float64)
                 and not cpu_autocast_enabled()
-                and not is_compiling()
-                and not self._needs_grad(x, self.norm1, self.attn)):
+                and self._cpu_inference(x, self.norm1, self.attn)):
             # inference: the attention half in runs of rows, the residual
             # written by it, and the feed-forward half added in place
             x = self.attn.forward_in_runs(x, hw, rows, norm=self.norm1,

@@ -10,7 +10,6 @@ from torch import Tensor
 from ...registry import register_model
 from ..layers import (PatchEmbed, PatchMerging, PolarityAttention,
                       WindowMSA)
-from ..layers.polarity_kernel import is_compiling
 from ..layers.window import (Pad4, crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
                              merge_crop, pad_map, pad_partition,
@@ -117,8 +116,7 @@ class PolaSwinBlock(PreNormBlock):
         n_windows = ((hw[0] + pad[0] + pad[1]) // win[0] *
                      ((hw[1] + pad[2] + pad[3]) // win[1]))
         if (n_windows * per_window <= WINDOW_GROUP_TOKENS
-                or x.device.type != 'cpu'
-                or is_compiling() or self._needs_grad(x, self.attn)):
+                or not self._cpu_inference(x, self.attn)):
             return self._polarity_windows(xmap, hw, win, pad).view(B, L, C)
         # Inference on CPU: groups of windows, from the projections to the
         # output projection, so that every intermediate stays cache-sized

@@ -211,9 +211,8 @@ class PreNormBlock(BaseModule):
         C = x.shape[-1]
         step = max(FFN_CHUNK_ELEMENTS // self.mlp.fc1.out_features,
                    _FFN_MIN_TOKENS)
-        if (self.training or x.device.type != 'cpu' or is_compiling()
-                or x.numel() <= step * C
-                or self._needs_grad(x, self.norm2, self.mlp)):
+        if (self.training or x.numel() <= step * C
+                or not self._cpu_inference(x, self.norm2, self.mlp)):
             return x + self.drop_path(self.mlp(self.norm2(x)))
         # eval mode: drop_path and dropout are identities, every token is
         # independent
@@ -238,11 +237,14 @@ class PreNormBlock(BaseModule):
         return out.view(x.shape)
 
     @staticmethod
-    def _needs_grad(x: Tensor, *modules: nn.Module) -> bool:
-        """Whether autograd would record anything computed from ``x`` by
-        ``modules``."""
-        return torch.is_grad_enabled() and (x.requires_grad or any(
+    def _cpu_inference(x: Tensor, *modules: nn.Module) -> bool:
+        """Where the run-based inference paths apply: ``x`` on the CPU,
+        outside ``torch.compile``, and autograd recording nothing computed
+        from ``x`` by ``modules``."""
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(
             p.requires_grad for m in modules for p in m.parameters()))
+        return (x.device.type == 'cpu' and not is_compiling()
+                and not needs_grad)
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
