@@ -302,7 +302,7 @@ class PolarityAttention(BaseModule):
             lo, hi = max(r0 - ph, 0), min(r1 + ph, H)
             band = F.pad(vchw[:, :, lo:hi],
                          (0, 0, ph - (r0 - lo), ph - (hi - r1)))
-            conv = F.conv2d(band, weight, bias, padding=(0, pw), groups=C)
+            conv = depthwise_conv2d(band, weight, bias, (0, pw))
             y = torch.add(y.transpose(1, 2).reshape(B, r1 - r0, W, C),
                           conv.permute(0, 2, 3, 1))
             y = self.output(y, g)
