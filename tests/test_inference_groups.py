@@ -9,6 +9,7 @@ import torch
 import pola_mm.models.backbones.pola_pvt as pola_pvt
 import pola_mm.models.backbones.pola_swin as pola_swin
 import pola_mm.models.backbones.utils as backbone_utils
+import pola_mm.models.layers.embed as embed
 import pola_mm.models.layers.polarity_kernel as polarity_kernel
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.backbones.pola_pvt import PolaPVTBlock
@@ -75,9 +76,10 @@ def _run_sizes(monkeypatch, small: bool) -> None:
     big = 1 << 40
     monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS',
                         100 if small else big)
-    monkeypatch.setattr(pola_pvt, 'RUN_TOKENS', 100 if small else big)
+    monkeypatch.setattr(pola_pvt, 'RUN_ELEMENTS', 1600 if small else big)
     monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS',
                         256 if small else big)
+    monkeypatch.setattr(embed, 'NORM_RUN_ELEMENTS', 256 if small else big)
     monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
 
 
@@ -145,16 +147,21 @@ def test_training_and_gradients_keep_the_whole_map(monkeypatch):
                                       (PolaPVT, TINY_PVT)],
                          ids=['swin', 'pvt'])
 def test_backbone_inference_paths_match(monkeypatch, cls, arch):
-    """Whole backbones, several sizes: grouped windows and token runs give
-    the whole-map outputs."""
+    """Whole backbones, several sizes and batches: the inference paths
+    (grouped windows, token runs, in-place patch-embedding norms, the
+    channels-last hand-off between PVT stages) give the outputs of the
+    plain autograd computation, as NCHW-contiguous maps, and leave the input
+    untouched."""
     torch.manual_seed(0)
     model = cls(arch=arch).eval()
     _randomise_attention(model)
-    for size in [(224, 224), (250, 333), (97, 161)]:
-        x = torch.randn(1, 3, *size)
+    for batch, size in [(1, (224, 224)), (2, (250, 333)), (1, (97, 161))]:
+        x = torch.randn(batch, 3, *size)
+        x_saved = x.clone()
+        _run_sizes(monkeypatch, small=False)
+        with torch.enable_grad():  # a gradient wanted: no inference path
+            whole = [t.detach() for t in model(x.clone().requires_grad_())]
         with torch.no_grad():
-            _run_sizes(monkeypatch, small=False)
-            whole = model(x)
             _run_sizes(monkeypatch, small=True)
             mlp_calls = _count_calls(monkeypatch, Mlp, 'forward_into')
             run_calls = _count_calls(monkeypatch, PolarityAttention,
@@ -163,8 +170,35 @@ def test_backbone_inference_paths_match(monkeypatch, cls, arch):
         assert len(mlp_calls) > 2 * sum(arch['depths'])
         if cls is PolaPVT:  # the stages more than 100 tokens wide
             assert len(run_calls) >= 2
+        assert torch.equal(x, x_saved)
         for a, b in zip(parts, whole):
+            assert a.is_contiguous()
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('size', [(32, 48), (30, 45)])
+def test_patch_embed_norm_in_place_at_inference(monkeypatch, size):
+    """At CPU inference the patch embedding normalises its channels-last
+    conv output in place, in runs: same tokens as the autograd path, and
+    the caller's input is left as it was."""
+    monkeypatch.setattr(embed, 'NORM_RUN_ELEMENTS', 100)
+    torch.manual_seed(0)
+    pe = embed.PatchEmbed(3, 16, 4).eval()
+    with torch.no_grad():
+        pe.norm.weight.normal_()
+        pe.norm.bias.normal_()
+    x = torch.randn(2, 3, *size)
+    x_saved = x.clone()
+    norm_calls = _count_calls(monkeypatch, pe.norm, 'forward')
+    ref, ref_hw = pe(x.clone().requires_grad_())
+    assert len(norm_calls) == 1
+    with torch.no_grad():
+        out, hw = pe(x)
+    assert hw == ref_hw
+    assert len(norm_calls) > 2  # in runs
+    assert out.is_contiguous() and out.shape == ref.shape
+    assert torch.equal(x, x_saved)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize('act', ['GELU', 'ReLU'])
@@ -224,7 +258,7 @@ def test_key_state_and_query_apply_split_the_kernel(monkeypatch, chunk):
 
 
 def test_pvt_block_runs_only_at_inference(monkeypatch):
-    monkeypatch.setattr(pola_pvt, 'RUN_TOKENS', 20)
+    monkeypatch.setattr(pola_pvt, 'RUN_ELEMENTS', 20 * 16)
     torch.manual_seed(0)
     block = PolaPVTBlock(16, 2, (7, 7), mlp_ratio=2)
     hw = (9, 11)
@@ -236,7 +270,7 @@ def test_pvt_block_runs_only_at_inference(monkeypatch):
     with torch.no_grad():
         out = block(x, hw)
         assert len(calls) == 1
-        monkeypatch.setattr(pola_pvt, 'RUN_TOKENS', 1 << 30)
+        monkeypatch.setattr(pola_pvt, 'RUN_ELEMENTS', 1 << 30)
         ref = block(x, hw)
     assert len(calls) == 1
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -9,17 +9,18 @@ from torch import Tensor
 from ...registry import register_model
 from ..layers import (PatchEmbed, PolarityAttention,
                       SpatialReductionAttention, resize_pos_table)
-from ..layers.polarity_kernel import cpu_autocast_enabled
+from ..layers.polarity_kernel import cpu_autocast_enabled, cpu_inference
 from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                     linspace, pair, resolve_arch)
 
 Size2 = Tuple[int, int]
 
 #: At inference on CPU, polarity attention over a stage runs on runs of grid
-#: rows of about this many tokens (keys first, then queries; see
-#: :meth:`PolarityAttention.forward_in_runs`), so that its intermediates
-#: stay cache-sized instead of growing with the image.
-RUN_TOKENS = 1 << 14
+#: rows whose ``(tokens, C)`` maps hold about this many elements (keys
+#: first, then queries; see :meth:`PolarityAttention.forward_in_runs`), so
+#: that its intermediates stay the same small size at every stage and image
+#: size instead of growing with the image.
+RUN_ELEMENTS = 1 << 19
 
 
 class PolaPVTBlock(PreNormBlock):
@@ -69,7 +70,7 @@ class PolaPVTBlock(PreNormBlock):
         return self.attn(x, hw)
 
     def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        rows = max(1, RUN_TOKENS // hw[1])
+        rows = max(1, RUN_ELEMENTS // (hw[1] * x.shape[-1]))
         if (isinstance(self.attn, PolarityAttention) and rows < hw[0]
                 and not self.training
                 and x.dtype in (torch.float32, torch.float64)
@@ -232,14 +233,23 @@ class PolaPVT(PolaBackbone):
         B = x.shape[0]
         outs = []
         for i in range(self.num_built):
-            x, hw = getattr(self, f'patch_embed{i + 1}')(x)
+            embed = getattr(self, f'patch_embed{i + 1}')
+            x, hw = embed(x)
             pos = resize_pos_table(getattr(self, f'pos_embed{i + 1}'),
                                    self.ref_grids[i], hw)
-            x = getattr(self, f'pos_drop{i + 1}')(x + pos)
+            if cpu_inference(x, embed) and not (pos.requires_grad and
+                                                torch.is_grad_enabled()):
+                x = x.add_(pos)  # x is the embedding's own fresh output
+            else:
+                x = x + pos
+            x = getattr(self, f'pos_drop{i + 1}')(x)
             for block in getattr(self, f'block{i + 1}'):
                 x = block(x, hw)
-            x = x.transpose(1, 2).reshape(B, self.num_features[i], hw[0],
-                                          hw[1])
+            # channels-last (B, C, H, W) view of the tokens: the next patch
+            # embedding convolves it without a copy, and its output is
+            # token-major again; outputs are NCHW-contiguous as usual
+            x = x.view(B, hw[0], hw[1], self.num_features[i]).permute(
+                0, 3, 1, 2)
             if i in self.out_indices:
-                outs.append(x)
+                outs.append(x.contiguous())
         return tuple(outs)

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
-from ..layers.polarity_kernel import cpu_autocast_enabled, is_compiling
+from ..layers.polarity_kernel import cpu_autocast_enabled, cpu_inference
 
 Size2 = Tuple[int, int]
 
@@ -238,13 +238,8 @@ class PreNormBlock(BaseModule):
 
     @staticmethod
     def _cpu_inference(x: Tensor, *modules: nn.Module) -> bool:
-        """Where the run-based inference paths apply: ``x`` on the CPU,
-        outside ``torch.compile``, and autograd recording nothing computed
-        from ``x`` by ``modules``."""
-        needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(
-            p.requires_grad for m in modules for p in m.parameters()))
-        return (x.device.type == 'cpu' and not is_compiling()
-                and not needs_grad)
+        """See :func:`~..layers.polarity_kernel.cpu_inference`."""
+        return cpu_inference(x, *modules)
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""

@@ -8,7 +8,12 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
+from .polarity_kernel import cpu_inference
+
 Size2 = Tuple[int, int]
+
+#: Elements per run of the in-place norm at CPU inference (4 MiB float32).
+NORM_RUN_ELEMENTS = 1 << 20
 
 
 class PatchEmbed(BaseModule):
@@ -45,12 +50,25 @@ class PatchEmbed(BaseModule):
         pad_h, pad_w = (-H) % p, (-W) % p
         if pad_h or pad_w:
             x = F.pad(x, (0, pad_w, 0, pad_h))
+        if self.norm is not None and cpu_inference(x, self):
+            # channels-last input -> channels-last (token-major) output,
+            # normalised in place below
+            x = x.contiguous(memory_format=torch.channels_last)
         x = self.proj(x)
         hw = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)
-        if self.norm is not None:
-            x = self.norm(x)
-        return x, hw
+        if self.norm is None:
+            return x, hw
+        if x.is_contiguous() and cpu_inference(x, self.norm):
+            # A channels-last conv output is token-major already: normalise
+            # it in place, in runs, instead of allocating (and, at detection
+            # sizes, page-faulting) a second full-size map.
+            flat = x.view(-1, x.shape[-1])
+            step = max(1, NORM_RUN_ELEMENTS // flat.shape[1])
+            for i in range(0, flat.shape[0], step):
+                flat[i:i + step] = self.norm(flat[i:i + step])
+            return x, hw
+        return self.norm(x), hw
 
 
 class PatchMerging(BaseModule):

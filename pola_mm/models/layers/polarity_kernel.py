@@ -76,6 +76,15 @@ def cpu_autocast_enabled() -> bool:
         return bool(torch.is_autocast_cpu_enabled())
 
 
+def cpu_inference(x: Tensor, *modules: torch.nn.Module) -> bool:
+    """Where the run-based inference paths apply: ``x`` on the CPU, outside
+    ``torch.compile``, and autograd recording nothing computed from ``x`` by
+    ``modules``."""
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(
+        p.requires_grad for m in modules for p in m.parameters()))
+    return x.device.type == 'cpu' and not is_compiling() and not needs_grad
+
+
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
     """Pieces for ``x`` ``(B, h, N, d)``: slices of B, and a token step.
 
