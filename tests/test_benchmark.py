@@ -51,6 +51,7 @@ def test_isolated_worker_returns_fields(mode):
     assert r.extra_mem_mb >= 0
     assert r.threads == 1
     assert r.num_params == 4 * 3 * 9 + 4
+    assert r.cpu_ext is False
     json.dumps(r.to_dict())
 
 
@@ -134,6 +135,9 @@ def test_tiny_pola_backbones(cfg, mode):
                         timeout=300)
     assert r.error is None, r.error
     assert r.num_params > 0
+    assert r.cpu_ext is True  # float32 on CPU: the fused loops ran
+    assert 'Fused CPU loops (pola_mm/csrc): used by custom' in format_table(
+        [r])
 
 
 def test_cli_help():

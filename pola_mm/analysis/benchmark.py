@@ -151,6 +151,7 @@ class BenchmarkResult:
     threads: Optional[int] = None
     torch_version: Optional[str] = None
     num_params: Optional[int] = None
+    cpu_ext: Optional[bool] = None
     title: str = ''
     error: Optional[str] = None
 
@@ -354,13 +355,16 @@ def measure(model: ModelSpec,
         peak = torch.cuda.max_memory_allocated(dev) / 2**20
     else:
         peak = _peak_rss_mb()
+    ext_mod = sys.modules.get('pola_mm.models.layers.cpu_ext')
     return dict(
         times=times,
         peak_mem_mb=peak,
         base_mem_mb=base,
         threads=torch.get_num_threads(),
         torch_version=torch.__version__,
-        num_params=sum(p.numel() for p in net.parameters()))
+        num_params=sum(p.numel() for p in net.parameters()),
+        # whether the steps ran pola_mm's fused CPU loops
+        cpu_ext=bool(ext_mod and ext_mod.used()))
 
 
 _RESULT_MARK = '@@POLA_BENCHMARK_RESULT@@'
@@ -462,8 +466,8 @@ def benchmark_model(model: ModelSpec,
         result.error = out['error']
         return result
     for key in ('times', 'peak_mem_mb', 'base_mem_mb', 'threads',
-                'torch_version', 'num_params'):
-        setattr(result, key, out[key])
+                'torch_version', 'num_params', 'cpu_ext'):
+        setattr(result, key, out.get(key))
     result.time_median = statistics.median(result.times)
     result.time_min = min(result.times)
     return result
@@ -628,6 +632,11 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
         lines.append('')
         lines.append('Growth with input size:')
         lines.extend('- ' + g for g in growth)
+    fused = sorted({r.name for r in results if r.cpu_ext})
+    if any(r.device == 'cpu' and not r.error for r in results):
+        lines.append('')
+        lines.append('Fused CPU loops (pola_mm/csrc): ' + (
+            'used by ' + ', '.join(fused) if fused else 'not used'))
     return '\n'.join(lines)
 
 

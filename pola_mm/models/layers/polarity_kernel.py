@@ -33,11 +33,13 @@ Everything is whole-tensor torch operations without host synchronisation or
 data-dependent Python control flow; on GPUs and under ``torch.compile`` the
 whole input is one piece, which traces into a single graph.
 """
-from typing import List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .cpu_ext import cpu_ext
 
 __all__ = [
     'polarity_attention_kernel', 'PolarityAttentionFunction',
@@ -172,6 +174,26 @@ class _Params:
         self.p = 1 + alpha * torch.sigmoid(power)
         # (k + bias) / s = k * inv_s + bias * inv_s: one fused op per piece
         self.kb_s = None if k_bias is None else k_bias * self.inv_s
+        self.ext: Optional[Any] = None
+
+    def fused_for(self, x: Tensor) -> bool:
+        """Whether the pieces of ``x`` ``(B, h, N, d)`` take the fused CPU
+        loops (:mod:`.cpu_ext`): float32 on CPU, not compiling, built.
+        Prepares their ``(h, d)`` constants."""
+        if (x.device.type != 'cpu' or x.dtype != torch.float32
+                or x.stride(-1) != 1 or is_compiling()):
+            return False
+        if self.ext is None:
+            self.ext = cpu_ext()
+            if self.ext is None:
+                return False
+            h, d = x.shape[1], x.shape[3]
+            self.inv_hd = self.inv_s.expand(1, h, 1, d).reshape(h, d) \
+                .contiguous()
+            self.p_hd = self.p.expand(1, h, 1, d).reshape(h, d).contiguous()
+            if self.kb_s is not None and self.kb_s.stride(-1) != 1:
+                self.kb_s = self.kb_s.contiguous()
+        return True
 
 
 def _scaled_keys(k: Tensor, c: slice, prm: _Params) -> Tensor:
@@ -233,6 +255,52 @@ def _scratch(x: Tensor, step: int) -> Optional[Tensor]:
     return x.new_empty(B, h, step, 2 * d)
 
 
+_NONE = torch.empty(0)  # "no tensor" for the fused loops' optional inputs
+_ROWS = 64  # tokens per block of the fused loops' partial sums (kRows)
+
+
+def _fused_args(x: Tensor, c: slice, prm: _Params, mask: Optional[Tensor],
+                key: bool) -> Tuple[Tensor, Tensor]:
+    """Key bias and ``(b, n)`` mask of tokens ``c`` for the fused loops."""
+    kb = prm.kb_s[:, :, c] if key and prm.kb_s is not None else _NONE
+    m = _NONE
+    if mask is not None:
+        m = mask[:, :, c].reshape(x.shape[0], -1).contiguous()
+    return kb, m
+
+
+def _fused_features(x: Tensor, c: slice, prm: _Params,
+                    mask: Optional[Tensor], key: bool,
+                    buf: Optional[Tensor],
+                    with_sum: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    """:func:`_features` of tokens ``c`` of ``x`` (keys: with the key bias
+    and ``mask``) in one fused pass; with ``with_sum`` also their sum over
+    the tokens ``(B, h, 2d)``."""
+    B, h, _, d = x.shape
+    xc = x[:, :, c]
+    n = xc.shape[-2]
+    f = xc.new_empty(B, h, n, 2 * d) if buf is None else buf[:, :, :n]
+    kb, m = _fused_args(x, c, prm, mask, key)
+    fsum = xc.new_empty(B, h, -(-n // _ROWS), 2 * d) if with_sum else _NONE
+    prm.ext.features(xc, prm.inv_hd, prm.p_hd, kb, m, f, fsum)
+    return f, (fsum.sum(2) if with_sum else None)
+
+
+def _fused_power_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
+                       mask: Optional[Tensor], key: bool,
+                       dx_out: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """:func:`_power_grads` of tokens ``c`` of ``x`` in one fused pass
+    (features recomputed). Returns ``dL/dx`` and the sums of
+    ``[g, g log|xs|]`` over ``B`` and the tokens ``(1, h, 1, 2d)``."""
+    xc = x[:, :, c]
+    B, h, n, d = xc.shape
+    dx = _token_major(xc) if dx_out is None else dx_out
+    kb, m = _fused_args(x, c, prm, mask, key)
+    w = xc.new_empty(B, h, -(-n // _ROWS), 2 * d)
+    prm.ext.power_grads(df, xc, prm.inv_hd, prm.p_hd, kb, m, dx, w)
+    return dx, w.sum(dim=(0, 2)).unsqueeze(1).unsqueeze(0)
+
+
 def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
                  step: int) -> Tensor:
     """``[f+, f-]^T [v, 1]`` of the keys, summed over tokens:
@@ -240,14 +308,19 @@ def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
     N = k.shape[-2]
     r: Optional[Tensor] = None
     buf = _scratch(k, step)
+    fused = prm.fused_for(k)
     for c in _token_chunks(N, step):
-        xs = _scaled_keys(k, c, prm)
-        f, _, _ = _features(xs, prm.p,
-                            None if mask is None else mask[:, :, c], False,
-                            buf)
+        if fused:
+            f, fsum = _fused_features(k, c, prm, mask, True, buf, True)
+        else:
+            xs = _scaled_keys(k, c, prm)
+            f, _, _ = _features(xs, prm.p,
+                                None if mask is None else mask[:, :, c],
+                                False, buf)
+            fsum = f.sum(-2)
         # v needs no mask: the masked rows of the features are exactly 0
         rc = torch.cat([f.transpose(-2, -1) @ v[:, :, c],
-                        f.sum(-2).unsqueeze(-1)], dim=-1)
+                        fsum.unsqueeze(-1)], dim=-1)
         r = rc if r is None else r.add_(rc)
     assert r is not None
     return r
@@ -261,8 +334,13 @@ def _query_slab(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
     d = q.shape[-1]
     half = d // 2
     buf = _scratch(q, step)
+    fused = prm.fused_for(q)
     for c in _token_chunks(q.shape[-2], step):
-        f, _, _ = _features(q[:, :, c] * prm.inv_s, prm.p, None, False, buf)
+        if fused:
+            f, _ = _fused_features(q, c, prm, None, False, buf)
+        else:
+            f, _, _ = _features(q[:, :, c] * prm.inv_s, prm.p, None, False,
+                                buf)
         u = f @ S  # (B, h, n_c, d + 2): [numerators, z_sim, z_opp]
         num = u[..., :d].unflatten(-1, (2, half))
         if x is None or rz is None:
@@ -379,6 +457,7 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     S_flip = torch.cat([S[..., :d], -S[..., d:]], -1)
     S_t = S_flip.transpose(-2, -1)  # (B, h, d + 2, 2d)
     buf = _scratch(q, step)
+    fused = prm.fused_for(q)
     for c in chunks:
         rz_c = rz[:, :, c]
         dx_c = dx[:, :, c]
@@ -392,14 +471,21 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
             torch.mul(dxh, rz_c.unsqueeze(-1),
                       out=du[..., :d].unflatten(-1, (2, half)))
             torch.mul(dz, rz_c, out=du[..., d:])
-        xs = q[:, :, c] * prm.inv_s
-        f, xsafe, la = _features(xs, prm.p, None, True, buf)
-        dS = acc(dS, f.transpose(-2, -1) @ du)
-        dq_c, w_c = _power_grads(du @ S_t, f, xsafe, la, pinv,
-                                 None if dq is None else dq[:, :, c])
+        dq_out = None if dq is None else dq[:, :, c]
+        if fused:
+            f, _ = _fused_features(q, c, prm, None, False, buf)
+            dS = acc(dS, f.transpose(-2, -1) @ du)
+            dq_c, w_c = _fused_power_grads(du @ S_t, q, c, prm, None, False,
+                                           dq_out)
+        else:
+            xs = q[:, :, c] * prm.inv_s
+            f, xsafe, la = _features(xs, prm.p, None, True, buf)
+            dS = acc(dS, f.transpose(-2, -1) @ du)
+            dq_c, w_c = _power_grads(du @ S_t, f, xsafe, la, pinv, dq_out)
+            w_c = w_c.sum(dim=(0, 2), keepdim=True)
         if dq is None:
             dq = dq_c
-        w = acc(w, w_c.sum(dim=(0, 2), keepdim=True))
+        w = acc(w, w_c)
     assert dS is not None
     dS = torch.cat([dS[..., :d], -dS[..., d:]], -1)
 
@@ -409,9 +495,12 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     dR_vt = dR_v.transpose(-2, -1)  # (B, h, d, 2d)
     dR_1 = dR[..., d:].transpose(-2, -1)  # (B, h, 1, 2d)
     for c in chunks:
-        mc = None if mask is None else mask[:, :, c]
-        xs = _scaled_keys(k, c, prm)
-        f, xsafe, la = _features(xs, prm.p, mc, True, buf)
+        if fused:
+            f, _ = _fused_features(k, c, prm, mask, True, buf)
+        else:
+            mc = None if mask is None else mask[:, :, c]
+            xs = _scaled_keys(k, c, prm)
+            f, xsafe, la = _features(xs, prm.p, mc, True, buf)
         if need_v:
             if dv is None:
                 dv = f @ dR_v
@@ -419,11 +508,15 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
                 dv[:, :, c] = f @ dR_v
         # at masked keys the features are 0, so the gradients there vanish
         df = (v[:, :, c] @ dR_vt).add_(dR_1)
-        dk_c, w_c = _power_grads(df, f, xsafe, la, pinv,
-                                 None if out is None else dk[:, :, c])
+        dk_out = None if out is None else dk[:, :, c]
+        if fused:
+            dk_c, w_c = _fused_power_grads(df, k, c, prm, mask, True, dk_out)
+        else:
+            dk_c, w_c = _power_grads(df, f, xsafe, la, pinv, dk_out)
+            w_c = w_c.sum(dim=(0, 2), keepdim=True)
         if out is None:
             dk = dk_c
-        w = acc(w, w_c.sum(dim=(0, 2), keepdim=True))
+        w = acc(w, w_c)
     return dq, dk, dv, w
 
 

@@ -1,0 +1,261 @@
+// Fused CPU loops of the polarity attention kernel (float32).
+//
+// Built on first use by pola_mm/models/layers/cpu_ext.py with
+// torch.utils.cpp_extension.load; the Python kernel
+// (polarity_kernel.py) falls back to plain torch operations when the
+// build is unavailable. Each function is one pass over a piece of tokens
+// that the torch version does in six to ten elementwise operations:
+//
+//   features:    f = [relu(t), relu(-t)], t = sign(xs) |xs|^p,
+//                xs = x * inv + kbs, optionally masked; optional sums of f
+//                over the tokens.
+//   power_grads: the chain rule through the features (see _power_grads in
+//                polarity_kernel.py): dx, and per-block sums of
+//                [g, g log|xs|] for the parameter gradients.
+//
+// |xs|^p is exp2(p log2|xs|) with the polynomial log2/exp2 below, written
+// so that GCC vectorises the loops over channels without -ffast-math
+// (accuracy: a few float32 ulps, the same as torch's exp(p * log|xs|)).
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr float kTiny = 1.17549435e-38f;  // smallest normal float
+constexpr int64_t kRows = 64;             // tokens per parallel block
+
+inline float bits_to_float(int32_t i) { return __builtin_bit_cast(float, i); }
+inline int32_t float_to_bits(float f) {
+  return __builtin_bit_cast(int32_t, f);
+}
+
+// log2 of a positive normal float.
+inline float log2_pos(float x) {
+  const int32_t i = float_to_bits(x);
+  int32_t e = ((i >> 23) & 0xff) - 127;
+  float m = bits_to_float((i & 0x007fffff) | 0x3f800000);  // [1, 2)
+  const bool big = m > 1.41421356f;                        // -> [0.71, 1.41)
+  m = big ? m * 0.5f : m;
+  e = big ? e + 1 : e;
+  // ln(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172
+  const float s = (m - 1.f) / (m + 1.f);
+  const float s2 = s * s;
+  const float ln_m =
+      2.f * s *
+      (1.f + s2 * (0.33333334f +
+                   s2 * (0.2f + s2 * (0.14285715f + s2 * 0.11111111f))));
+  return ln_m * 1.44269504f + static_cast<float>(e);
+}
+
+// 2^x; 0 below the normal range (like torch's exp underflowing).
+inline float exp2_(float x) {
+  const bool under = x < -126.f;
+  x = x < -126.f ? -126.f : x;
+  x = x > 127.f ? 127.f : x;
+  const float n = (x + 12582912.f) - 12582912.f;  // round to nearest
+  const float y = (x - n) * 0.69314718f;          // |y| <= 0.35
+  const float poly =
+      1.f +
+      y * (1.f +
+           y * (0.5f +
+                y * (0.16666667f +
+                     y * (0.041666668f +
+                          y * (0.008333334f +
+                               y * (0.0013888889f + y * 0.0001984127f))))));
+  const float r = poly * bits_to_float((static_cast<int32_t>(n) + 127) << 23);
+  return under ? 0.f : r;
+}
+
+struct Seq {  // strides of a (B, h, n, c) tensor with unit channel stride
+  float* ptr;
+  int64_t sb, sh, sn;
+  explicit Seq(const torch::Tensor& t)
+      : ptr(t.data_ptr<float>()),
+        sb(t.stride(0)),
+        sh(t.stride(1)),
+        sn(t.stride(2)) {}
+  float* row(int64_t b, int64_t h, int64_t i) const {
+    return ptr + b * sb + h * sh + i * sn;
+  }
+};
+
+void check(const torch::Tensor& t, int64_t dim, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32,
+              name, ": expected a float32 CPU tensor");
+  TORCH_CHECK(t.dim() == dim, name, ": expected ", dim, " dims, got ",
+              t.dim());
+  TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name,
+              ": channels must be contiguous");
+}
+
+// xs = x * inv (+ kb) of one row, into xs.
+inline void scaled_row(const float* __restrict x, const float* __restrict kb,
+                       const float* __restrict inv, int64_t d,
+                       float* __restrict xs) {
+  if (kb) {
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) xs[c] = x[c] * inv[c] + kb[c];
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) xs[c] = x[c] * inv[c];
+  }
+}
+
+// One row of features: t = sign(xs)|xs|^p (masked), split by sign.
+inline void feature_row(const float* __restrict xsr,
+                        const float* __restrict p, float m, int64_t d,
+                        float* __restrict fpos, float* __restrict fneg) {
+#pragma omp simd
+  for (int64_t c = 0; c < d; ++c) {
+    const float xs = xsr[c];
+    float a = __builtin_fabsf(xs);
+    a = a < kTiny ? kTiny : a;
+    const float t = exp2_(p[c] * log2_pos(a)) * m;
+    const bool pos = xs > 0.f;
+    fpos[c] = pos ? t : 0.f;
+    fneg[c] = pos ? 0.f : t;
+  }
+}
+
+// One row of power_grads: dx and the sums of [g, g log|xs|] into acc.
+inline void grad_row(const float* __restrict xsr, const float* __restrict df,
+                     const float* __restrict p, const float* __restrict pinv,
+                     float m, int64_t d, float* __restrict dx,
+                     float* __restrict acc) {
+  constexpr float kLn2 = 0.69314718f;
+#pragma omp simd
+  for (int64_t c = 0; c < d; ++c) {
+    const float xs = xsr[c];
+    float a = __builtin_fabsf(xs);
+    a = a < kTiny ? kTiny : a;
+    const float l2 = log2_pos(a);
+    const float t = exp2_(p[c] * l2) * m;
+    const float g = (xs > 0.f ? df[c] : df[c + d]) * t;
+    acc[c] += g;
+    acc[c + d] += g * (l2 * kLn2);
+    dx[c] = g * pinv[c] / __builtin_copysignf(a, xs);
+  }
+}
+
+}  // namespace
+
+// x (B, h, n, d); inv, p (h, d); kbs (1, h, n, d) or empty; mask (B, n) or
+// empty; f (B, h, n, 2d) output; fsum (B, h, nblk, 2d) output of per-block
+// sums over tokens (blocks of kRows tokens) or empty.
+void features(const torch::Tensor& x, const torch::Tensor& inv,
+              const torch::Tensor& p, const torch::Tensor& kbs,
+              const torch::Tensor& mask, torch::Tensor& f,
+              torch::Tensor& fsum) {
+  check(x, 4, "x");
+  check(f, 4, "f");
+  const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3);
+  TORCH_CHECK(inv.is_contiguous() && p.is_contiguous() &&
+                  inv.numel() == H * d && p.numel() == H * d,
+              "inv, p: expected contiguous (h, d)");
+  TORCH_CHECK(f.size(0) == B && f.size(1) == H && f.size(2) == n &&
+                  f.size(3) == 2 * d,
+              "f: expected (B, h, n, 2d)");
+  const bool has_kb = kbs.defined() && kbs.numel() > 0;
+  const bool has_mask = mask.defined() && mask.numel() > 0;
+  const bool has_sum = fsum.defined() && fsum.numel() > 0;
+  const int64_t nblk = (n + kRows - 1) / kRows;
+  if (has_kb) check(kbs, 4, "kbs");
+  if (has_mask)
+    TORCH_CHECK(mask.is_contiguous() && mask.numel() == B * n,
+                "mask: expected contiguous (B, n)");
+  if (has_sum)
+    TORCH_CHECK(fsum.is_contiguous() && fsum.numel() == B * H * nblk * 2 * d,
+                "fsum: expected contiguous (B, h, nblk, 2d)");
+  const Seq xs(x), fs(f);
+  const Seq ks = has_kb ? Seq(kbs) : xs;
+  const float* invp = inv.data_ptr<float>();
+  const float* pp = p.data_ptr<float>();
+  const float* mp = has_mask ? mask.data_ptr<float>() : nullptr;
+  float* sp = has_sum ? fsum.data_ptr<float>() : nullptr;
+  at::parallel_for(0, B * H * nblk, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t job = lo; job < hi; ++job) {
+      const int64_t blk = job % nblk, bh = job / nblk;
+      const int64_t b = bh / H, h = bh % H;
+      const float* iv = invp + h * d;
+      const float* pw = pp + h * d;
+      float* acc = sp ? sp + (bh * nblk + blk) * 2 * d : nullptr;
+      if (acc)
+        for (int64_t c = 0; c < 2 * d; ++c) acc[c] = 0.f;
+      const int64_t i1 = std::min(n, (blk + 1) * kRows);
+      std::vector<float> xsbuf(d);
+      for (int64_t i = blk * kRows; i < i1; ++i) {
+        float* fr = fs.row(b, h, i);
+        scaled_row(xs.row(b, h, i), has_kb ? ks.row(0, h, i) : nullptr, iv,
+                   d, xsbuf.data());
+        feature_row(xsbuf.data(), pw, mp ? mp[b * n + i] : 1.f, d, fr,
+                    fr + d);
+        if (acc) {
+#pragma omp simd
+          for (int64_t c = 0; c < 2 * d; ++c) acc[c] += fr[c];
+        }
+      }
+    }
+  });
+}
+
+// Gradients through the features of x (arguments as in features()):
+// df (B, h, n, 2d) = dL/d[f+, f-]; writes dx (B, h, n, d) = dL/dx and
+// w (B, h, nblk, 2d) = per-block sums of [g, g log|xs|] with
+// g = df+ f+ + df- f-; dL/dxs = p g / xs, dx = inv * dL/dxs.
+void power_grads(const torch::Tensor& df, const torch::Tensor& x,
+                 const torch::Tensor& inv, const torch::Tensor& p,
+                 const torch::Tensor& kbs, const torch::Tensor& mask,
+                 torch::Tensor& dx, torch::Tensor& w) {
+  check(df, 4, "df");
+  check(x, 4, "x");
+  check(dx, 4, "dx");
+  const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3);
+  const int64_t nblk = (n + kRows - 1) / kRows;
+  TORCH_CHECK(df.size(2) == n && df.size(3) == 2 * d && dx.size(2) == n &&
+                  dx.size(3) == d,
+              "df, dx: shapes do not match x");
+  TORCH_CHECK(inv.is_contiguous() && p.is_contiguous() &&
+                  inv.numel() == H * d && p.numel() == H * d,
+              "inv, p: expected contiguous (h, d)");
+  TORCH_CHECK(w.is_contiguous() && w.numel() == B * H * nblk * 2 * d,
+              "w: expected contiguous (B, h, nblk, 2d)");
+  const bool has_kb = kbs.defined() && kbs.numel() > 0;
+  const bool has_mask = mask.defined() && mask.numel() > 0;
+  if (has_kb) check(kbs, 4, "kbs");
+  if (has_mask)
+    TORCH_CHECK(mask.is_contiguous() && mask.numel() == B * n,
+                "mask: expected contiguous (B, n)");
+  const Seq xs_(x), dfs(df), dxs(dx);
+  const Seq ks = has_kb ? Seq(kbs) : xs_;
+  const float* invp = inv.data_ptr<float>();
+  const float* pp = p.data_ptr<float>();
+  const float* mp = has_mask ? mask.data_ptr<float>() : nullptr;
+  float* wp = w.data_ptr<float>();
+  at::parallel_for(0, B * H * nblk, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t job = lo; job < hi; ++job) {
+      const int64_t blk = job % nblk, bh = job / nblk;
+      const int64_t b = bh / H, h = bh % H;
+      const float* iv = invp + h * d;
+      const float* pw = pp + h * d;
+      float* acc = wp + (bh * nblk + blk) * 2 * d;
+      for (int64_t c = 0; c < 2 * d; ++c) acc[c] = 0.f;
+      const int64_t i1 = std::min(n, (blk + 1) * kRows);
+      std::vector<float> xsbuf(d), pinv(d);
+      for (int64_t c = 0; c < d; ++c) pinv[c] = pw[c] * iv[c];
+      for (int64_t i = blk * kRows; i < i1; ++i) {
+        scaled_row(xs_.row(b, h, i), has_kb ? ks.row(0, h, i) : nullptr, iv,
+                   d, xsbuf.data());
+        grad_row(xsbuf.data(), dfs.row(b, h, i), pw, pinv.data(),
+                 mp ? mp[b * n + i] : 1.f, d, dxs.row(b, h, i), acc);
+      }
+    }
+  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("features", &features, "polarity features (see polarity_cpu.cpp)");
+  m.def("power_grads", &power_grads,
+        "gradients through the polarity features (see polarity_cpu.cpp)");
+}

@@ -1,0 +1,176 @@
+"""The fused CPU loops (pola_mm/csrc/polarity_cpu.cpp) against the
+pure-torch kernel: same outputs and gradients, the switch, the fallback."""
+import logging
+
+import pytest
+import torch
+
+import pola_mm.models.layers.cpu_ext as cpu_ext_mod
+import pola_mm.models.layers.polarity_kernel as pk
+from pola_mm.models.layers.cpu_ext import CPU_EXT_ENV, cpu_ext
+from pola_mm.models.layers.polarity_kernel import (polarity_attention_kernel,
+                                                   polarity_key_state,
+                                                   polarity_query_apply)
+
+
+def _close(a, b, name=''):
+    """float32 agreement up to rounding: relative, plus an absolute slack
+    of the same size relative to the largest entry (sums of many terms)."""
+    torch.testing.assert_close(a, b, rtol=2e-5,
+                               atol=2e-5 * (b.abs().max().item() + 1e-6),
+                               msg=name or None)
+
+
+def test_extension_builds_here():
+    """The test environment has a compiler and ninja (setup_env.sh), so the
+    fused loops must build and load; otherwise the tests below would only
+    compare the torch path with itself."""
+    mod = cpu_ext()
+    assert mod is not None
+    assert callable(mod.features) and callable(mod.power_grads)
+
+
+def _inputs(B, h, N, d, masked, seed=1, token_major=True):
+    g = torch.Generator().manual_seed(seed)
+
+    def t(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g) * s)
+
+    if token_major:  # (B, N, h, d) memory, like the model's projections
+        q, k, v = (t(B, N, h, d).transpose(1, 2) for _ in range(3))
+    else:
+        q, k, v = (t(B, h, N, d) for _ in range(3))
+    scale = t(1, h, 1, d, s=0.3)
+    power = t(1, h, 1, d)
+    k_bias = t(1, h, N, d, s=0.2)
+    valid = (torch.rand(B, N, generator=g) > 0.3) if masked else None
+    if valid is not None:
+        valid[:, 0] = True
+    return q, k, v, scale, power, k_bias, valid
+
+
+def _run(args, fused, monkeypatch, grad=True):
+    monkeypatch.setenv(CPU_EXT_ENV, '1' if fused else '0')
+    q, k, v, scale, power, k_bias, valid = (
+        None if a is None else a.clone().requires_grad_(grad and
+                                                        a.is_floating_point())
+        for a in args)
+    calls = []
+    ext = cpu_ext()
+    if fused:
+        assert ext is not None
+
+        class Counting:
+            def __getattr__(self, name):
+                calls.append(name)
+                return getattr(ext, name)
+
+        monkeypatch.setattr(pk, 'cpu_ext', lambda: Counting())
+    else:
+        monkeypatch.setattr(pk, 'cpu_ext', cpu_ext)
+    x = polarity_attention_kernel(q, k, v, scale, power, 4.0, valid=valid,
+                                  k_bias=k_bias)
+    if not grad:
+        return [x], calls
+    x.backward(torch.randn(x.shape, generator=torch.Generator()
+                           .manual_seed(7)))
+    return [x.detach()] + [None if a is None else a.grad
+                           for a in (q, k, v, scale, power, k_bias)], calls
+
+
+@pytest.mark.parametrize('shape', [(2, 3, 200, 32), (3, 1, 77, 16),
+                                   (1, 2, 9, 64)])
+@pytest.mark.parametrize('masked', [False, True])
+@pytest.mark.parametrize('chunk', [1 << 18, 1000])
+def test_fused_loops_match_the_torch_kernel(monkeypatch, shape, masked,
+                                            chunk):
+    """Outputs and every gradient (q, k, v, scale, power, key bias), in one
+    piece and in many pieces (``chunk``), with and without a key mask."""
+    monkeypatch.setattr(pk, 'CPU_CHUNK_ELEMENTS', chunk)
+    args = _inputs(*shape, masked)
+    fused, calls = _run(args, True, monkeypatch)
+    plain, no_calls = _run(args, False, monkeypatch)
+    assert 'features' in calls and 'power_grads' in calls
+    assert not no_calls
+    names = ['out', 'dq', 'dk', 'dv', 'dscale', 'dpower', 'dbias']
+    for name, a, b in zip(names, fused, plain):
+        _close(a, b, name)
+
+
+def test_fused_loops_with_contiguous_inputs_and_without_bias(monkeypatch):
+    q, k, v, scale, power, _, _ = _inputs(2, 2, 50, 8, False,
+                                          token_major=False)
+    args = (q, k, v, scale, power, None, None)
+    fused, _ = _run(args, True, monkeypatch)
+    plain, _ = _run(args, False, monkeypatch)
+    for a, b in zip(fused[:6], plain[:6]):
+        _close(a, b)
+
+
+def test_fused_features_at_zero_tiny_and_large_inputs(monkeypatch):
+    """|x| = 0, subnormal, tiny and large inputs: finite and equal to the
+    torch path (0 features at 0, no NaN in any gradient)."""
+    q, k, v, scale, power, k_bias, _ = _inputs(1, 1, 64, 16, False)
+    special = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1e-30, -1e-20, 30.0,
+                            -30.0, 1e-3, -1e-3, 5.0, -5.0, 0.5, -0.5, 2.0,
+                            -2.0])
+    q[0, 0, :16] = special
+    k[0, 0, :16] = special
+    k_bias = torch.zeros_like(k_bias)
+    args = (q, k, v, scale, power, k_bias, None)
+    fused, _ = _run(args, True, monkeypatch)
+    plain, _ = _run(args, False, monkeypatch)
+    for a, b in zip(fused, plain):
+        assert torch.isfinite(a).all()
+        _close(a, b)
+
+
+def test_streamed_inference_uses_the_fused_loops(monkeypatch):
+    """polarity_key_state / polarity_query_apply (PVT's runs) give the same
+    results with the fused loops as without."""
+    q, k, v, scale, power, k_bias, _ = _inputs(1, 2, 300, 32, False)
+    outs = []
+    for fused in (True, False):
+        monkeypatch.setenv(CPU_EXT_ENV, '1' if fused else '0')
+        with torch.no_grad():
+            state = polarity_key_state(k, v, scale, power, 4.0, k_bias)
+            outs.append(polarity_query_apply(q, state, 300.0, scale, power,
+                                             4.0))
+    _close(outs[0], outs[1])
+
+
+def test_float64_and_the_switch_keep_the_torch_path(monkeypatch):
+    """float64 (gradcheck) never takes the float32 loops, and
+    POLA_MM_CPU_EXT=0 turns them off."""
+    args = _inputs(1, 1, 20, 8, False)
+    double = tuple(None if a is None else a.double() for a in args)
+    _, calls = _run(double, True, monkeypatch)
+    assert calls == []
+    monkeypatch.setenv(CPU_EXT_ENV, '0')
+    assert cpu_ext() is None
+
+
+def test_failed_build_falls_back_with_one_message(monkeypatch):
+    """A machine that cannot build gets the torch kernel (same results)
+    and one warning that names the fix."""
+    monkeypatch.setattr(cpu_ext_mod, '_state', {})
+    monkeypatch.setenv(CPU_EXT_ENV, '1')
+
+    def no_compiler():
+        raise RuntimeError('no C++ compiler found')
+
+    logged = []
+    monkeypatch.setattr(cpu_ext_mod, '_build', no_compiler)
+    monkeypatch.setattr(cpu_ext_mod, 'print_log',
+                        lambda msg, logger=None, level=logging.INFO:
+                        logged.append((level, msg)))
+    assert cpu_ext() is None
+    assert cpu_ext() is None
+    warnings = [m for lv, m in logged if lv >= logging.WARNING]
+    assert len(warnings) == 1
+    assert 'no C++ compiler found' in warnings[0]
+    assert 'ninja' in warnings[0] and CPU_EXT_ENV in warnings[0]
+    q, k, v, scale, power, k_bias, _ = _inputs(1, 1, 30, 8, False)
+    out = polarity_attention_kernel(q, k, v, scale, power, 4.0,
+                                    k_bias=k_bias)
+    assert torch.isfinite(out).all()
