@@ -174,3 +174,43 @@ def test_failed_build_falls_back_with_one_message(monkeypatch):
     out = polarity_attention_kernel(q, k, v, scale, power, 4.0,
                                     k_bias=k_bias)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize('shape,k,channels_last', [
+    ((2, 8, 7, 9), 5, True), ((1, 16, 12, 5), 3, True),
+    ((2, 4, 6, 6), 5, False)])
+def test_depthwise_conv_gradients(monkeypatch, shape, k, channels_last):
+    """The depth-wise conv's gradients with the fused weight-gradient pass
+    (channels-last float32) equal float64 autograd; other layouts keep
+    PyTorch's backward."""
+    from pola_mm.models.layers import polarity_attention as pa
+    monkeypatch.setenv(CPU_EXT_ENV, '1')
+    ext = cpu_ext()
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(ext, name)
+
+    monkeypatch.setattr(pa, 'cpu_ext', lambda: Counting())
+    g = torch.Generator().manual_seed(0)
+    B, C, H, W = shape
+    x = torch.randn(B, H, W, C, generator=g).permute(0, 3, 1, 2)
+    if not channels_last:
+        x = x.contiguous()
+    weight = torch.randn(C, 1, k, k, generator=g)
+    bias = torch.randn(C, generator=g)
+    gy = torch.randn(B, C, H, W, generator=g)
+    if channels_last:
+        gy = gy.contiguous(memory_format=torch.channels_last)
+    grads = []
+    for dt in (torch.float32, torch.float64):
+        xs, ws, bs = (t.detach().to(dt).requires_grad_()
+                      for t in (x.clone(), weight.clone(), bias.clone()))
+        y = pa.depthwise_conv2d(xs, ws, bs, (k // 2, k // 2))
+        y.backward(gy.to(dt))
+        grads.append([t.grad for t in (xs, ws, bs)])
+    assert calls == (['dwconv_weight_grad'] if channels_last else [])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b.float(), rtol=1e-5, atol=1e-4)

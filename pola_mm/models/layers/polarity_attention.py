@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch import Tensor
 
+from .cpu_ext import cpu_ext
 from .polarity_kernel import (is_compiling, polarity_attention_kernel,
                               polarity_key_state, polarity_query_apply)
 
@@ -361,7 +362,25 @@ class _DepthwiseConv2d(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dx = dw = db = None
-        if need_x or need_w:
+        C, _, kh, kw = weight.shape
+        ph, pw = ctx.padding
+        ext = None
+        if (x.dtype == torch.float32 and grad.dtype == torch.float32
+                and x.stride(1) == 1 and grad.stride(1) == 1
+                and ph < kh and pw < kw and grad.shape == x.shape):
+            ext = cpu_ext()
+        if ext is not None:
+            # channels-last float32: the input gradient is the conv of the
+            # gradient with the flipped kernel, the weight gradient one
+            # fused pass (see dwconv_weight_grad in polarity_cpu.cpp)
+            if need_x:
+                dx = F.conv2d(grad, weight.flip(-2, -1),
+                              padding=(kh - 1 - ph, kw - 1 - pw), groups=C)
+            if need_w:
+                dw = weight.new_empty(C, kh, kw)
+                ext.dwconv_weight_grad(x, grad, kh, kw, ph, pw, dw)
+                dw = dw.view(C, 1, kh, kw)
+        elif need_x or need_w:
             dx, dw, _ = torch.ops.aten.convolution_backward(
                 grad, x, weight, None, [1, 1], list(ctx.padding), [1, 1],
                 False, [0, 0], x.shape[1], [need_x, need_w, False])
