@@ -142,62 +142,100 @@ inline void grad_row(const float* __restrict xsr, const float* __restrict df,
   }
 }
 
+// The inputs of a feature computation: x (B, h, n, d); inv, p (h, d);
+// kbs (1, h, n, d) or empty; mask (B, n) or empty.
+struct FeatureInputs {
+  Seq x, kb;
+  bool has_kb;
+  const float* inv;
+  const float* p;
+  const float* mask;
+  int64_t B, H, n, d, nblk;
+
+  FeatureInputs(const torch::Tensor& x_, const torch::Tensor& inv_,
+                const torch::Tensor& p_, const torch::Tensor& kbs,
+                const torch::Tensor& mask_)
+      : x((check(x_, 4, "x"), x_)),
+        kb(kbs.defined() && kbs.numel() > 0 ? (check(kbs, 4, "kbs"), kbs)
+                                             : x_),
+        has_kb(kbs.defined() && kbs.numel() > 0),
+        inv(inv_.data_ptr<float>()),
+        p(p_.data_ptr<float>()),
+        mask(mask_.defined() && mask_.numel() > 0 ? mask_.data_ptr<float>()
+                                                   : nullptr),
+        B(x_.size(0)),
+        H(x_.size(1)),
+        n(x_.size(2)),
+        d(x_.size(3)),
+        nblk((x_.size(2) + kRows - 1) / kRows) {
+    TORCH_CHECK(inv_.is_contiguous() && p_.is_contiguous() &&
+                    inv_.numel() == H * d && p_.numel() == H * d,
+                "inv, p: expected contiguous (h, d)");
+    TORCH_CHECK(!mask || (mask_.is_contiguous() && mask_.numel() == B * n),
+                "mask: expected contiguous (B, n)");
+  }
+
+  void check_sums(const torch::Tensor& t, const char* name) const {
+    TORCH_CHECK(t.is_contiguous() && t.numel() == B * H * nblk * 2 * d, name,
+                ": expected contiguous (B, h, nblk, 2d)");
+  }
+
+  // Calls fn(b, h, slot, i0, i1, scaled) for every block of kRows tokens
+  // [i0, i1) of every sequence, in parallel; slot = (b * H + h) * nblk +
+  // blk indexes per-block outputs; scaled(i) returns xs of token i.
+  template <class F>
+  void for_each_block(F&& fn) const {
+    at::parallel_for(0, B * H * nblk, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<float> buf(d);
+      for (int64_t slot = lo; slot < hi; ++slot) {
+        const int64_t blk = slot % nblk, bh = slot / nblk;
+        const int64_t b = bh / H, h = bh % H;
+        auto scaled = [&](int64_t i) -> const float* {
+          scaled_row(x.row(b, h, i), has_kb ? kb.row(0, h, i) : nullptr,
+                     inv + h * d, d, buf.data());
+          return buf.data();
+        };
+        fn(b, h, slot, blk * kRows, std::min(n, (blk + 1) * kRows), scaled);
+      }
+    });
+  }
+
+  float mask_of(int64_t b, int64_t i) const {
+    return mask ? mask[b * n + i] : 1.f;
+  }
+};
+
 }  // namespace
 
-// x (B, h, n, d); inv, p (h, d); kbs (1, h, n, d) or empty; mask (B, n) or
-// empty; f (B, h, n, 2d) output; fsum (B, h, nblk, 2d) output of per-block
-// sums over tokens (blocks of kRows tokens) or empty.
+// Features of x (see FeatureInputs): f (B, h, n, 2d) output; fsum
+// (B, h, nblk, 2d) output of per-block sums over tokens (blocks of kRows
+// tokens) or empty.
 void features(const torch::Tensor& x, const torch::Tensor& inv,
               const torch::Tensor& p, const torch::Tensor& kbs,
               const torch::Tensor& mask, torch::Tensor& f,
               torch::Tensor& fsum) {
-  check(x, 4, "x");
+  const FeatureInputs in(x, inv, p, kbs, mask);
+  const int64_t d = in.d;
   check(f, 4, "f");
-  const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3);
-  TORCH_CHECK(inv.is_contiguous() && p.is_contiguous() &&
-                  inv.numel() == H * d && p.numel() == H * d,
-              "inv, p: expected contiguous (h, d)");
-  TORCH_CHECK(f.size(0) == B && f.size(1) == H && f.size(2) == n &&
+  TORCH_CHECK(f.size(0) == in.B && f.size(1) == in.H && f.size(2) == in.n &&
                   f.size(3) == 2 * d,
               "f: expected (B, h, n, 2d)");
-  const bool has_kb = kbs.defined() && kbs.numel() > 0;
-  const bool has_mask = mask.defined() && mask.numel() > 0;
   const bool has_sum = fsum.defined() && fsum.numel() > 0;
-  const int64_t nblk = (n + kRows - 1) / kRows;
-  if (has_kb) check(kbs, 4, "kbs");
-  if (has_mask)
-    TORCH_CHECK(mask.is_contiguous() && mask.numel() == B * n,
-                "mask: expected contiguous (B, n)");
-  if (has_sum)
-    TORCH_CHECK(fsum.is_contiguous() && fsum.numel() == B * H * nblk * 2 * d,
-                "fsum: expected contiguous (B, h, nblk, 2d)");
-  const Seq xs(x), fs(f);
-  const Seq ks = has_kb ? Seq(kbs) : xs;
-  const float* invp = inv.data_ptr<float>();
-  const float* pp = p.data_ptr<float>();
-  const float* mp = has_mask ? mask.data_ptr<float>() : nullptr;
+  if (has_sum) in.check_sums(fsum, "fsum");
+  const Seq fs(f);
   float* sp = has_sum ? fsum.data_ptr<float>() : nullptr;
-  at::parallel_for(0, B * H * nblk, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t job = lo; job < hi; ++job) {
-      const int64_t blk = job % nblk, bh = job / nblk;
-      const int64_t b = bh / H, h = bh % H;
-      const float* iv = invp + h * d;
-      const float* pw = pp + h * d;
-      float* acc = sp ? sp + (bh * nblk + blk) * 2 * d : nullptr;
-      if (acc)
-        for (int64_t c = 0; c < 2 * d; ++c) acc[c] = 0.f;
-      const int64_t i1 = std::min(n, (blk + 1) * kRows);
-      std::vector<float> xsbuf(d);
-      for (int64_t i = blk * kRows; i < i1; ++i) {
-        float* fr = fs.row(b, h, i);
-        scaled_row(xs.row(b, h, i), has_kb ? ks.row(0, h, i) : nullptr, iv,
-                   d, xsbuf.data());
-        feature_row(xsbuf.data(), pw, mp ? mp[b * n + i] : 1.f, d, fr,
-                    fr + d);
-        if (acc) {
+  in.for_each_block([&](int64_t b, int64_t h, int64_t slot, int64_t i0,
+                        int64_t i1, auto&& scaled) {
+    const float* pw = in.p + h * d;
+    float* acc = sp ? sp + slot * 2 * d : nullptr;
+    if (acc)
+      for (int64_t c = 0; c < 2 * d; ++c) acc[c] = 0.f;
+    for (int64_t i = i0; i < i1; ++i) {
+      float* fr = fs.row(b, h, i);
+      feature_row(scaled(i), pw, in.mask_of(b, i), d, fr, fr + d);
+      if (acc) {
 #pragma omp simd
-          for (int64_t c = 0; c < 2 * d; ++c) acc[c] += fr[c];
-        }
+        for (int64_t c = 0; c < 2 * d; ++c) acc[c] += fr[c];
       }
     }
   });
@@ -211,49 +249,27 @@ void power_grads(const torch::Tensor& df, const torch::Tensor& x,
                  const torch::Tensor& inv, const torch::Tensor& p,
                  const torch::Tensor& kbs, const torch::Tensor& mask,
                  torch::Tensor& dx, torch::Tensor& w) {
+  const FeatureInputs in(x, inv, p, kbs, mask);
+  const int64_t d = in.d;
   check(df, 4, "df");
-  check(x, 4, "x");
   check(dx, 4, "dx");
-  const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3);
-  const int64_t nblk = (n + kRows - 1) / kRows;
-  TORCH_CHECK(df.size(2) == n && df.size(3) == 2 * d && dx.size(2) == n &&
-                  dx.size(3) == d,
+  TORCH_CHECK(df.size(2) == in.n && df.size(3) == 2 * d &&
+                  dx.size(2) == in.n && dx.size(3) == d,
               "df, dx: shapes do not match x");
-  TORCH_CHECK(inv.is_contiguous() && p.is_contiguous() &&
-                  inv.numel() == H * d && p.numel() == H * d,
-              "inv, p: expected contiguous (h, d)");
-  TORCH_CHECK(w.is_contiguous() && w.numel() == B * H * nblk * 2 * d,
-              "w: expected contiguous (B, h, nblk, 2d)");
-  const bool has_kb = kbs.defined() && kbs.numel() > 0;
-  const bool has_mask = mask.defined() && mask.numel() > 0;
-  if (has_kb) check(kbs, 4, "kbs");
-  if (has_mask)
-    TORCH_CHECK(mask.is_contiguous() && mask.numel() == B * n,
-                "mask: expected contiguous (B, n)");
-  const Seq xs_(x), dfs(df), dxs(dx);
-  const Seq ks = has_kb ? Seq(kbs) : xs_;
-  const float* invp = inv.data_ptr<float>();
-  const float* pp = p.data_ptr<float>();
-  const float* mp = has_mask ? mask.data_ptr<float>() : nullptr;
+  in.check_sums(w, "w");
+  const Seq dfs(df), dxs(dx);
   float* wp = w.data_ptr<float>();
-  at::parallel_for(0, B * H * nblk, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t job = lo; job < hi; ++job) {
-      const int64_t blk = job % nblk, bh = job / nblk;
-      const int64_t b = bh / H, h = bh % H;
-      const float* iv = invp + h * d;
-      const float* pw = pp + h * d;
-      float* acc = wp + (bh * nblk + blk) * 2 * d;
-      for (int64_t c = 0; c < 2 * d; ++c) acc[c] = 0.f;
-      const int64_t i1 = std::min(n, (blk + 1) * kRows);
-      std::vector<float> xsbuf(d), pinv(d);
-      for (int64_t c = 0; c < d; ++c) pinv[c] = pw[c] * iv[c];
-      for (int64_t i = blk * kRows; i < i1; ++i) {
-        scaled_row(xs_.row(b, h, i), has_kb ? ks.row(0, h, i) : nullptr, iv,
-                   d, xsbuf.data());
-        grad_row(xsbuf.data(), dfs.row(b, h, i), pw, pinv.data(),
-                 mp ? mp[b * n + i] : 1.f, d, dxs.row(b, h, i), acc);
-      }
-    }
+  in.for_each_block([&](int64_t b, int64_t h, int64_t slot, int64_t i0,
+                        int64_t i1, auto&& scaled) {
+    const float* pw = in.p + h * d;
+    const float* iv = in.inv + h * d;
+    float* acc = wp + slot * 2 * d;
+    for (int64_t c = 0; c < 2 * d; ++c) acc[c] = 0.f;
+    std::vector<float> pinv(d);
+    for (int64_t c = 0; c < d; ++c) pinv[c] = pw[c] * iv[c];
+    for (int64_t i = i0; i < i1; ++i)
+      grad_row(scaled(i), dfs.row(b, h, i), pw, pinv.data(),
+               in.mask_of(b, i), d, dxs.row(b, h, i), acc);
   });
 }
 
