@@ -245,11 +245,14 @@ class PolaPVT(PolaBackbone):
             x = getattr(self, f'pos_drop{i + 1}')(x)
             for block in getattr(self, f'block{i + 1}'):
                 x = block(x, hw)
-            # channels-last (B, C, H, W) view of the tokens: the next patch
-            # embedding convolves it without a copy, and its output is
-            # token-major again; outputs are NCHW-contiguous as usual
             x = x.view(B, hw[0], hw[1], self.num_features[i]).permute(
                 0, 3, 1, 2)
+            out = None
             if i in self.out_indices:
-                outs.append(x.contiguous())
+                out = x.contiguous()  # outputs are NCHW-contiguous
+                outs.append(out)
+            if x.device.type != 'cpu':
+                x = x.contiguous() if out is None else out
+            # on CPU the next patch embedding convolves the channels-last
+            # view without a copy, and its output is token-major again
         return tuple(outs)
