@@ -214,3 +214,21 @@ def test_depthwise_conv_gradients(monkeypatch, shape, k, channels_last):
     assert calls == (['dwconv_weight_grad'] if channels_last else [])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b.float(), rtol=1e-5, atol=1e-4)
+
+
+def test_tracing_keeps_the_torch_kernel(monkeypatch):
+    """torch.jit.trace (the route of ONNX export) cannot see the fused
+    loops, so a traced module must record the torch kernel and reproduce
+    the eager outputs on new inputs."""
+    monkeypatch.setenv(CPU_EXT_ENV, '1')
+    q, k, v, scale, power, k_bias, _ = _inputs(1, 2, 40, 8, False,
+                                                token_major=False)
+
+    def fn(q, k, v):
+        return polarity_attention_kernel(q, k, v, scale, power, 4.0,
+                                         k_bias=k_bias)
+
+    with torch.no_grad():
+        traced = torch.jit.trace(fn, (q, k, v), check_trace=False)
+        q2, k2, v2 = (t * 1.5 + 0.1 for t in (q, k, v))
+        _close(traced(q2, k2, v2), fn(q2, k2, v2))

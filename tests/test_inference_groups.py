@@ -295,3 +295,21 @@ def test_inference_paths_under_bf16_autocast(monkeypatch, cls, arch):
         # bf16 rounding differs with the grouping of the operations
         err = (a.float() - b.float()).abs().max()
         assert err <= 0.02 * b.float().abs().max()
+
+
+def test_tracing_takes_no_inference_path(monkeypatch):
+    """torch.jit.trace (ONNX export) records the plain computation: the
+    runs, groups and in-place norms would fix the graph to the traced
+    size."""
+    _run_sizes(monkeypatch, small=True)
+    torch.manual_seed(0)
+    model = PolaPVT(arch=TINY_PVT).eval()
+    run_calls = _count_calls(monkeypatch, PolarityAttention,
+                             'forward_in_runs')
+    mlp_calls = _count_calls(monkeypatch, Mlp, 'forward_into')
+    x = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        traced = torch.jit.trace(model, x, check_trace=False)
+        assert not run_calls and not mlp_calls
+        for a, b in zip(traced(x), model(x)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

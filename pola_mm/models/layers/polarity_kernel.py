@@ -80,11 +80,13 @@ def cpu_autocast_enabled() -> bool:
 
 def cpu_inference(x: Tensor, *modules: torch.nn.Module) -> bool:
     """Where the run-based inference paths apply: ``x`` on the CPU, outside
-    ``torch.compile``, and autograd recording nothing computed from ``x`` by
-    ``modules``."""
+    ``torch.compile`` and ``torch.jit.trace`` (whose graphs would fix the
+    runs to the traced size), and autograd recording nothing computed from
+    ``x`` by ``modules``."""
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(
         p.requires_grad for m in modules for p in m.parameters()))
-    return x.device.type == 'cpu' and not is_compiling() and not needs_grad
+    return (x.device.type == 'cpu' and not is_compiling()
+            and not torch.jit.is_tracing() and not needs_grad)
 
 
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
@@ -178,10 +180,12 @@ class _Params:
 
     def fused_for(self, x: Tensor) -> bool:
         """Whether the pieces of ``x`` ``(B, h, N, d)`` take the fused CPU
-        loops (:mod:`.cpu_ext`): float32 on CPU, not compiling, built.
-        Prepares their ``(h, d)`` constants."""
+        loops (:mod:`.cpu_ext`): float32 on CPU, not compiling or tracing
+        (the loops are invisible to ``torch.jit.trace`` and ONNX export),
+        built. Prepares their ``(h, d)`` constants."""
         if (x.device.type != 'cpu' or x.dtype != torch.float32
-                or x.stride(-1) != 1 or is_compiling()):
+                or x.stride(-1) != 1 or is_compiling()
+                or torch.jit.is_tracing()):
             return False
         if self.ext is None:
             self.ext = cpu_ext()
