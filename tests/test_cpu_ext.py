@@ -221,8 +221,8 @@ def test_tracing_keeps_the_torch_kernel(monkeypatch):
     loops, so a traced module must record the torch kernel and reproduce
     the eager outputs on new inputs."""
     monkeypatch.setenv(CPU_EXT_ENV, '1')
-    q, k, v, scale, power, k_bias, _ = _inputs(1, 2, 40, 8, False,
-                                                token_major=False)
+    q, k, v, scale, power, k_bias, _ = _inputs(
+        1, 2, 40, 8, False, token_major=False)
 
     def fn(q, k, v):
         return polarity_attention_kernel(q, k, v, scale, power, 4.0,
