@@ -232,3 +232,31 @@ def test_tracing_keeps_the_torch_kernel(monkeypatch):
         traced = torch.jit.trace(fn, (q, k, v), check_trace=False)
         q2, k2, v2 = (t * 1.5 + 0.1 for t in (q, k, v))
         _close(traced(q2, k2, v2), fn(q2, k2, v2))
+
+
+def test_a_build_is_reported(monkeypatch):
+    """A load that had to compile (slow) says so once, at INFO; a load from
+    the cache is silent above DEBUG."""
+    monkeypatch.setenv(CPU_EXT_ENV, '1')
+    logged = []
+    monkeypatch.setattr(cpu_ext_mod, 'print_log',
+                        lambda msg, logger=None, level=logging.INFO:
+                        logged.append((level, msg)))
+    sentinel = object()
+    monkeypatch.setattr(cpu_ext_mod, '_build', lambda: sentinel)
+    for took, expect in ((23.0, 1), (0.01, 0)):
+        clock = iter([100.0, 100.0 + took])
+
+        class Clock:
+            @staticmethod
+            def perf_counter():
+                return next(clock)
+
+        monkeypatch.setattr(cpu_ext_mod, '_state', {})
+        monkeypatch.setattr(cpu_ext_mod, 'time', Clock)
+        logged.clear()
+        assert cpu_ext() is sentinel
+        infos = [m for lv, m in logged if lv >= logging.INFO]
+        assert len(infos) == expect
+        if expect:
+            assert 'built the fused CPU polarity loops in 23 s' in infos[0]

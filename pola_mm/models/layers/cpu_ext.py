@@ -18,6 +18,7 @@ import logging
 import os
 import platform
 import threading
+import time
 from typing import Any, Optional
 
 import torch
@@ -101,9 +102,17 @@ def cpu_ext() -> Optional[Any]:
                     'pola_mm: loading the fused CPU polarity loops (built '
                     'once per machine and torch version, about 30 s)',
                     logger='current', level=logging.DEBUG)
+                start = time.perf_counter()
                 try:
                     mod = _build()
                     reason = ''
+                    took = time.perf_counter() - start
+                    if took > 5:  # a build, not a load from the cache
+                        print_log(
+                            'pola_mm: built the fused CPU polarity loops in '
+                            f'{took:.0f} s (once per machine and torch '
+                            'version; cached by torch.utils.cpp_extension)',
+                            logger='current', level=logging.INFO)
                 except Exception as e:  # noqa: BLE001 (any build failure)
                     reason = f'{type(e).__name__}: {str(e)[:300]}'
             if mod is None:
