@@ -305,6 +305,31 @@ def _fused_power_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
     return dx, w.sum(dim=(0, 2)).unsqueeze(1).unsqueeze(0)
 
 
+def _piece_features(x: Tensor, c: slice, prm: _Params,
+                    mask: Optional[Tensor], key: bool, buf: Optional[Tensor],
+                    fused: bool, with_log: bool = False,
+                    with_sum: bool = False):
+    """``[f+, f-]`` of tokens ``c`` of ``x`` (keys: with the key bias and
+    ``mask``), by the fused loops or by :func:`_features`.
+
+    Returns:
+        the features ``(B, h, n, 2d)``, their sum over the tokens
+        ``(B, h, 2d)`` when ``with_sum``, and what
+        :func:`_piece_power_grads` needs (None for the fused loops, which
+        recompute it; ``(xs, log|xs|)`` otherwise, when ``with_log``).
+    """
+    if fused:
+        f, fsum = _fused_features(x, c, prm, mask, key, buf, with_sum)
+        return f, fsum, None
+    if key:
+        xs = _scaled_keys(x, c, prm)
+        mc = None if mask is None else mask[:, :, c]
+    else:
+        xs, mc = x[:, :, c] * prm.inv_s, None
+    f, xsafe, la = _features(xs, prm.p, mc, with_log, buf)
+    return f, (f.sum(-2) if with_sum else None), (xsafe, la)
+
+
 def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
                  step: int) -> Tensor:
     """``[f+, f-]^T [v, 1]`` of the keys, summed over tokens:
@@ -314,14 +339,8 @@ def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
     buf = _scratch(k, step)
     fused = prm.fused_for(k)
     for c in _token_chunks(N, step):
-        if fused:
-            f, fsum = _fused_features(k, c, prm, mask, True, buf, True)
-        else:
-            xs = _scaled_keys(k, c, prm)
-            f, _, _ = _features(xs, prm.p,
-                                None if mask is None else mask[:, :, c],
-                                False, buf)
-            fsum = f.sum(-2)
+        f, fsum, _ = _piece_features(k, c, prm, mask, True, buf, fused,
+                                     with_sum=True)
         # v needs no mask: the masked rows of the features are exactly 0
         rc = torch.cat([f.transpose(-2, -1) @ v[:, :, c],
                         fsum.unsqueeze(-1)], dim=-1)
@@ -340,11 +359,7 @@ def _query_slab(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
     buf = _scratch(q, step)
     fused = prm.fused_for(q)
     for c in _token_chunks(q.shape[-2], step):
-        if fused:
-            f, _ = _fused_features(q, c, prm, None, False, buf)
-        else:
-            f, _, _ = _features(q[:, :, c] * prm.inv_s, prm.p, None, False,
-                                buf)
+        f, _, _ = _piece_features(q, c, prm, None, False, buf, fused)
         u = f @ S  # (B, h, n_c, d + 2): [numerators, z_sim, z_opp]
         num = u[..., :d].unflatten(-1, (2, half))
         if x is None or rz is None:
@@ -429,6 +444,20 @@ def _power_grads(df: Tensor, f: Tensor, xsafe: Tensor, la: Tensor,
     return torch.div(g, xsafe, out=dx_out), w
 
 
+def _piece_power_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
+                       mask: Optional[Tensor], key: bool, f: Tensor,
+                       aux: Optional[Tuple[Tensor, Tensor]], pinv: Tensor,
+                       dx_out: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """:func:`_power_grads` of tokens ``c`` of ``x`` given ``f`` and ``aux``
+    from :func:`_piece_features` (``aux`` None: the fused loops). Returns
+    ``dL/dx`` and the sums of ``[g, g log|xs|]`` over ``B`` and the tokens,
+    ``(1, h, 1, 2d)``."""
+    if aux is None:
+        return _fused_power_grads(df, x, c, prm, mask, key, dx_out)
+    dx, w = _power_grads(df, f, aux[0], aux[1], pinv, dx_out)
+    return dx, w.sum(dim=(0, 2), keepdim=True)
+
+
 def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
                    rz: Tensor, x: Tensor, mask: Optional[Tensor],
                    n: Union[float, Tensor], prm: _Params, need_v: bool,
@@ -476,17 +505,11 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
                       out=du[..., :d].unflatten(-1, (2, half)))
             torch.mul(dz, rz_c, out=du[..., d:])
         dq_out = None if dq is None else dq[:, :, c]
-        if fused:
-            f, _ = _fused_features(q, c, prm, None, False, buf)
-            dS = acc(dS, f.transpose(-2, -1) @ du)
-            dq_c, w_c = _fused_power_grads(du @ S_t, q, c, prm, None, False,
-                                           dq_out)
-        else:
-            xs = q[:, :, c] * prm.inv_s
-            f, xsafe, la = _features(xs, prm.p, None, True, buf)
-            dS = acc(dS, f.transpose(-2, -1) @ du)
-            dq_c, w_c = _power_grads(du @ S_t, f, xsafe, la, pinv, dq_out)
-            w_c = w_c.sum(dim=(0, 2), keepdim=True)
+        f, _, aux = _piece_features(q, c, prm, None, False, buf, fused,
+                                    with_log=True)
+        dS = acc(dS, f.transpose(-2, -1) @ du)
+        dq_c, w_c = _piece_power_grads(du @ S_t, q, c, prm, None, False, f,
+                                       aux, pinv, dq_out)
         if dq is None:
             dq = dq_c
         w = acc(w, w_c)
@@ -499,12 +522,8 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     dR_vt = dR_v.transpose(-2, -1)  # (B, h, d, 2d)
     dR_1 = dR[..., d:].transpose(-2, -1)  # (B, h, 1, 2d)
     for c in chunks:
-        if fused:
-            f, _ = _fused_features(k, c, prm, mask, True, buf)
-        else:
-            mc = None if mask is None else mask[:, :, c]
-            xs = _scaled_keys(k, c, prm)
-            f, xsafe, la = _features(xs, prm.p, mc, True, buf)
+        f, _, aux = _piece_features(k, c, prm, mask, True, buf, fused,
+                                    with_log=True)
         if need_v:
             if dv is None:
                 dv = f @ dR_v
@@ -513,11 +532,8 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
         # at masked keys the features are 0, so the gradients there vanish
         df = (v[:, :, c] @ dR_vt).add_(dR_1)
         dk_out = None if out is None else dk[:, :, c]
-        if fused:
-            dk_c, w_c = _fused_power_grads(df, k, c, prm, mask, True, dk_out)
-        else:
-            dk_c, w_c = _power_grads(df, f, xsafe, la, pinv, dk_out)
-            w_c = w_c.sum(dim=(0, 2), keepdim=True)
+        dk_c, w_c = _piece_power_grads(df, k, c, prm, mask, True, f, aux,
+                                       pinv, dk_out)
         if out is None:
             dk = dk_c
         w = acc(w, w_c)
