@@ -2,7 +2,8 @@
 
 ``pola_mm/csrc/polarity_cpu.cpp`` holds two loops (the polarity features
 and the chain rule through them) that the pure-torch kernel does in six to
-ten elementwise operations each. It is compiled once per machine and torch
+ten elementwise operations each, and the weight gradient of the depth-wise
+conv on v. It is compiled once per machine and torch
 version with :func:`torch.utils.cpp_extension.load` (a C++20 compiler and
 ``ninja`` are needed; the result is cached in torch's extension directory,
 ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``). Without them
@@ -86,8 +87,9 @@ def used() -> bool:
 
 
 def cpu_ext() -> Optional[Any]:
-    """The compiled module (``features``, ``power_grads``), or None when it
-    is turned off or cannot be built (then the reason is logged once)."""
+    """The compiled module (``features``, ``power_grads``,
+    ``dwconv_weight_grad``), or None when it is turned off or cannot be
+    built (then the reason is logged once)."""
     if not cpu_ext_enabled():
         return None
     if 'mod' in _state:
@@ -100,7 +102,7 @@ def cpu_ext() -> Optional[Any]:
             else:
                 print_log(
                     'pola_mm: loading the fused CPU polarity loops (built '
-                    'once per machine and torch version, about 30 s)',
+                    'once per machine and torch version, about 25 s)',
                     logger='current', level=logging.DEBUG)
                 start = time.perf_counter()
                 try:

@@ -50,16 +50,17 @@ class PatchEmbed(BaseModule):
         pad_h, pad_w = (-H) % p, (-W) % p
         if pad_h or pad_w:
             x = F.pad(x, (0, pad_w, 0, pad_h))
-        if self.norm is not None and cpu_inference(x, self):
-            # channels-last input -> channels-last (token-major) output,
-            # normalised in place below
+        # at CPU inference: channels-last input -> channels-last
+        # (token-major) output, normalised in place below
+        norm_in_place = self.norm is not None and cpu_inference(x, self)
+        if norm_in_place:
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.proj(x)
         hw = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)
         if self.norm is None:
             return x, hw
-        if x.is_contiguous() and cpu_inference(x, self.norm):
+        if norm_in_place and x.is_contiguous():
             # A channels-last conv output is token-major already: normalise
             # it in place, in runs, instead of allocating (and, at detection
             # sizes, page-faulting) a second full-size map.
