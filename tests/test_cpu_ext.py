@@ -49,6 +49,18 @@ def _inputs(B, h, N, d, masked, seed=1, token_major=True):
     return q, k, v, scale, power, k_bias, valid
 
 
+def _count_ext_calls(monkeypatch, module, ext, calls):
+    """Make ``module.cpu_ext()`` return ``ext`` with every function it hands
+    out recorded (by name) in ``calls``."""
+
+    class Counting:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(ext, name)
+
+    monkeypatch.setattr(module, 'cpu_ext', lambda: Counting())
+
+
 def _run(args, fused, monkeypatch, grad=True):
     monkeypatch.setenv(CPU_EXT_ENV, '1' if fused else '0')
     q, k, v, scale, power, k_bias, valid = (
@@ -59,13 +71,7 @@ def _run(args, fused, monkeypatch, grad=True):
     ext = cpu_ext()
     if fused:
         assert ext is not None
-
-        class Counting:
-            def __getattr__(self, name):
-                calls.append(name)
-                return getattr(ext, name)
-
-        monkeypatch.setattr(pk, 'cpu_ext', lambda: Counting())
+        _count_ext_calls(monkeypatch, pk, ext, calls)
     else:
         monkeypatch.setattr(pk, 'cpu_ext', cpu_ext)
     x = polarity_attention_kernel(q, k, v, scale, power, 4.0, valid=valid,
@@ -185,15 +191,8 @@ def test_depthwise_conv_gradients(monkeypatch, shape, k, channels_last):
     PyTorch's backward."""
     from pola_mm.models.layers import polarity_attention as pa
     monkeypatch.setenv(CPU_EXT_ENV, '1')
-    ext = cpu_ext()
     calls = []
-
-    class Counting:
-        def __getattr__(self, name):
-            calls.append(name)
-            return getattr(ext, name)
-
-    monkeypatch.setattr(pa, 'cpu_ext', lambda: Counting())
+    _count_ext_calls(monkeypatch, pa, cpu_ext(), calls)
     g = torch.Generator().manual_seed(0)
     B, C, H, W = shape
     x = torch.randn(B, H, W, C, generator=g).permute(0, 3, 1, 2)
