@@ -11,7 +11,10 @@
 //                over the tokens.
 //   power_grads: the chain rule through the features (see _power_grads in
 //                polarity_kernel.py): dx, and per-block sums of
-//                [g, g log|xs|] for the parameter gradients.
+//                [g, g log|xs|] for the parameter gradients; optionally
+//                the features too (backward needs both, from one pass).
+//   query_du:    the gradient of the queries' product with the mix matrix
+//                from the output's gradient (five torch ops).
 //   dwconv_weight_grad: the weight gradient of the depth-wise conv on v
 //                (polarity_attention.py), which PyTorch's CPU convolution
 //                backward computes about 5x slower.
@@ -122,11 +125,14 @@ inline void feature_row(const float* __restrict xsr,
   }
 }
 
-// One row of power_grads: dx and the sums of [g, g log|xs|] into acc.
+// One row of power_grads: dx and the sums of [g, g log|xs|] into acc;
+// with kFeatures also the row's features [f+, f-] into fpos, fneg.
+template <bool kFeatures>
 inline void grad_row(const float* __restrict xsr, const float* __restrict df,
                      const float* __restrict p, const float* __restrict pinv,
                      float m, int64_t d, float* __restrict dx,
-                     float* __restrict acc) {
+                     float* __restrict acc, float* __restrict fpos,
+                     float* __restrict fneg) {
   constexpr float kLn2 = 0.69314718f;
 #pragma omp simd
   for (int64_t c = 0; c < d; ++c) {
@@ -135,10 +141,15 @@ inline void grad_row(const float* __restrict xsr, const float* __restrict df,
     a = a < kTiny ? kTiny : a;
     const float l2 = log2_pos(a);
     const float t = exp2_(p[c] * l2) * m;
-    const float g = (xs > 0.f ? df[c] : df[c + d]) * t;
+    const bool pos = xs > 0.f;
+    const float g = (pos ? df[c] : df[c + d]) * t;
     acc[c] += g;
     acc[c + d] += g * (l2 * kLn2);
     dx[c] = g * pinv[c] / __builtin_copysignf(a, xs);
+    if constexpr (kFeatures) {
+      fpos[c] = pos ? t : 0.f;
+      fneg[c] = pos ? 0.f : t;
+    }
   }
 }
 
@@ -244,11 +255,13 @@ void features(const torch::Tensor& x, const torch::Tensor& inv,
 // Gradients through the features of x (arguments as in features()):
 // df (B, h, n, 2d) = dL/d[f+, f-]; writes dx (B, h, n, d) = dL/dx and
 // w (B, h, nblk, 2d) = per-block sums of [g, g log|xs|] with
-// g = df+ f+ + df- f-; dL/dxs = p g / xs, dx = inv * dL/dxs.
+// g = df+ f+ + df- f-; dL/dxs = p g / xs, dx = inv * dL/dxs. When f
+// (B, h, n, 2d) is not empty, the features are also written there (for a
+// caller that needs them after df, saving a second pass of features()).
 void power_grads(const torch::Tensor& df, const torch::Tensor& x,
                  const torch::Tensor& inv, const torch::Tensor& p,
                  const torch::Tensor& kbs, const torch::Tensor& mask,
-                 torch::Tensor& dx, torch::Tensor& w) {
+                 torch::Tensor& dx, torch::Tensor& w, torch::Tensor& f) {
   const FeatureInputs in(x, inv, p, kbs, mask);
   const int64_t d = in.d;
   check(df, 4, "df");
@@ -256,8 +269,15 @@ void power_grads(const torch::Tensor& df, const torch::Tensor& x,
   TORCH_CHECK(df.size(2) == in.n && df.size(3) == 2 * d &&
                   dx.size(2) == in.n && dx.size(3) == d,
               "df, dx: shapes do not match x");
+  const bool has_f = f.defined() && f.numel() > 0;
+  if (has_f) {
+    check(f, 4, "f");
+    TORCH_CHECK(f.size(0) == in.B && f.size(1) == in.H && f.size(2) == in.n &&
+                    f.size(3) == 2 * d,
+                "f: expected (B, h, n, 2d)");
+  }
   in.check_sums(w, "w");
-  const Seq dfs(df), dxs(dx);
+  const Seq dfs(df), dxs(dx), fs(has_f ? f : df);
   float* wp = w.data_ptr<float>();
   in.for_each_block([&](int64_t b, int64_t h, int64_t slot, int64_t i0,
                         int64_t i1, auto&& scaled) {
@@ -267,9 +287,62 @@ void power_grads(const torch::Tensor& df, const torch::Tensor& x,
     for (int64_t c = 0; c < 2 * d; ++c) acc[c] = 0.f;
     std::vector<float> pinv(d);
     for (int64_t c = 0; c < d; ++c) pinv[c] = pw[c] * iv[c];
-    for (int64_t i = i0; i < i1; ++i)
-      grad_row(scaled(i), dfs.row(b, h, i), pw, pinv.data(),
-               in.mask_of(b, i), d, dxs.row(b, h, i), acc);
+    for (int64_t i = i0; i < i1; ++i) {
+      if (has_f) {
+        float* fr = fs.row(b, h, i);
+        grad_row<true>(scaled(i), dfs.row(b, h, i), pw, pinv.data(),
+                       in.mask_of(b, i), d, dxs.row(b, h, i), acc, fr,
+                       fr + d);
+      } else {
+        grad_row<false>(scaled(i), dfs.row(b, h, i), pw, pinv.data(),
+                        in.mask_of(b, i), d, dxs.row(b, h, i), acc, nullptr,
+                        nullptr);
+      }
+    }
+  });
+}
+
+// The gradient of the query product u = [f+, f-] S = [num, z] (see
+// _backward_slab in polarity_kernel.py): from dx, x (B, h, n, d) and
+// rz = 1 / z (B, h, n, 2), writes du (B, h, n, d + 2) with
+// du[c] = dx[c] rz[j] for c in half j, and du[d + j] = rz[j] sum over half
+// j of dx x (the normaliser columns with the opposite sign, as the caller
+// flips S to match).
+void query_du(const torch::Tensor& dx, const torch::Tensor& x,
+              const torch::Tensor& rz, torch::Tensor& du) {
+  check(dx, 4, "dx");
+  check(x, 4, "x");
+  check(rz, 4, "rz");
+  check(du, 4, "du");
+  const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3);
+  const int64_t half = d / 2;
+  TORCH_CHECK(dx.sizes() == x.sizes() && rz.size(0) == B &&
+                  rz.size(1) == H && rz.size(2) == n && rz.size(3) == 2 &&
+                  du.size(0) == B && du.size(1) == H && du.size(2) == n &&
+                  du.size(3) == d + 2 && d % 2 == 0,
+              "dx, x (B, h, n, d), rz (B, h, n, 2), du (B, h, n, d + 2): "
+              "shapes do not match");
+  const Seq dxs(dx), xs(x), rzs(rz), dus(du);
+  at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      for (int64_t i = 0; i < n; ++i) {
+        const float* __restrict g = dxs.row(b, h, i);
+        const float* __restrict y = xs.row(b, h, i);
+        const float* __restrict r = rzs.row(b, h, i);
+        float* __restrict u = dus.row(b, h, i);
+        for (int64_t j = 0; j < 2; ++j) {
+          const float rj = r[j];
+          float dz = 0.f;
+#pragma omp simd reduction(+ : dz)
+          for (int64_t c = j * half; c < (j + 1) * half; ++c) {
+            dz += g[c] * y[c];
+            u[c] = g[c] * rj;
+          }
+          u[d + j] = dz * rj;
+        }
+      }
+    }
   });
 }
 
@@ -337,6 +410,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dwconv_weight_grad", &dwconv_weight_grad,
         "weight gradient of a depth-wise conv (see polarity_cpu.cpp)");
   m.def("features", &features, "polarity features (see polarity_cpu.cpp)");
+  m.def("query_du", &query_du,
+        "gradient of the query product (see polarity_cpu.cpp)");
   m.def("power_grads", &power_grads,
         "gradients through the polarity features (see polarity_cpu.cpp)");
 }

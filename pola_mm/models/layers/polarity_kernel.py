@@ -290,19 +290,21 @@ def _fused_features(x: Tensor, c: slice, prm: _Params,
     return f, (fsum.sum(2) if with_sum else None)
 
 
-def _fused_power_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
-                       mask: Optional[Tensor], key: bool,
-                       dx_out: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """:func:`_power_grads` of tokens ``c`` of ``x`` in one fused pass
-    (features recomputed). Returns ``dL/dx`` and the sums of
+def _fused_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
+                         mask: Optional[Tensor], key: bool,
+                         buf: Optional[Tensor], dx_out: Optional[Tensor]
+                         ) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`_features` and :func:`_power_grads` of tokens ``c`` of ``x``
+    in one fused pass. Returns the features, ``dL/dx`` and the sums of
     ``[g, g log|xs|]`` over ``B`` and the tokens ``(1, h, 1, 2d)``."""
     xc = x[:, :, c]
     B, h, n, d = xc.shape
+    f = xc.new_empty(B, h, n, 2 * d) if buf is None else buf[:, :, :n]
     dx = _token_major(xc) if dx_out is None else dx_out
     kb, m = _fused_args(x, c, prm, mask, key)
     w = xc.new_empty(B, h, -(-n // _ROWS), 2 * d)
-    prm.ext.power_grads(df, xc, prm.inv_hd, prm.p_hd, kb, m, dx, w)
-    return dx, w.sum(dim=(0, 2)).unsqueeze(1).unsqueeze(0)
+    prm.ext.power_grads(df, xc, prm.inv_hd, prm.p_hd, kb, m, dx, w, f)
+    return f, dx, w.sum(dim=(0, 2)).unsqueeze(1).unsqueeze(0)
 
 
 def _piece_features(x: Tensor, c: slice, prm: _Params,
@@ -314,9 +316,9 @@ def _piece_features(x: Tensor, c: slice, prm: _Params,
 
     Returns:
         the features ``(B, h, n, 2d)``, their sum over the tokens
-        ``(B, h, 2d)`` when ``with_sum``, and what
-        :func:`_piece_power_grads` needs (None for the fused loops, which
-        recompute it; ``(xs, log|xs|)`` otherwise, when ``with_log``).
+        ``(B, h, 2d)`` when ``with_sum``, and, by the torch ops with
+        ``with_log``, ``(xs, log|xs|)`` for :func:`_power_grads` (None for
+        the fused loops, whose backward pass recomputes them).
     """
     if fused:
         f, fsum = _fused_features(x, c, prm, mask, key, buf, with_sum)
@@ -444,18 +446,27 @@ def _power_grads(df: Tensor, f: Tensor, xsafe: Tensor, la: Tensor,
     return torch.div(g, xsafe, out=dx_out), w
 
 
-def _piece_power_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
-                       mask: Optional[Tensor], key: bool, f: Tensor,
-                       aux: Optional[Tuple[Tensor, Tensor]], pinv: Tensor,
-                       dx_out: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """:func:`_power_grads` of tokens ``c`` of ``x`` given ``f`` and ``aux``
-    from :func:`_piece_features` (``aux`` None: the fused loops). Returns
-    ``dL/dx`` and the sums of ``[g, g log|xs|]`` over ``B`` and the tokens,
-    ``(1, h, 1, 2d)``."""
-    if aux is None:
-        return _fused_power_grads(df, x, c, prm, mask, key, dx_out)
+def _piece_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
+                         mask: Optional[Tensor], key: bool,
+                         buf: Optional[Tensor], fused: bool, pinv: Tensor,
+                         dx_out: Optional[Tensor]
+                         ) -> Tuple[Tensor, Tensor, Tensor]:
+    """Backward through the features of tokens ``c`` of ``x`` (keys: with
+    the key bias and ``mask``), given ``df = dL/d[f+, f-]``: the fused
+    loops in one pass, or :func:`_features` and :func:`_power_grads`.
+
+    Returns:
+        the features ``(B, h, n, 2d)`` (which the caller's products need),
+        ``dL/dx`` (into ``dx_out`` when given) and the sums of
+        ``[g, g log|xs|]`` over ``B`` and the tokens, ``(1, h, 1, 2d)``.
+    """
+    if fused:
+        return _fused_feature_grads(df, x, c, prm, mask, key, buf, dx_out)
+    f, _, aux = _piece_features(x, c, prm, mask, key, buf, False,
+                                with_log=True)
+    assert aux is not None
     dx, w = _power_grads(df, f, aux[0], aux[1], pinv, dx_out)
-    return dx, w.sum(dim=(0, 2), keepdim=True)
+    return f, dx, w.sum(dim=(0, 2), keepdim=True)
 
 
 def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
@@ -495,21 +506,23 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
         rz_c = rz[:, :, c]
         dx_c = dx[:, :, c]
         dxh = dx_c.unflatten(-1, (2, half))
-        dz = (dx_c * x[:, :, c]).unflatten(-1, (2, half)).sum(-1)
-        if is_compiling():
+        if fused and dx_c.stride(-1) == 1:
+            du = q.new_empty(B, h, c.stop - c.start, d + 2)
+            prm.ext.query_du(dx_c, x[:, :, c], rz_c, du)
+        elif is_compiling():
+            dz = (dx_c * x[:, :, c]).unflatten(-1, (2, half)).sum(-1)
             du = torch.cat([(dxh * rz_c.unsqueeze(-1)).flatten(-2),
                             dz * rz_c], dim=-1)
         else:
+            dz = (dx_c * x[:, :, c]).unflatten(-1, (2, half)).sum(-1)
             du = q.new_empty(B, h, c.stop - c.start, d + 2)
             torch.mul(dxh, rz_c.unsqueeze(-1),
                       out=du[..., :d].unflatten(-1, (2, half)))
             torch.mul(dz, rz_c, out=du[..., d:])
         dq_out = None if dq is None else dq[:, :, c]
-        f, _, aux = _piece_features(q, c, prm, None, False, buf, fused,
-                                    with_log=True)
+        f, dq_c, w_c = _piece_feature_grads(du @ S_t, q, c, prm, None, False,
+                                            buf, fused, pinv, dq_out)
         dS = acc(dS, f.transpose(-2, -1) @ du)
-        dq_c, w_c = _piece_power_grads(du @ S_t, q, c, prm, None, False, f,
-                                       aux, pinv, dq_out)
         if dq is None:
             dq = dq_c
         w = acc(w, w_c)
@@ -522,18 +535,16 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     dR_vt = dR_v.transpose(-2, -1)  # (B, h, d, 2d)
     dR_1 = dR[..., d:].transpose(-2, -1)  # (B, h, 1, 2d)
     for c in chunks:
-        f, _, aux = _piece_features(k, c, prm, mask, True, buf, fused,
-                                    with_log=True)
+        # at masked keys the features are 0, so the gradients there vanish
+        df = (v[:, :, c] @ dR_vt).add_(dR_1)
+        dk_out = None if out is None else dk[:, :, c]
+        f, dk_c, w_c = _piece_feature_grads(df, k, c, prm, mask, True, buf,
+                                            fused, pinv, dk_out)
         if need_v:
             if dv is None:
                 dv = f @ dR_v
             else:
                 dv[:, :, c] = f @ dR_v
-        # at masked keys the features are 0, so the gradients there vanish
-        df = (v[:, :, c] @ dR_vt).add_(dR_1)
-        dk_out = None if out is None else dk[:, :, c]
-        dk_c, w_c = _piece_power_grads(df, k, c, prm, mask, True, f, aux,
-                                       pinv, dk_out)
         if out is None:
             dk = dk_c
         w = acc(w, w_c)
