@@ -1,9 +1,10 @@
 """The fused CPU loops of the polarity kernel, built on first use.
 
-``pola_mm/csrc/polarity_cpu.cpp`` holds two loops (the polarity features
-and the chain rule through them) that the pure-torch kernel does in six to
-ten elementwise operations each, and the weight gradient of the depth-wise
-conv on v. It is compiled once per machine and torch
+``pola_mm/csrc/polarity_cpu.cpp`` holds three loops (the polarity
+features, the chain rule through them, which can also rebuild them, and
+the gradient of the queries' product) that the pure-torch kernel does in
+five to ten elementwise operations each, and the weight gradient of the
+depth-wise conv on v. It is compiled once per machine and torch
 version with :func:`torch.utils.cpp_extension.load` (a C++20 compiler and
 ``ninja`` are needed; the result is cached in torch's extension directory,
 ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``). Without them
@@ -87,7 +88,7 @@ def used() -> bool:
 
 
 def cpu_ext() -> Optional[Any]:
-    """The compiled module (``features``, ``power_grads``,
+    """The compiled module (``features``, ``power_grads``, ``query_du``,
     ``dwconv_weight_grad``), or None when it is turned off or cannot be
     built (then the reason is logged once)."""
     if not cpu_ext_enabled():
