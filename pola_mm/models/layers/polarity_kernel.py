@@ -505,20 +505,20 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     for c in chunks:
         rz_c = rz[:, :, c]
         dx_c = dx[:, :, c]
-        dxh = dx_c.unflatten(-1, (2, half))
         if fused and dx_c.stride(-1) == 1:
             du = q.new_empty(B, h, c.stop - c.start, d + 2)
             prm.ext.query_du(dx_c, x[:, :, c], rz_c, du)
-        elif is_compiling():
-            dz = (dx_c * x[:, :, c]).unflatten(-1, (2, half)).sum(-1)
-            du = torch.cat([(dxh * rz_c.unsqueeze(-1)).flatten(-2),
-                            dz * rz_c], dim=-1)
         else:
+            dxh = dx_c.unflatten(-1, (2, half))
             dz = (dx_c * x[:, :, c]).unflatten(-1, (2, half)).sum(-1)
-            du = q.new_empty(B, h, c.stop - c.start, d + 2)
-            torch.mul(dxh, rz_c.unsqueeze(-1),
-                      out=du[..., :d].unflatten(-1, (2, half)))
-            torch.mul(dz, rz_c, out=du[..., d:])
+            if is_compiling():
+                du = torch.cat([(dxh * rz_c.unsqueeze(-1)).flatten(-2),
+                                dz * rz_c], dim=-1)
+            else:
+                du = q.new_empty(B, h, c.stop - c.start, d + 2)
+                torch.mul(dxh, rz_c.unsqueeze(-1),
+                          out=du[..., :d].unflatten(-1, (2, half)))
+                torch.mul(dz, rz_c, out=du[..., d:])
         dq_out = None if dq is None else dq[:, :, c]
         f, dq_c, w_c = _piece_feature_grads(du @ S_t, q, c, prm, None, False,
                                             buf, fused, pinv, dq_out)
