@@ -13,12 +13,12 @@ from typing import List, Optional, Sequence
 from mmengine.config import Config, DictAction
 from mmengine.runner import Runner
 
-from .compat import finish_distributed, setup_cpu_distributed
+from .compat import exit_process, finish_distributed, setup_cpu_distributed
 
 __all__ = [
     'ToolError', 'train_parser', 'test_parser', 'load_config',
     'prepare_train_config', 'prepare_test_config', 'build_runner',
-    'train_main', 'test_main', 'run_tool'
+    'train_main', 'test_main', 'run_tool', 'exit_process'
 ]
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')

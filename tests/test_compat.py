@@ -270,6 +270,49 @@ def test_tools_destroy_process_group_after_run(trained, tmp_path, tool):
     assert 'process group alive after run: False' in proc.stdout
 
 
+_EXIT_SCRIPT = """
+import atexit
+import sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from pola_mm.compat import exit_process, finish_distributed
+
+
+class Teardown:
+    def __del__(self):  # runs only when the interpreter is torn down
+        print('teardown ran', flush=True)
+
+
+KEEP = Teardown()
+if sys.argv[1] == 'ddp':
+    dist.init_process_group('gloo')
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    model(torch.randn(2, 4)).sum().backward()
+    assert finish_distributed()
+atexit.register(lambda: print('atexit ran', flush=True))
+print('unflushed output', end='')
+exit_process(3)
+"""
+
+
+@pytest.mark.parametrize('mode', ['ddp', 'single'])
+def test_exit_process_after_a_gloo_ddp_run(tmp_path, mode):
+    """After a DDP run on gloo the process ends without the interpreter's
+    teardown (where the group DDP keeps alive can abort a rank), still with
+    its exit code, its atexit handlers and its buffered output; without a
+    finished gloo group it is ``sys.exit``."""
+    env = _env()
+    env.update(_one_rank_env())
+    proc = subprocess.run([sys.executable, '-c', _EXIT_SCRIPT, mode],
+                          cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+    assert 'unflushed output' in proc.stdout
+    assert 'atexit ran' in proc.stdout
+    assert ('teardown ran' in proc.stdout) == (mode == 'single')
+
+
 def test_cpu_distributed_turns_syncbn_into_bn():
     """mmseg heads use SyncBN, which only runs on CUDA: the CPU path swaps it."""
     from mmengine.config import Config

@@ -4,10 +4,8 @@
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out RESULT.pkl]
         [--show-dir DIR] [--cfg-options K=V ...] [--launcher pytorch]
 """
-import sys
-
 import pola_mm  # noqa: F401  (registers the models, applies pola_mm.compat)
-from pola_mm.tools_utils import run_tool, test_main
+from pola_mm.tools_utils import exit_process, run_tool, test_main
 
 if __name__ == '__main__':
-    sys.exit(run_tool(test_main))
+    exit_process(run_tool(test_main))
