@@ -6,10 +6,11 @@ Three things do not work out of the box with torch >= 2.6 and mmengine 0.10.7:
    mmengine calls it without the argument. Every checkpoint an mmengine
    ``Runner`` saves holds a ``message_hub`` (``HistoryBuffer`` objects with
    numpy arrays, numpy scalars, and the buffer's statistics methods), so
-   ``--resume`` and loading a checkpoint for testing fail. :func:`allow_runner_checkpoints`
-   adds exactly those types to torch's weights-only allow-list, which keeps
-   refusing anything else (pickled code in a foreign file is still rejected).
-   It runs when :mod:`pola_mm` is imported.
+   ``--resume`` and loading a checkpoint for testing fail.
+   :func:`allow_runner_checkpoints` adds exactly those types to torch's
+   weights-only allow-list, which keeps refusing anything else (pickled code
+   in a foreign file is still rejected). It runs when :mod:`pola_mm` is
+   imported.
 
 2. ``mmengine.dist.init_dist('pytorch')`` calls ``torch.cuda.set_device`` and
    the Runner's DDP wrapper passes ``device_ids=[LOCAL_RANK]``; both fail on a
@@ -224,15 +225,16 @@ def exit_process(code: int) -> NoReturn:
     """End a tool's process with ``code``.
 
     After a run whose gloo group :func:`finish_distributed` destroyed, the
-    interpreter's teardown is skipped: DDP keeps the gloo group and its
-    worker threads alive past ``destroy_process_group`` (its reducer never
-    lets go of the group), and tearing the interpreter down around them
-    aborts a rank now and then (SIGABRT, "terminate called without an
-    active exception") after the run has succeeded, so torchrun reports the
-    job as failed: 4 of 30 two-process DDP runs here with torch 2.14 (after
-    :func:`finish_distributed`), 0 of 30 with this exit. The ``atexit`` handlers still run and the log
-    handlers and standard streams are flushed first. Everywhere else (NCCL,
-    single process) this is ``sys.exit(code)``.
+    interpreter's teardown is skipped. Once DDP has used a gloo group, the
+    group and its worker threads outlive ``destroy_process_group`` (even
+    after the DDP module is deleted), and tearing the interpreter down
+    around them aborts a rank now and then (SIGABRT, "terminate called
+    without an active exception") after the run has succeeded, so torchrun
+    reports the job as failed: 4 of 30 two-process DDP runs here with torch
+    2.14 (after :func:`finish_distributed`), 0 of 30 with this exit. The
+    ``atexit`` handlers still run, and the log handlers and standard streams
+    are flushed first. Everywhere else (NCCL, single process) this is
+    ``sys.exit(code)``.
     """
     if not _finished.get('gloo'):
         sys.exit(code)

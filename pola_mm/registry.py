@@ -8,7 +8,7 @@ mmpretrain default scopes: those registries search their parents, and the
 root is the common parent of all of them. This keeps pola_mm free of imports
 of the downstream codebases.
 """
-from typing import Type, TypeVar
+from typing import TypeVar
 
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import Registry

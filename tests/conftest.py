@@ -1,4 +1,5 @@
-"""Shared pytest set-up: headless plotting, quiet thread pools, tests/ importable."""
+"""Shared pytest set-up: headless plotting, quiet thread pools, tests/
+importable."""
 import os
 import sys
 

@@ -1,4 +1,5 @@
-"""pola_mm.compat and tools/train.py, tools/test.py with a real mmengine Runner.
+"""pola_mm.compat and tools/train.py, tools/test.py with a real mmengine
+Runner.
 
 The tiny model/data/metric live in tests/compat_tiny.py and the config in
 tests/compat_tiny_cfg.py; the tools run as subprocesses, exactly as a
@@ -49,7 +50,8 @@ def train(work_dir: Path, *extra: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory) -> Path:
-    """Work dir of an uninterrupted 4-iteration run (iter_2.pth, iter_4.pth)."""
+    """Work dir of an uninterrupted 4-iteration run (iter_2.pth and
+    iter_4.pth)."""
     work_dir = tmp_path_factory.mktemp('tiny') / 'full'
     train(work_dir)
     return work_dir
@@ -111,7 +113,8 @@ def test_tools_report_missing_files(tmp_path):
 @pytest.mark.skipif(not TORCH_2_6, reason='weights_only is the default '
                     'from torch 2.6')
 def test_runner_checkpoint_needs_compat(trained):
-    """Without pola_mm.compat torch refuses a Runner checkpoint; with it, ok."""
+    """Without pola_mm.compat torch refuses a Runner checkpoint; with it,
+    it loads."""
     ckpt = str(trained / 'iter_2.pth')
     plain = run(['-c', f'import torch; torch.load({ckpt!r})'], cwd=trained,
                 check=False)
@@ -314,7 +317,8 @@ def test_exit_process_after_a_gloo_ddp_run(tmp_path, mode):
 
 
 def test_cpu_distributed_turns_syncbn_into_bn():
-    """mmseg heads use SyncBN, which only runs on CUDA: the CPU path swaps it."""
+    """mmseg heads use SyncBN, which only runs on CUDA: the CPU path swaps
+    it."""
     from mmengine.config import Config
 
     from pola_mm.compat import sync_bn_to_bn

@@ -74,12 +74,13 @@ def test_resume_forms(tmp_path):
     cfg = make_train_cfg(write_cfg(tmp_path), '--resume', str(ckpt))
     assert cfg.resume is True and cfg.load_from == str(ckpt)
     with pytest.raises(ToolError, match='not found'):
-        make_train_cfg(write_cfg(tmp_path), '--resume', str(tmp_path / 'no.pth'))
+        make_train_cfg(write_cfg(tmp_path), '--resume',
+                       str(tmp_path / 'no.pth'))
 
 
 def test_cfg_options_are_applied(tmp_path):
     cfg = make_train_cfg(write_cfg(tmp_path), '--cfg-options',
-                    'optim_wrapper.optimizer.lr=0.5', 'model.depth=3')
+                         'optim_wrapper.optimizer.lr=0.5', 'model.depth=3')
     assert cfg.optim_wrapper.optimizer.lr == 0.5
     assert cfg.model.depth == 3
 
@@ -91,7 +92,7 @@ def test_out_adds_the_scope_dump_metric(tmp_path, scope, dump):
     ckpt = tmp_path / 'model.pth'
     ckpt.write_bytes(b'')
     cfg = make_test_cfg(write_cfg(tmp_path, scope), str(ckpt), '--out',
-                   str(tmp_path / 'r.pkl'))
+                        str(tmp_path / 'r.pkl'))
     assert cfg.load_from == str(ckpt)
     assert [m['type'] for m in cfg.test_evaluator] == ['SomeMetric', dump]
     assert cfg.test_evaluator[1]['out_file_path'] == str(tmp_path / 'r.pkl')
@@ -103,20 +104,20 @@ def test_show_dir_per_scope(tmp_path):
     ckpt = tmp_path / 'model.pth'
     ckpt.write_bytes(b'')
     det = make_test_cfg(write_cfg(tmp_path, 'mmdet'), str(ckpt), '--show-dir',
-                   'vis')
+                        'vis')
     assert det.default_hooks.visualization.draw is True
     assert det.default_hooks.visualization.test_out_dir == 'vis'
     seg = make_test_cfg(write_cfg(tmp_path, 'mmseg'), str(ckpt), '--show-dir',
-                   'vis')
+                        'vis')
     assert seg.default_hooks.visualization.draw is True
     assert seg.visualizer.save_dir == 'vis'
     cls = make_test_cfg(write_cfg(tmp_path, 'mmpretrain'), str(ckpt),
-                   '--show-dir', 'vis')
+                        '--show-dir', 'vis')
     assert cls.default_hooks.visualization.enable is True
     assert cls.default_hooks.visualization.out_dir == 'vis'
     with pytest.raises(ToolError, match='not supported'):
-        make_test_cfg(write_cfg(tmp_path, 'mmengine'), str(ckpt), '--show-dir',
-                 'vis')
+        make_test_cfg(write_cfg(tmp_path, 'mmengine'), str(ckpt),
+                      '--show-dir', 'vis')
 
 
 def test_missing_files_are_tool_errors(tmp_path):

@@ -19,7 +19,8 @@ Usage (with the target environment's interpreter)::
     .venv/bin/python tools/install_mmcv.py [--jobs N] [--force]
 
 Environment variables:
-    POLA_MM_WHEEL_CACHE  wheel cache folder (default ``~/.cache/pola_mm/wheels``)
+    POLA_MM_WHEEL_CACHE  wheel cache folder
+                         (default ``~/.cache/pola_mm/wheels``)
     POLA_MM_MMCV_SDIST   a local ``mmcv-2.1.0.tar.gz`` to build instead of
                          downloading one
     MAX_JOBS             parallel compile jobs (default: number of CPUs)
@@ -42,7 +43,8 @@ import time
 from typing import List, Optional, Tuple
 
 MMCV_VERSION = '2.1.0'
-# what mmdet 3.3.0 / mmseg 1.2.2 accept; a working install in this range is kept
+# what mmdet 3.3.0 / mmseg 1.2.2 accept; a working install in this range is
+# kept
 ACCEPTED_RANGE = ('2.0.0', '2.2.0')
 SETUPTOOLS_SPEC = 'setuptools>=77.0.3,<81'
 LOG_DIR_ENV = 'POLA_MM_BUILD_LOG_DIR'
@@ -52,7 +54,8 @@ import sys
 import mmcv
 from mmcv.ops import nms
 import torch
-boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.], [20., 20., 30., 30.]])
+boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.],
+                      [20., 20., 30., 30.]])
 scores = torch.tensor([0.9, 0.8, 0.7])
 dets, keep = nms(boxes, scores, 0.5)
 assert keep.tolist() == [0, 2], keep
@@ -297,7 +300,8 @@ def diagnose(log: str) -> str:
     if "No module named 'torch'" in text:
         return 'torch is not importable in the build environment.'
     if 'nvcc' in text and 'not found' in text:
-        return 'CUDA ops were requested but nvcc was not found (unset FORCE_CUDA).'
+        return ('CUDA ops were requested but nvcc was not found (unset '
+                'FORCE_CUDA).')
     errors = [ln.strip() for ln in text.splitlines()
               if re.search(r'\berror\b', ln) and len(ln) < 300][:3]
     first = '\n  '.join(errors) if errors else '(no error line found)'
@@ -345,7 +349,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         'nothing to do')
                     return 0
                 say(f'mmcv {current} is installed but outside '
-                    f'[{ACCEPTED_RANGE[0]}, {ACCEPTED_RANGE[1]}): replacing it')
+                    f'[{ACCEPTED_RANGE[0]}, {ACCEPTED_RANGE[1]}): '
+                    'replacing it')
         torch_version, cuda = torch_info()
         key = cache_key(torch_version, cuda)
         wheel = None if args.no_cache else cached_wheel(key)

@@ -155,7 +155,8 @@ def generate_shapes_image(
         ``mask`` (bool array of shape (img_size, img_size)). At least one
         instance is always present.
     """
-    bg = _hsv_to_rgb(rng.uniform(), rng.uniform(0, 0.3), rng.uniform(0.05, 0.4))
+    bg = _hsv_to_rgb(rng.uniform(), rng.uniform(0, 0.3),
+                     rng.uniform(0.05, 0.4))
     image = np.broadcast_to(bg, (img_size, img_size, 3)).copy()
     occupied = np.zeros((img_size, img_size), dtype=bool)
     instances: List[Dict] = []
