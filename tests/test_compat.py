@@ -244,10 +244,11 @@ def test_two_process_cpu_training_with_torchrun(tmp_path):
 _FINISH_SCRIPT = """
 import sys
 import torch.distributed as dist
-from pola_mm.tools_utils import test_main, train_main
+from pola_mm.tools_utils import exit_process, test_main, train_main
 main = train_main if sys.argv[1] == 'train' else test_main
 main(sys.argv[2:])
 print('process group alive after run:', dist.is_initialized())
+exit_process(0)  # as tools/train.py and tools/test.py end
 """
 
 
