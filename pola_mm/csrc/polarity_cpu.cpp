@@ -109,6 +109,13 @@ inline void scaled_row(const float* __restrict x, const float* __restrict kb,
   }
 }
 
+// |xs| clamped to the smallest normal float, like the torch kernel's
+// clamp_min: log2 stays finite and the features underflow to 0 at xs = 0.
+inline float safe_abs(float xs) {
+  const float a = __builtin_fabsf(xs);
+  return a < kTiny ? kTiny : a;
+}
+
 // One row of features: t = sign(xs)|xs|^p (masked), split by sign.
 inline void feature_row(const float* __restrict xsr,
                         const float* __restrict p, float m, int64_t d,
@@ -116,9 +123,7 @@ inline void feature_row(const float* __restrict xsr,
 #pragma omp simd
   for (int64_t c = 0; c < d; ++c) {
     const float xs = xsr[c];
-    float a = __builtin_fabsf(xs);
-    a = a < kTiny ? kTiny : a;
-    const float t = exp2_(p[c] * log2_pos(a)) * m;
+    const float t = exp2_(p[c] * log2_pos(safe_abs(xs))) * m;
     const bool pos = xs > 0.f;
     fpos[c] = pos ? t : 0.f;
     fneg[c] = pos ? 0.f : t;
@@ -137,8 +142,7 @@ inline void grad_row(const float* __restrict xsr, const float* __restrict df,
 #pragma omp simd
   for (int64_t c = 0; c < d; ++c) {
     const float xs = xsr[c];
-    float a = __builtin_fabsf(xs);
-    a = a < kTiny ? kTiny : a;
+    const float a = safe_abs(xs);
     const float l2 = log2_pos(a);
     const float t = exp2_(p[c] * l2) * m;
     const bool pos = xs > 0.f;

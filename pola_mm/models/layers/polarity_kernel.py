@@ -239,15 +239,20 @@ def _features(xs: Tensor, p: Tensor, mask: Optional[Tensor],
         f = torch.cat([pos, pos - t], dim=-1)
     else:  # written straight into the halves of one buffer
         d = xs.shape[-1]
-        if buf is None:
-            f = xs.new_empty(xs.shape[:-1] + (2 * d, ))
-        else:
-            f = buf[:, :, :xs.shape[-2]]
+        f = _feature_buffer(xs, buf)
         pos = torch.clamp_min(t, 0, out=f[..., :d])
         torch.sub(pos, t, out=f[..., d:])
     if with_log:
         return f, ax.copysign_(xs), la
     return f, None, None
+
+
+def _feature_buffer(xc: Tensor, buf: Optional[Tensor]) -> Tensor:
+    """Where the features ``(..., n, 2d)`` of a piece ``xc`` ``(..., n, d)``
+    go: the front of ``buf`` (see :func:`_scratch`) or a new tensor."""
+    if buf is None:
+        return xc.new_empty(xc.shape[:-1] + (2 * xc.shape[-1], ))
+    return buf[:, :, :xc.shape[-2]]
 
 
 def _scratch(x: Tensor, step: int) -> Optional[Tensor]:
@@ -283,7 +288,7 @@ def _fused_features(x: Tensor, c: slice, prm: _Params,
     B, h, _, d = x.shape
     xc = x[:, :, c]
     n = xc.shape[-2]
-    f = xc.new_empty(B, h, n, 2 * d) if buf is None else buf[:, :, :n]
+    f = _feature_buffer(xc, buf)
     kb, m = _fused_args(x, c, prm, mask, key)
     fsum = xc.new_empty(B, h, -(-n // _ROWS), 2 * d) if with_sum else _NONE
     prm.ext.features(xc, prm.inv_hd, prm.p_hd, kb, m, f, fsum)
@@ -299,12 +304,12 @@ def _fused_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
     ``[g, g log|xs|]`` over ``B`` and the tokens ``(1, h, 1, 2d)``."""
     xc = x[:, :, c]
     B, h, n, d = xc.shape
-    f = xc.new_empty(B, h, n, 2 * d) if buf is None else buf[:, :, :n]
+    f = _feature_buffer(xc, buf)
     dx = _token_major(xc) if dx_out is None else dx_out
     kb, m = _fused_args(x, c, prm, mask, key)
     w = xc.new_empty(B, h, -(-n // _ROWS), 2 * d)
     prm.ext.power_grads(df, xc, prm.inv_hd, prm.p_hd, kb, m, dx, w, f)
-    return f, dx, w.sum(dim=(0, 2)).unsqueeze(1).unsqueeze(0)
+    return f, dx, w.sum(dim=(0, 2), keepdim=True)
 
 
 def _piece_features(x: Tensor, c: slice, prm: _Params,
