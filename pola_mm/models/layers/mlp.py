@@ -7,6 +7,8 @@ from mmcv.cnn import build_activation_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
+from .token_runs import cpu_training, mlp_in_runs
+
 
 class Mlp(BaseModule):
     """``fc2(drop(act(fc1(x))))`` followed by dropout.
@@ -31,7 +33,17 @@ class Mlp(BaseModule):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(..., C)`` -> ``(..., C)``."""
+        """``(..., C)`` -> ``(..., C)``.
+
+        CPU training with GELU and no active dropout runs on runs of tokens
+        (:func:`~pola_mm.models.layers.token_runs.mlp_in_runs`: the hidden
+        layer after GELU is neither stored nor allocated whole); the result
+        is the same.
+        """
+        if (type(self.act) is nn.GELU
+                and (self.drop.p == 0 or not self.training)
+                and cpu_training(x, self)):
+            return mlp_in_runs(x, self.fc1, self.fc2, self.act.approximate)
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
     def forward_into(self, x: Tensor, out: Tensor, hidden: Tensor) -> None:

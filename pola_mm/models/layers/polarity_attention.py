@@ -15,6 +15,7 @@ from torch import Tensor
 from .cpu_ext import cpu_ext
 from .polarity_kernel import (is_compiling, polarity_attention_kernel,
                               polarity_key_state, polarity_query_apply)
+from .token_runs import cpu_training, split_linear_in_runs
 
 Size2 = Tuple[int, int]
 
@@ -161,12 +162,22 @@ class PolarityAttention(BaseModule):
             x: ``(..., C)`` tokens.
 
         Returns:
-            ``q, k, v, g``, each ``(..., C)`` (views into one projection
-            output: the authors' ``reshape(..., 4, C)`` split of ``qkvg``,
-            or ``qg`` and ``kv`` for PVT). Split by ``unbind`` so that
+            ``q, k, v, g``, each ``(..., C)``: the authors' ``reshape(...,
+            4, C)`` split of ``qkvg``, or of ``qg`` and ``kv`` for PVT. In
+            CPU training they are separate tensors made on runs of tokens
+            (:func:`~pola_mm.models.layers.token_runs.split_linear_in_runs`,
+            no 4C-wide output or stacked gradient is allocated); elsewhere
+            views into the projection output, split by ``unbind`` so that
             backward assembles the projection's gradient in one pass.
         """
         C = self.embed_dims
+        if self.fused_qkvg and cpu_training(x, self.qkvg):
+            q, k, v, g = split_linear_in_runs(x, self.qkvg, 4)
+            return q, k, v, g
+        if not self.fused_qkvg and cpu_training(x, self.qg, self.kv):
+            q, g = split_linear_in_runs(x, self.qg, 2)
+            k, v = split_linear_in_runs(x, self.kv, 2)
+            return q, k, v, g
         if self.fused_qkvg:
             q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
             return q, k, v, g
