@@ -10,14 +10,14 @@ machine the README's numbers come from, against 5 ms for the GELU backward
 on memory already mapped.
 
 The two autograd functions here compute exactly what ``fc2(gelu(fc1(x)))``
-and ``linear(x).chunk(parts, -1)`` compute, walking runs of tokens with one
-reused run-sized buffer, so that nothing 4C-wide is allocated besides the
-MLP's pre-activation (kept for backward):
+and ``linear(x).chunk(parts, -1)`` compute, walking runs of tokens (about
+``TRAIN_RUN_ELEMENTS`` elements of the widest tensor each) with reused
+run-sized buffers, so that nothing 4C-wide is allocated whole:
 
-- :func:`mlp_in_runs` keeps ``fc1(x)`` and recomputes GELU per run in
-  backward (the GELU output is neither stored nor allocated whole); its
-  backward writes the input gradient run by run and accumulates the weight
-  gradients.
+- :func:`mlp_in_runs` keeps ``fc1(x)`` as one tensor per run and recomputes
+  GELU per run in backward (the GELU output is neither stored nor allocated
+  whole); its backward writes the input gradient run by run and accumulates
+  the weight gradients.
 - :func:`split_linear_in_runs` writes the parts of a fused projection as
   separate tensors and assembles their gradients per run instead of in one
   stacked tensor.
@@ -82,24 +82,28 @@ def _linear_out(x: Tensor, weight_t: Tensor, bias: Optional[Tensor],
 
 
 class _MlpRuns(torch.autograd.Function):
-    """``fc2(gelu(fc1(x)))`` on runs of tokens; saves ``x`` and ``fc1(x)``."""
+    """``fc2(gelu(fc1(x)))`` on runs of tokens; saves ``x`` and ``fc1(x)``
+    (one tensor per run)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor,
                 b2: Optional[Tensor], approximate: str) -> Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         T, hidden = x2.shape[0], w1.shape[0]
-        pre = x2.new_empty(T, hidden)  # fc1(x), kept for backward
         y = x2.new_empty(T, w2.shape[0])
         runs = _runs(T, hidden)
+        # fc1(x), kept for backward one tensor per run: run-sized
+        # allocations stay below the mmap ceiling (reused heap memory)
+        pre = [x2.new_empty(r.stop - r.start, hidden) for r in runs]
         act = _run_buffer(x2, runs, hidden)
         w1t, w2t = w1.t(), w2.t()
-        for r in runs:
-            h, a = pre[r], act[:r.stop - r.start]
+        for r, h in zip(runs, pre):
+            a = act[:r.stop - r.start]
             _linear_out(x2[r], w1t, b1, h)
             torch.ops.aten.gelu.out(h, approximate=approximate, out=a)
             _linear_out(a, w2t, b2, y[r])
-        ctx.save_for_backward(x2, pre, w1, w2)
+        ctx.save_for_backward(x2, w1, w2, *pre)
+        ctx.runs = runs
         ctx.approximate = approximate
         ctx.x_shape = x.shape
         ctx.has_bias = (b1 is not None, b2 is not None)
@@ -108,21 +112,21 @@ class _MlpRuns(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):
-        x2, pre, w1, w2 = ctx.saved_tensors
+        x2, w1, w2, *pre = ctx.saved_tensors
         need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
         gy = grad.reshape(-1, grad.shape[-1])
-        T, hidden = pre.shape
+        hidden = w1.shape[0]
         dx = x2.new_empty(x2.shape) if need_x else None
         dw1 = torch.zeros_like(w1) if need_w1 else None
         dw2 = torch.zeros_like(w2) if need_w2 else None
         db1 = w1.new_zeros(hidden) if need_b1 and ctx.has_bias[0] else None
         db2 = w2.new_zeros(w2.shape[0]) \
             if need_b2 and ctx.has_bias[1] else None
-        runs = _runs(T, hidden)
-        act = _run_buffer(pre, runs, hidden) if dw2 is not None else None
-        dh = _run_buffer(pre, runs, hidden)
-        for r in runs:
-            h, g = pre[r], gy[r]
+        runs = ctx.runs
+        act = _run_buffer(x2, runs, hidden) if dw2 is not None else None
+        dh = _run_buffer(x2, runs, hidden)
+        for r, h in zip(runs, pre):
+            g = gy[r]
             if dw2 is not None:  # GELU recomputed, never stored whole
                 a = act[:r.stop - r.start]
                 torch.ops.aten.gelu.out(h, approximate=ctx.approximate,
