@@ -13,7 +13,8 @@ import pola_mm.models.layers.polarity_attention as attn_mod
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.layers import Mlp, PolarityAttention, token_runs
 from pola_mm.models.layers.token_runs import (cpu_training, mlp_in_runs,
-                                              split_linear_in_runs)
+                                              split_linear_in_runs,
+                                              train_in_runs)
 
 from test_backbones import TINY_PVT, TINY_SWIN
 
@@ -141,15 +142,26 @@ def test_cpu_training_predicate():
     assert not cpu_training(x.detach(), lin)  # bf16 weights, float32 x
 
 
+def test_train_in_runs_needs_min_runs(small_runs):
+    lin = nn.Linear(8, 32)
+    need = token_runs.MIN_RUNS * token_runs.TRAIN_RUN_ELEMENTS  # 2048
+    assert train_in_runs(torch.randn(need // 32, 8), 32, lin)
+    assert not train_in_runs(torch.randn(need // 32 - 1, 8), 32, lin)
+    assert train_in_runs(torch.randn(2, need // 64, 8), 32, lin)
+    with torch.no_grad():
+        assert not train_in_runs(torch.randn(need, 8), 32, lin)
+
+
 def test_cpu_training_off_while_compiling(monkeypatch):
     monkeypatch.setattr(token_runs, 'is_compiling', lambda: True)
     assert not cpu_training(torch.randn(2, 4), nn.Linear(4, 4))
 
 
-def test_mlp_dispatch():
+def test_mlp_dispatch(small_runs):
     m = Mlp(8, 32).train()
-    x = torch.randn(2, 5, 8)
+    x = torch.randn(4, 20, 8)  # 80 tokens x 32 hidden: 5 runs
     assert m(x).grad_fn.name() == '_MlpRunsBackward'
+    assert m(x[:, :10]).grad_fn.name() != '_MlpRunsBackward'  # < MIN_RUNS
     ref = m.fc2(m.act(m.fc1(x)))
     torch.testing.assert_close(m(x), ref)
     with torch.no_grad():
@@ -166,7 +178,7 @@ def test_mlp_dispatch():
 def test_project_dispatch_and_values(small_runs, fused):
     torch.manual_seed(5)
     attn = PolarityAttention(8, 2, (4, 4), fused_qkvg=fused).double()
-    x = torch.randn(2, 16, 8, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 80, 8, dtype=torch.float64, requires_grad=True)
     parts = attn.project(x)
     assert all(t.grad_fn.name() == '_SplitLinearRunsBackward'
                for t in parts)
@@ -212,19 +224,18 @@ def test_backbone_training_step_unchanged(small_runs, monkeypatch, model_cls,
         return [o.detach() for o in outs], dict(zip(names, grads))
 
     used = []
-    real = token_runs.cpu_training
-
-    def spy(*args):
-        used.append(True)
-        return real(*args)
-
-    monkeypatch.setattr(mlp_mod, 'cpu_training', spy)
-    monkeypatch.setattr(attn_mod, 'cpu_training', spy)
+    for fn in (token_runs._MlpRuns, token_runs._SplitLinearRuns):
+        def spy(*args, _real=fn.apply, _name=fn.__name__):
+            used.append(_name)
+            return _real(*args)
+        monkeypatch.setattr(fn, 'apply', spy)
     outs_runs, grads_runs = step()
-    assert used
-    monkeypatch.setattr(mlp_mod, 'cpu_training', lambda *a: False)
-    monkeypatch.setattr(attn_mod, 'cpu_training', lambda *a: False)
+    assert {'_MlpRuns', '_SplitLinearRuns'} <= set(used)
+    used.clear()
+    monkeypatch.setattr(mlp_mod, 'train_in_runs', lambda *a: False)
+    monkeypatch.setattr(attn_mod, 'train_in_runs', lambda *a: False)
     outs_plain, grads_plain = step()
+    assert not used
     for a, b in zip(outs_runs, outs_plain):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
     assert grads_runs.keys() == grads_plain.keys()

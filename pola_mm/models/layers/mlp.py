@@ -7,7 +7,7 @@ from mmcv.cnn import build_activation_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .token_runs import cpu_training, mlp_in_runs
+from .token_runs import mlp_in_runs, train_in_runs
 
 
 class Mlp(BaseModule):
@@ -35,14 +35,15 @@ class Mlp(BaseModule):
     def forward(self, x: Tensor) -> Tensor:
         """``(..., C)`` -> ``(..., C)``.
 
-        CPU training with GELU and no active dropout runs on runs of tokens
-        (:func:`~pola_mm.models.layers.token_runs.mlp_in_runs`: the hidden
-        layer after GELU is neither stored nor allocated whole); the result
-        is the same.
+        CPU training with GELU and no active dropout on large token maps
+        runs on runs of tokens (see
+        :func:`~pola_mm.models.layers.token_runs.train_in_runs` and
+        :func:`~pola_mm.models.layers.token_runs.mlp_in_runs`: the hidden
+        layer is never allocated whole); the result is the same.
         """
         if (type(self.act) is nn.GELU
                 and (self.drop.p == 0 or not self.training)
-                and cpu_training(x, self)):
+                and train_in_runs(x, self.fc1.out_features, self)):
             return mlp_in_runs(x, self.fc1, self.fc2, self.act.approximate)
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 

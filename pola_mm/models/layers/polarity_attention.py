@@ -15,7 +15,7 @@ from torch import Tensor
 from .cpu_ext import cpu_ext
 from .polarity_kernel import (is_compiling, polarity_attention_kernel,
                               polarity_key_state, polarity_query_apply)
-from .token_runs import cpu_training, split_linear_in_runs
+from .token_runs import split_linear_in_runs, train_in_runs
 
 Size2 = Tuple[int, int]
 
@@ -164,17 +164,19 @@ class PolarityAttention(BaseModule):
         Returns:
             ``q, k, v, g``, each ``(..., C)``: the authors' ``reshape(...,
             4, C)`` split of ``qkvg``, or of ``qg`` and ``kv`` for PVT. In
-            CPU training they are separate tensors made on runs of tokens
-            (:func:`~pola_mm.models.layers.token_runs.split_linear_in_runs`,
-            no 4C-wide output or stacked gradient is allocated); elsewhere
+            CPU training on large token maps they are separate tensors made
+            on runs of tokens (see
+            :func:`~pola_mm.models.layers.token_runs.train_in_runs`; no
+            4C-wide output or stacked gradient is allocated); elsewhere
             views into the projection output, split by ``unbind`` so that
             backward assembles the projection's gradient in one pass.
         """
         C = self.embed_dims
-        if self.fused_qkvg and cpu_training(x, self.qkvg):
+        if self.fused_qkvg and train_in_runs(x, 4 * C, self.qkvg):
             q, k, v, g = split_linear_in_runs(x, self.qkvg, 4)
             return q, k, v, g
-        if not self.fused_qkvg and cpu_training(x, self.qg, self.kv):
+        if not self.fused_qkvg and train_in_runs(x, 2 * C, self.qg,
+                                                 self.kv):
             q, g = split_linear_in_runs(x, self.qg, 2)
             k, v = split_linear_in_runs(x, self.kv, 2)
             return q, k, v, g
