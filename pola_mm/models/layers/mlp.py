@@ -7,7 +7,7 @@ from mmcv.cnn import build_activation_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .token_runs import mlp_in_runs, train_in_runs
+from .token_runs import linear_out, mlp_in_runs, train_in_runs
 
 
 class Mlp(BaseModule):
@@ -62,16 +62,9 @@ class Mlp(BaseModule):
             hidden: scratch of ``(>= T, hidden_features)``.
         """
         h = hidden[:x.shape[0]]
-        _linear_into(x, self.fc1, h)
+        linear_out(x, self.fc1.weight.t(), self.fc1.bias, h)
         if type(self.act) is nn.GELU:
             torch.ops.aten.gelu_(h, approximate=self.act.approximate)
         else:
             h = self.act(h)
-        _linear_into(h, self.fc2, out)
-
-
-def _linear_into(x: Tensor, fc: nn.Linear, out: Tensor) -> None:
-    if fc.bias is None:
-        torch.mm(x, fc.weight.t(), out=out)
-    else:
-        torch.addmm(fc.bias, x, fc.weight.t(), out=out)
+        linear_out(h, self.fc2.weight.t(), self.fc2.bias, out)

@@ -4,7 +4,7 @@ One module serves both backbones: Pola-Swin (fused ``qkvg`` projection,
 attention inside windows) and Pola-PVT (``qg`` + ``kv`` projections,
 attention over all tokens of a stage). Parameter names are the authors'.
 """
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -172,19 +172,17 @@ class PolarityAttention(BaseModule):
             backward assembles the projection's gradient in one pass.
         """
         C = self.embed_dims
-        if self.fused_qkvg and train_in_runs(x, 4 * C, self.qkvg):
-            q, k, v, g = split_linear_in_runs(x, self.qkvg, 4)
-            return q, k, v, g
-        if not self.fused_qkvg and train_in_runs(x, 2 * C, self.qg,
-                                                 self.kv):
-            q, g = split_linear_in_runs(x, self.qg, 2)
-            k, v = split_linear_in_runs(x, self.kv, 2)
-            return q, k, v, g
+
+        def split(linear: nn.Linear, parts: int) -> Sequence[Tensor]:
+            if train_in_runs(x, parts * C, linear):
+                return split_linear_in_runs(x, linear, parts)
+            return linear(x).unflatten(-1, (parts, C)).unbind(-2)
+
         if self.fused_qkvg:
-            q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
-            return q, k, v, g
-        q, g = self.qg(x).unflatten(-1, (2, C)).unbind(-2)
-        k, v = self.kv(x).unflatten(-1, (2, C)).unbind(-2)
+            q, k, v, g = split(self.qkvg, 4)
+        else:
+            q, g = split(self.qg, 2)
+            k, v = split(self.kv, 2)
         return q, k, v, g
 
     def positional_table(self, hw: Size2) -> Tensor:

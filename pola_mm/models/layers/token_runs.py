@@ -90,8 +90,9 @@ def train_in_runs(x: Tensor, width: int, *modules: nn.Module) -> bool:
             and cpu_training(x, *modules))
 
 
-def _linear_out(x: Tensor, weight_t: Tensor, bias: Optional[Tensor],
-                out: Tensor) -> None:
+def linear_out(x: Tensor, weight_t: Tensor, bias: Optional[Tensor],
+               out: Tensor) -> None:
+    """``x @ weight_t (+ bias)`` written into ``out`` (no autograd)."""
     if bias is None:
         torch.mm(x, weight_t, out=out)
     else:
@@ -116,9 +117,9 @@ class _MlpRuns(torch.autograd.Function):
         w1t, w2t = w1.t(), w2.t()
         for r, h in zip(runs, pre):
             a = act[:r.stop - r.start]
-            _linear_out(x2[r], w1t, b1, h)
+            linear_out(x2[r], w1t, b1, h)
             torch.ops.aten.gelu.out(h, approximate=approximate, out=a)
-            _linear_out(a, w2t, b2, y[r])
+            linear_out(a, w2t, b2, y[r])
         ctx.save_for_backward(x2, w1, w2, *pre)
         ctx.runs = runs
         ctx.approximate = approximate
@@ -199,7 +200,7 @@ class _SplitLinearRuns(torch.autograd.Function):
         wt = weight.t()
         for r in runs:
             b = buf[:r.stop - r.start]
-            _linear_out(x2[r], wt, bias, b)
+            linear_out(x2[r], wt, bias, b)
             for i, o in enumerate(outs):
                 o[r].copy_(b[:, i * C:(i + 1) * C])
         ctx.save_for_backward(x2, weight)
