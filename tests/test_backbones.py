@@ -220,6 +220,51 @@ def test_window_rules_and_layouts():
     assert outs[0].shape == (1, 16, 12, 16) and outs[3].shape == (1, 64, 2, 2)
 
 
+def _record_polarity_maps(monkeypatch):
+    """Record ``(ref_hw, hw, batch)`` of every polarity attention call, on
+    either path (one-shot :meth:`mix` or the inference runs)."""
+    from pola_mm.models.layers import PolarityAttention
+    seen = []
+    for name in ('mix', 'forward_in_runs'):
+        original = getattr(PolarityAttention, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            hw = args[3] if _name == 'mix' else args[1]
+            seen.append((self.ref_hw, tuple(hw), args[0].shape[0]))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(PolarityAttention, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize('grad', [True, False])
+def test_swin_polarity_stages_are_global_at_detection_sizes(monkeypatch,
+                                                            grad):
+    """At a detection-like size every polarity block attends over its whole
+    stage map (one sequence per image, the table resized from 56x56 /
+    28x28), in training and at inference."""
+    seen = _record_polarity_maps(monkeypatch)
+    model = PolaSwinTransformer(arch=TINY_SWIN, out_indices=(3, ))
+    model.train(grad)
+    x = torch.randn(2, 3, 320, 480)
+    with torch.set_grad_enabled(grad):
+        model(x)
+    assert seen == [((56, 56), (80, 120), 2)] * 2 + \
+        [((28, 28), (40, 60), 2)] * 2
+
+
+def test_swin_t_at_224_uses_the_tables_as_they_are(monkeypatch):
+    """At 224 each polarity stage map is the table's grid: the published
+    computation, nothing resized."""
+    seen = _record_polarity_maps(monkeypatch)
+    model = PolaSwinTransformer(arch='tiny', out_indices=(1, )).eval()
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 224, 224))
+    assert out[0].shape == (1, 192, 28, 28)
+    assert seen == [((56, 56), (56, 56), 1)] * 2 + \
+        [((28, 28), (28, 28), 1)] * 2
+
+
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg', 'mmpretrain', None])
 @pytest.mark.parametrize('name,arch', [('PolaSwinTransformer', TINY_SWIN),
                                        ('PolaPVT', TINY_PVT)])

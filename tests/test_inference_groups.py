@@ -1,13 +1,11 @@
-"""Inference on CPU runs the polarity half of Pola-Swin blocks on groups of
-windows, Pola-PVT's attention on runs of rows and the feed-forward half of
-every block on runs of tokens; all must give the whole-map results, and
-training must keep the whole-map path."""
+"""Inference on CPU runs the global polarity attention of Pola-Swin and
+Pola-PVT blocks on runs of grid rows and the feed-forward half of every
+block on runs of tokens; all must give the whole-map results, and training
+must keep the whole-map path."""
 
 import pytest
 import torch
 
-import pola_mm.models.backbones.pola_pvt as pola_pvt
-import pola_mm.models.backbones.pola_swin as pola_swin
 import pola_mm.models.backbones.utils as backbone_utils
 import pola_mm.models.layers.embed as embed
 import pola_mm.models.layers.polarity_kernel as polarity_kernel
@@ -18,44 +16,10 @@ from pola_mm.models.layers import Mlp, PolarityAttention
 from pola_mm.models.layers.polarity_kernel import (polarity_attention_kernel,
                                                    polarity_key_state,
                                                    polarity_query_apply)
-from pola_mm.models.layers.window import (grid_padding, pad_partition,
-                                          window_groups)
 
 TINY_SWIN = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 1, 2, 2))
 TINY_PVT = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
                 num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2))
-
-
-@pytest.mark.parametrize('hw,win,offset,per', [
-    ((13, 17), (5, 4), (0, 0), 1), ((13, 17), (5, 4), (3, 2), 2),
-    ((20, 8), (4, 8), (2, 4), 3), ((7, 30), (7, 6), (3, 3), 100),
-    ((9, 9), (3, 3), (1, 2), 2), ((9, 9), (3, 3), (1, 1), 100)])
-@pytest.mark.parametrize('split_borders', [False, True])
-def test_window_groups_tile_the_window_grid(hw, win, offset, per,
-                                            split_borders):
-    """Partitioning each group with its own padding gives exactly the
-    windows of the whole padded map, in the same order."""
-    pad = grid_padding(hw, win, offset)
-    x = torch.randn(2, hw[0], hw[1], 3)
-    whole = pad_partition(x, pad, win, -1.0)  # (2 * nW, N, C)
-    n_w = whole.shape[0] // 2
-    whole = whole.view(2, n_w, -1, 3)
-    groups = list(window_groups(hw, pad, win, per, split_borders))
-    if split_borders:  # border windows with padding stand alone
-        n_cols = (hw[1] + pad[2] + pad[3]) // win[1]
-        for _, c, gp in groups:
-            width = (c.stop - c.start + gp[2] + gp[3]) // win[1]
-            if (gp[2] or gp[3]) and n_cols > 1:
-                assert width == 1
-    parts = [pad_partition(x[:, r, c], gp, win, -1.0).view(
-        2, -1, whole.shape[2], 3) for r, c, gp in groups]
-    assert all(p.shape[1] <= per for p in parts)
-    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=0)
-    # every real token lies in exactly one group
-    cover = torch.zeros(hw, dtype=torch.int64)
-    for r, c, _ in groups:
-        cover[r, c] += 1
-    assert bool((cover == 1).all())
 
 
 def _randomise_attention(model: torch.nn.Module) -> None:
@@ -71,12 +35,11 @@ def _randomise_attention(model: torch.nn.Module) -> None:
 
 
 def _run_sizes(monkeypatch, small: bool) -> None:
-    """Tiny groups and runs (every inference path taken at test sizes), or
-    none at all (the one-shot computation)."""
+    """Tiny runs (every inference path taken at test sizes), or none at all
+    (the one-shot computation)."""
     big = 1 << 40
-    monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS',
-                        100 if small else big)
-    monkeypatch.setattr(pola_pvt, 'RUN_ELEMENTS', 1600 if small else big)
+    monkeypatch.setattr(backbone_utils, 'RUN_ELEMENTS',
+                        1600 if small else big)
     monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS',
                         256 if small else big)
     monkeypatch.setattr(embed, 'NORM_RUN_ELEMENTS', 256 if small else big)
@@ -97,50 +60,51 @@ def _count_calls(monkeypatch, obj, name):
 
 @pytest.mark.parametrize('hw', [(30, 41), (28, 28), (9, 50)])
 @pytest.mark.parametrize('shift', [False, True])
-def test_grouped_polarity_block_matches_whole_map(monkeypatch, hw, shift):
-    """Groups of windows, border windows cut to their real tokens with the
-    matching crop of the positional table, equal the padded whole map."""
+def test_swin_polarity_block_in_runs_matches_whole_map(monkeypatch, hw,
+                                                       shift):
+    """A Pola-Swin polarity block (fused ``qkvg``) streamed in runs of rows
+    at CPU inference equals the one-shot global computation."""
     torch.manual_seed(0)
     block = PolaSwinBlock(16, 2, (7, 7), shift=shift, attn_type='L').eval()
     _randomise_attention(block)
     x = torch.randn(2, hw[0] * hw[1], 16)
     with torch.no_grad():
+        _run_sizes(monkeypatch, small=False)
         whole = block(x, hw)
-        monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 49 * 2)
-        calls = _count_calls(monkeypatch, block, '_polarity_windows')
-        grouped = block(x, hw)
-    n_windows = -(-hw[0] // 7) * -(-hw[1] // 7)
-    assert len(calls) >= n_windows // 2 > 1
-    torch.testing.assert_close(grouped, whole, rtol=1e-5, atol=1e-5)
+        monkeypatch.setattr(backbone_utils, 'RUN_ELEMENTS', 16 * hw[1] * 3)
+        calls = _count_calls(monkeypatch, block.attn, 'forward_in_runs')
+        runs = block(x, hw)
+    assert len(calls) == 1
+    torch.testing.assert_close(runs, whole, rtol=1e-5, atol=1e-5)
 
 
 def test_training_and_gradients_keep_the_whole_map(monkeypatch):
-    """Groups are an inference path: with autograd recording (training or
+    """Runs are an inference path: with autograd recording (training or
     eval with gradients) the block attends to the whole map in one go."""
-    def small_groups():
-        monkeypatch.setattr(pola_swin, 'WINDOW_GROUP_TOKENS', 49)
+    def small_runs():
+        monkeypatch.setattr(backbone_utils, 'RUN_ELEMENTS', 16 * 20)
         monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 64)
         monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
 
-    small_groups()
+    small_runs()
     block = PolaSwinBlock(16, 2, (7, 7), shift=True, attn_type='L')
     hw = (20, 20)
     x = torch.randn(1, 400, 16)
     for train in (True, False):
         block.train(train)
-        calls = _count_calls(monkeypatch, block, '_polarity_windows')
+        calls = _count_calls(monkeypatch, block.attn, 'forward_in_runs')
         mlp_calls = _count_calls(monkeypatch, block.mlp, 'forward')
         block(x, hw).sum().backward()
-        assert len(calls) == 1 and len(mlp_calls) == 1
+        assert not calls and len(mlp_calls) == 1
         monkeypatch.undo()
-        small_groups()
+        small_runs()
     # a frozen block under autograd (no parameter, no input needing grad)
-    # takes the grouped paths
+    # takes the run paths
     block.eval().requires_grad_(False)
-    calls = _count_calls(monkeypatch, block, '_polarity_windows')
+    calls = _count_calls(monkeypatch, block.attn, 'forward_in_runs')
     mlp_calls = _count_calls(monkeypatch, block.mlp, 'forward_into')
     block(x, hw)
-    assert len(calls) > 1 and len(mlp_calls) > 1
+    assert len(calls) == 1 and len(mlp_calls) > 1
 
 
 @pytest.mark.parametrize('cls,arch', [(PolaSwinTransformer, TINY_SWIN),
@@ -148,7 +112,7 @@ def test_training_and_gradients_keep_the_whole_map(monkeypatch):
                          ids=['swin', 'pvt'])
 def test_backbone_inference_paths_match(monkeypatch, cls, arch):
     """Whole backbones, several sizes and batches: the inference paths
-    (grouped windows, token runs, in-place patch-embedding norms, the
+    (attention in runs of rows, token runs, in-place patch-embedding norms, the
     channels-last hand-off between PVT stages) give the outputs of the
     plain autograd computation, as NCHW-contiguous maps, and leave the input
     untouched."""
@@ -168,8 +132,8 @@ def test_backbone_inference_paths_match(monkeypatch, cls, arch):
                                      'forward_in_runs')
             parts = model(x)
         assert len(mlp_calls) > 2 * sum(arch['depths'])
-        if cls is PolaPVT:  # the stages more than 100 tokens wide
-            assert len(run_calls) >= 2
+        # the polarity stages more than a run tall
+        assert len(run_calls) >= 2
         assert torch.equal(x, x_saved)
         for a, b in zip(parts, whole):
             assert a.is_contiguous()
@@ -216,12 +180,15 @@ def test_mlp_forward_into_matches_forward(act):
 @pytest.mark.parametrize('hw,rows', [((9, 13), 2), ((9, 13), 4), ((5, 7), 1),
                                      ((12, 6), 5)])
 @pytest.mark.parametrize('residual', [False, True])
-def test_polarity_attention_in_runs_matches_forward(hw, rows, residual):
-    """PVT's global polarity attention streamed in runs of rows (keys, then
+@pytest.mark.parametrize('fused', [False, True])
+def test_polarity_attention_in_runs_matches_forward(hw, rows, residual,
+                                                    fused):
+    """Global polarity attention streamed in runs of rows (keys, then
     queries, conv with a halo) equals the one-shot forward, also with the
-    block's norm and residual folded in."""
+    block's norm and residual folded in, for PVT's ``qg``/``kv`` and Swin's
+    fused ``qkvg`` projections."""
     torch.manual_seed(0)
-    attn = PolarityAttention(16, 2, (7, 7), fused_qkvg=False).eval()
+    attn = PolarityAttention(16, 2, (7, 7), fused_qkvg=fused).eval()
     with torch.no_grad():
         for t in (attn.scale, attn.power, attn.positional_encoding,
                   attn.dwc.weight):
@@ -258,7 +225,7 @@ def test_key_state_and_query_apply_split_the_kernel(monkeypatch, chunk):
 
 
 def test_pvt_block_runs_only_at_inference(monkeypatch):
-    monkeypatch.setattr(pola_pvt, 'RUN_ELEMENTS', 20 * 16)
+    monkeypatch.setattr(backbone_utils, 'RUN_ELEMENTS', 20 * 16)
     torch.manual_seed(0)
     block = PolaPVTBlock(16, 2, (7, 7), mlp_ratio=2)
     hw = (9, 11)
@@ -270,7 +237,7 @@ def test_pvt_block_runs_only_at_inference(monkeypatch):
     with torch.no_grad():
         out = block(x, hw)
         assert len(calls) == 1
-        monkeypatch.setattr(pola_pvt, 'RUN_ELEMENTS', 1 << 30)
+        monkeypatch.setattr(backbone_utils, 'RUN_ELEMENTS', 1 << 30)
         ref = block(x, hw)
     assert len(calls) == 1
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -3,8 +3,8 @@
 
 Each model runs in its own process. Examples::
 
-    # issue 5's goal table (CPU; the large sizes take minutes and ~10 GB)
-    python tools/analysis/benchmark.py --preset issue5 --rounds 2
+    # the performance goals (CPU; the large sizes take minutes and ~10 GB)
+    python tools/analysis/benchmark.py --preset goals --rounds 2
 
     # one comparison
     python tools/analysis/benchmark.py --models pola_swin_t swin_t \\
@@ -93,9 +93,9 @@ def main() -> None:
           f'{time.time() - t0:.0f} s in all')
     print()
     print(format_table(results))
-    if args.preset == 'issue5':
+    if args.preset == 'goals':
         print()
-        print('Goals of issue 5:')
+        print('Performance goals:')
         for line in check_goals(results):
             print('- ' + line)
     if args.json:

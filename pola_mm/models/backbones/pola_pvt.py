@@ -9,19 +9,11 @@ from torch import Tensor
 from ...registry import register_model
 from ..layers import (PatchEmbed, PolarityAttention,
                       SpatialReductionAttention, resize_pos_table)
-from ..layers.polarity_kernel import cpu_autocast_enabled, cpu_inference
+from ..layers.polarity_kernel import cpu_inference
 from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                     linspace, pair, resolve_arch)
 
 Size2 = Tuple[int, int]
-
-#: At inference on CPU, polarity attention over a stage runs on runs of grid
-#: rows whose ``(tokens, C)`` maps hold about this many elements (keys
-#: first, then queries; see :meth:`PolarityAttention.forward_in_runs`), so
-#: that its intermediates stay the same small size at every stage and image
-#: size instead of growing with the image.
-RUN_ELEMENTS = 1 << 19
-
 
 class PolaPVTBlock(PreNormBlock):
     """PVT block: ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``.
@@ -68,20 +60,6 @@ class PolaPVTBlock(PreNormBlock):
 
     def _attend(self, x: Tensor, hw: Size2) -> Tensor:
         return self.attn(x, hw)
-
-    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        rows = max(1, RUN_ELEMENTS // (hw[1] * x.shape[-1]))
-        if (isinstance(self.attn, PolarityAttention) and rows < hw[0]
-                and not self.training
-                and x.dtype in (torch.float32, torch.float64)
-                and not cpu_autocast_enabled()
-                and self._cpu_inference(x, self.norm1, self.attn)):
-            # inference: the attention half in runs of rows, the residual
-            # written by it, and the feed-forward half added in place
-            x = self.attn.forward_in_runs(x, hw, rows, norm=self.norm1,
-                                          residual=True)
-            return self._ffn(x, inplace=True)
-        return super()._forward(x, hw)
 
 
 @register_model

@@ -10,57 +10,40 @@ from torch import Tensor
 from ...registry import register_model
 from ..layers import (PatchEmbed, PatchMerging, PolarityAttention,
                       WindowMSA)
-from ..layers.window import (Pad4, crop_map, cyclic_shift, effective_window,
+from ..layers.window import (crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
-                             merge_crop, pad_map, pad_partition,
-                             shift_region_mask, valid_token_map,
-                             window_groups, window_partition, window_reverse)
+                             pad_map, shift_region_mask, valid_token_map,
+                             window_partition, window_reverse)
 from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                     linspace, pair, resolve_arch)
 
 Size2 = Tuple[int, int]
 
-#: At inference on CPU, the polarity half of a windowed block (projections,
-#: windows, attention, gate and output projection) runs on groups of whole
-#: windows of at most about this many tokens (whole batch), one window row
-#: at a time, whenever the padded map holds more: every intermediate then
-#: stays small enough to be reused from cache and from the allocator's heap
-#: instead of being page-faulted afresh on every call.
-WINDOW_GROUP_TOKENS = 1 << 15
-
 
 class PolaSwinBlock(PreNormBlock):
     """One Swin block with polarity (``'L'``) or softmax (``'S'``) attention.
 
-    Window rules at run time, per dimension: if the map is not larger than
-    the block's window, the window shrinks to the map and the shift is 0;
-    otherwise the map is padded to a multiple of the window.
+    ``'L'`` (polarity): attention over the whole stage map at every input
+    size (no windows, no shift, no padding), as the authors configure it:
+    their polarity window covers the stage map at the size they train at
+    (56 at 224, 96 for their 384 fine-tune). ``positional_encoding`` has the
+    grid ``window_size`` and is bicubic-resized to the map when the map
+    differs.
 
-    Shifted windows (odd blocks, shift = window // 2):
-
-    - ``'S'`` (softmax): Swin's cyclic shift with the region mask, padded
-      keys masked as well (exactly the authors' computation at 224).
-    - ``'L'`` (polarity): an *offset window grid*: the map is padded at the
-      top/left by ``window - shift`` (= ``shift`` for even windows) and at
-      the bottom/right to a multiple of the window, partitioned, and padded
-      keys are masked. For maps that are multiples of the window this gives
-      every token exactly the set of keys it has under Swin's cyclic shift +
-      region mask (regions start at ``shift + k * window``; the wrapped last
-      window of the cyclic shift is split into the border pieces). The
-      authors' code rolls without a mask, which is harmless at 224 (all
-      polarity shifts are 0 there) but at larger sizes would let tokens of
-      opposite image borders attend to each other; a masked cyclic shift
-      would need one key-value product per region of a window. The offset
-      grid needs neither and reduces to the authors' computation when the
-      shift is 0. Padded tokens are absent keys and zero ``v`` for the
-      depth-wise conv, so window borders act like the conv's zero padding.
+    ``'S'`` (softmax): Swin's shifted windows. Per dimension, a window not
+    smaller than the map shrinks to it and its shift is 0; otherwise the map
+    is padded to a multiple of the window, padded keys are masked, and odd
+    blocks use Swin's cyclic shift with the region mask (exactly the
+    authors' computation at 224).
 
     Args:
         embed_dims: channels.
         num_heads: heads.
-        window_size: build-time window ``(wh, ww)`` (the polarity
-            ``positional_encoding`` grid / the softmax bias table window).
-        shift: whether this block shifts (odd blocks).
+        window_size: ``(wh, ww)``: the grid of the polarity
+            ``positional_encoding`` (``'L'``) or the softmax window
+            (``'S'``).
+        shift: whether an ``'S'`` block shifts (odd blocks); ignored by
+            ``'L'`` blocks, which attend to the whole map.
         attn_type: ``'L'`` or ``'S'``.
         mlp_ratio, qkv_bias, alpha, kernel_size, drop_rate, attn_drop_rate,
         drop_path_rate, act_cfg, norm_cfg: as in :class:`PolaSwinTransformer`.
@@ -103,77 +86,7 @@ class PolaSwinBlock(PreNormBlock):
         self.attn_type = attn_type
         self.window_size = window_size
         self.shift_size = ((window_size[0] // 2, window_size[1] // 2)
-                           if shift else (0, 0))
-
-    def _polarity(self, x: Tensor, hw: Size2) -> Tensor:
-        B, L, C = x.shape
-        win, shift = effective_window(hw, self.window_size, self.shift_size)
-        offset = ((win[0] - shift[0]) % win[0], (win[1] - shift[1]) % win[1])
-        pad = grid_padding(hw, win, offset)
-        xmap = x.view(B, hw[0], hw[1], C)
-        per_window = B * win[0] * win[1]  # tokens of a window, whole batch
-        per_group = max(1, WINDOW_GROUP_TOKENS // per_window)
-        n_windows = ((hw[0] + pad[0] + pad[1]) // win[0] *
-                     ((hw[1] + pad[2] + pad[3]) // win[1]))
-        if (n_windows * per_window <= WINDOW_GROUP_TOKENS
-                or not self._cpu_inference(x, self.attn)):
-            return self._polarity_windows(xmap, hw, win, pad).view(B, L, C)
-        # Inference on CPU: groups of windows, from the projections to the
-        # output projection, so that every intermediate stays cache-sized
-        # (see WINDOW_GROUP_TOKENS). Windows are independent: same result.
-        # A group's windows are cut to their real tokens along the sides
-        # that all of them pad (rows of the first and last window row,
-        # columns of a border window, which is a group of its own): padded
-        # keys are absent and padded v act as the conv's zero padding, so
-        # the cut window with the matching crop of the positional table is
-        # the same computation without the padding.
-        out = torch.empty_like(xmap)
-        table = None
-        for rows, cols, gpad in window_groups(hw, pad, win, per_group,
-                                              split_borders=True):
-            ghw = (rows.stop - rows.start, cols.stop - cols.start)
-            cut_rows = gpad[0] + gpad[1] > 0
-            cut_cols = gpad[2] + gpad[3] > 0 and \
-                ghw[1] + gpad[2] + gpad[3] == win[1]
-            gwin, pos = win, None
-            if cut_rows or cut_cols:
-                if table is None:
-                    table = self.attn.positional_table(win).view(
-                        1, win[0], win[1], C)
-                r0 = gpad[0] if cut_rows else 0
-                c0 = gpad[2] if cut_cols else 0
-                gwin = (ghw[0] if cut_rows else win[0],
-                        ghw[1] if cut_cols else win[1])
-                pos = table[:, r0:r0 + gwin[0], c0:c0 + gwin[1]].reshape(
-                    1, -1, C)
-                gpad = ((0, 0) if cut_rows else gpad[:2]) + \
-                    ((0, 0) if cut_cols else gpad[2:])
-            out[:, rows, cols] = self._polarity_windows(
-                xmap[:, rows, cols], ghw, gwin, gpad, pos)
-        return out.view(B, L, C)
-
-    def _polarity_windows(self, xmap: Tensor, hw: Size2, win: Size2,
-                          pad: Pad4, pos: Optional[Tensor] = None) -> Tensor:
-        """Polarity attention of the windows of ``xmap`` ``(B, H, W, C)``
-        padded by ``pad`` (``pos``: the positional table to use, see
-        :meth:`PolarityAttention.mix`); returns ``(B, H, W, C)``."""
-        B = xmap.shape[0]
-        # Per-token projections before padding: padded tokens are masked
-        # keys (zero v) and their outputs are discarded, so nothing is lost;
-        # the gate never needs windows.
-        q, k, v, g = self.attn.project(xmap)
-        # (B * nW, N, C) windows; padded keys are masked and v is zero
-        # there. Padded queries only produce discarded outputs: they hold 1,
-        # not 0, because |0|^p sends exp() down its slow underflow path.
-        q = pad_partition(q, pad, win, 1.0)
-        k, v = (pad_partition(t, pad, win) for t in (k, v))
-        valid = None
-        if any(pad):
-            valid = key_valid_mask(valid_token_map(hw, pad, xmap.device),
-                                   win)
-            valid = valid.repeat(B, 1)  # (B * nW, N)
-        y = self.attn.mix(q, k, v, win, valid, pos)
-        return self.attn.output(merge_crop(y, pad, win, hw), g)
+                           if shift and attn_type == 'S' else (0, 0))
 
     def _softmax(self, x: Tensor, hw: Size2) -> Tensor:
         B, L, C = x.shape
@@ -196,7 +109,7 @@ class PolaSwinBlock(PreNormBlock):
 
     def _attend(self, x: Tensor, hw: Size2) -> Tensor:
         if self.attn_type == 'L':
-            return self._polarity(x, hw)
+            return self.attn(x, hw)  # global over the stage map
         return self._softmax(x, hw)
 
 
@@ -242,17 +155,18 @@ class PolaSwinTransformer(PolaBackbone):
     """Pola-Swin backbone (PolaFormer, ICLR 2025) for any input size.
 
     Exactly the published model at 224 (fed a converted or authors'
-    checkpoint); at other sizes windows are padded, windows larger than the
-    map shrink to it, and learned tables are resized (see
-    :class:`PolaSwinBlock`).
+    checkpoint). Polarity (``'L'``) stages attend to their whole stage map
+    at every input size; softmax (``'S'``) stages use shifted windows,
+    padded to the map (see :class:`PolaSwinBlock`).
 
-    Window sizes: the polarity window of stage ``i`` is fixed at build time
+    Table grids: the polarity window of stage ``i`` is fixed at build time
     as ``min(window_size, pretrain_img_size / (patch_size * 2**i))`` (the
-    authors' rule: 56x56 in stage 0 and 28x28 in stage 1 of T/S/B at 224);
-    its ``positional_encoding`` has that many tokens and is bicubic-resized
-    only when the run-time window differs. Softmax stages use
-    ``softmax_window_size`` (7, or 12 when ``window_size > 56``) with the same
-    ``min`` rule.
+    authors' rule: 56x56 in stage 0 and 28x28 in stage 1 of T/S/B at 224,
+    96x96 and 48x48 for their 384 fine-tune with ``window_size=96``); it is
+    the grid of that stage's ``positional_encoding``, which is
+    bicubic-resized to the stage map whenever the map differs. Softmax
+    stages use windows of ``softmax_window_size`` (7, or 12 when
+    ``window_size > 56``) with the same ``min`` rule.
 
     Args:
         arch: ``'tiny'``/``'small'``/``'base'`` (``'t'``/``'s'``/``'b'``) or a
@@ -260,7 +174,8 @@ class PolaSwinTransformer(PolaBackbone):
         pretrain_img_size: image size of pre-training (int or pair).
         patch_size: patch size of the patch embedding.
         in_channels: input channels.
-        window_size: polarity window.
+        window_size: the authors' polarity window: sets the grid of the
+            polarity ``positional_encoding`` (polarity stages are global).
         softmax_window_size: window of ``'S'`` stages.
         attn_layout: one letter per stage, ``'L'`` polarity, ``'S'`` softmax.
         mlp_ratio: MLP hidden ratio.

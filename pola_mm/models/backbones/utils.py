@@ -26,6 +26,12 @@ Size2 = Tuple[int, int]
 FFN_CHUNK_ELEMENTS = 1 << 20
 #: ... but never fewer tokens than this per run (wide late stages).
 _FFN_MIN_TOKENS = 1024
+#: At inference on CPU, polarity attention over a stage map runs on runs of
+#: grid rows whose ``(tokens, C)`` maps hold about this many elements (keys
+#: first, then queries; see :meth:`PolarityAttention.forward_in_runs`), so
+#: that its intermediates stay the same small size at every stage and image
+#: size instead of growing with the image.
+RUN_ELEMENTS = 1 << 19
 
 
 def pair(x: Union[int, Sequence[int]]) -> Size2:
@@ -200,6 +206,18 @@ class PreNormBlock(BaseModule):
         raise NotImplementedError
 
     def _forward(self, x: Tensor, hw: Size2) -> Tensor:
+        rows = max(1, RUN_ELEMENTS // (hw[1] * x.shape[-1]))
+        if (isinstance(self.attn, PolarityAttention) and rows < hw[0]
+                and not self.training
+                and x.dtype in (torch.float32, torch.float64)
+                and not cpu_autocast_enabled()
+                and self._cpu_inference(x, self.norm1, self.attn)):
+            # CPU inference: the attention half in runs of rows (the same
+            # result), the residual written by it, and the feed-forward
+            # half added in place
+            x = self.attn.forward_in_runs(x, hw, rows, norm=self.norm1,
+                                          residual=True)
+            return self._ffn(x, inplace=True)
         x = x + self.drop_path(self._attend(self.norm1(x), hw))
         return self._ffn(x)
 

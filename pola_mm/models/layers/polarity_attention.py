@@ -1,8 +1,8 @@
 """Polarity-aware linear attention (PolaFormer, ICLR 2025).
 
-One module serves both backbones: Pola-Swin (fused ``qkvg`` projection,
-attention inside windows) and Pola-PVT (``qg`` + ``kv`` projections,
-attention over all tokens of a stage). Parameter names are the authors'.
+One module serves both backbones: Pola-Swin (fused ``qkvg`` projection) and
+Pola-PVT (``qg`` + ``kv`` projections); both attend to all tokens of a
+stage map. Parameter names are the authors'.
 """
 from typing import List, Optional, Sequence, Tuple
 
@@ -90,17 +90,18 @@ def polarity_linear_attention(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
 class PolarityAttention(BaseModule):
     """Polarity-aware linear attention with gate and depth-wise conv on v.
 
-    The forward is split into three steps so that windowed callers can do
-    the per-token work outside the windows (and skip it on padding):
-    :meth:`project` (tokens -> q, k, v, g), :meth:`mix` (attention + dwc on
-    one window / stage, float32 under autocast) and :meth:`output`
-    (gate and output projection). :meth:`forward` chains them.
+    The forward has three steps: :meth:`project` (tokens -> q, k, v, g),
+    :meth:`mix` (attention + dwc over the stage map, float32 under
+    autocast) and :meth:`output` (gate and output projection).
+    :meth:`forward` chains them; :meth:`forward_in_runs` computes the same
+    at CPU inference without holding full-size intermediates.
 
     Args:
         embed_dims: channels ``C``.
         num_heads: heads ``h``; ``d = C / h`` must be even.
-        ref_hw: the grid of ``positional_encoding`` (Swin: one window at the
-            pre-training size; PVT: the stage at 224).
+        ref_hw: the grid of ``positional_encoding`` (Swin: the authors'
+            polarity window at the pre-training size, the whole stage map;
+            PVT: the stage at 224). Resized bicubically to other maps.
         fused_qkvg: True for Swin's ``qkvg`` Linear(C, 4C); False for PVT's
             ``qg`` and ``kv`` Linear(C, 2C) each.
         qkv_bias: bias of the input projections.
@@ -185,6 +186,24 @@ class PolarityAttention(BaseModule):
             k, v = split(self.kv, 2)
         return q, k, v, g
 
+    def _project_parts(self, x: Tensor,
+                       parts: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+        """Two of ``q, k, v, g`` (indices 0-3) without computing the others:
+        ``(0, 3)`` gives ``q, g`` and ``(1, 2)`` gives ``k, v``, each
+        ``(..., C)``, for inference in runs (:meth:`forward_in_runs`)."""
+        C = self.embed_dims
+        if not self.fused_qkvg:
+            linear = self.qg if parts == (0, 3) else self.kv
+            a, b = linear(x).unflatten(-1, (2, C)).unbind(-2)
+            return a, b
+        w, bias = self.qkvg.weight, self.qkvg.bias
+        out = []
+        for i in parts:
+            rows = slice(i * C, (i + 1) * C)
+            out.append(F.linear(x, w[rows],
+                                None if bias is None else bias[rows]))
+        return out[0], out[1]
+
     def positional_table(self, hw: Size2) -> Tensor:
         """``positional_encoding`` for a grid ``hw``: ``(1, H * W, C)``.
 
@@ -194,26 +213,17 @@ class PolarityAttention(BaseModule):
         return resize_pos_table(self.positional_encoding, self.ref_hw, hw)
 
     # -- step 2 ------------------------------------------------------------
-    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2,
-            valid: Optional[Tensor] = None,
-            pos: Optional[Tensor] = None) -> Tensor:
-        """Attention and depth-wise conv on v for sequences laid out on grids.
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2) -> Tensor:
+        """Attention and depth-wise conv on v over a whole grid of tokens.
 
         Under fp16/bf16 autocast the computation runs in float32; the result
         is returned in the inputs' dtype.
 
         Args:
-            q, k, v: ``(B', N, C)`` from :meth:`project` (any strides),
-                ``N = H * W`` tokens row-major on the grid ``hw`` (a window
-                or a stage); ``k`` without the positional table.
+            q, k, v: ``(B, N, C)`` from :meth:`project` (any strides),
+                ``N = H * W`` tokens row-major on the stage map ``hw``;
+                ``k`` without the positional table.
             hw: ``(H, W)``.
-            valid: optional ``(B', N)`` bool; False marks padded tokens,
-                which act as absent keys. Their ``v`` must be zero (as
-                zero-padding the projections makes it), so that they also
-                act as the conv's zero padding.
-            pos: optional ``(1, N, C)`` positional table to use instead of
-                :meth:`positional_table` of ``hw`` (the crop of a larger
-                window's table, for windows cut to their real tokens).
 
         Returns:
             ``(B', N, C)`` (before the gate).
@@ -225,16 +235,13 @@ class PolarityAttention(BaseModule):
             q, k, v = q.to(dt), k.to(dt), v.to(dt)
             B, N, C = q.shape
             h, d = self.num_heads, self.head_dims
-            if pos is None:
-                pos = self.positional_table(hw)
-            pos = pos.to(dt)  # (1, N, C)
+            pos = self.positional_table(hw).to(dt)  # (1, N, C)
             x = polarity_attention_kernel(
                 q.unflatten(-1, (h, d)).transpose(1, 2),
                 k.unflatten(-1, (h, d)).transpose(1, 2),
                 v.unflatten(-1, (h, d)).transpose(1, 2),
                 self.scale.to(dt).reshape(1, h, 1, d), self.power.to(dt),
-                self.alpha, valid,
-                k_bias=pos.unflatten(-1, (h, d)).transpose(1, 2))
+                self.alpha, k_bias=pos.unflatten(-1, (h, d)).transpose(1, 2))
             # depth-wise conv on v: the per-head kernel repeated over the
             # heads, on the channels-last (B', C, H, W) map, so its output is
             # already token-major like the kernel's
@@ -295,7 +302,7 @@ class PolarityAttention(BaseModule):
         vmap = x.new_empty(B, H, W, C)
         state: Optional[Tensor] = None
         for r0, r1 in runs:
-            k, v = self.kv(inputs(r0, r1)).unflatten(-1, (2, C)).unbind(-2)
+            k, v = self._project_parts(inputs(r0, r1), (1, 2))
             vmap[:, r0:r1] = v
             part = polarity_key_state(heads(k), heads(v), scale, power,
                                       self.alpha, heads(pos[:, r0:r1]))
@@ -308,7 +315,7 @@ class PolarityAttention(BaseModule):
         # reads their rows (one full-size allocation fewer).
         pending: List[Tuple[int, int, Tensor]] = []
         for r0, r1 in runs:
-            q, g = self.qg(inputs(r0, r1)).unflatten(-1, (2, C)).unbind(-2)
+            q, g = self._project_parts(inputs(r0, r1), (0, 3))
             y = polarity_query_apply(heads(q), state, float(N), scale, power,
                                      self.alpha)
             lo, hi = max(r0 - ph, 0), min(r1 + ph, H)
@@ -333,23 +340,19 @@ class PolarityAttention(BaseModule):
         """Gate and output projection: ``proj(x * g)``; ``(..., C)``."""
         return self.proj_drop(self.proj(x * g))
 
-    def forward(self, x: Tensor, hw: Size2,
-                valid: Optional[Tensor] = None) -> Tensor:
-        """Full attention on sequences laid out on a grid.
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """Attention over all tokens of a grid (the published computation:
+        :meth:`project`, :meth:`mix`, :meth:`output`).
 
         Args:
-            x: ``(B, N, C)``, ``N = H * W``.
+            x: ``(B, N, C)``, ``N = H * W`` row-major on the grid ``hw``.
             hw: ``(H, W)``.
-            valid: optional ``(B, N)`` bool key-validity mask (padded
-                tokens are absent keys and zero ``v``).
 
         Returns:
             ``(B, N, C)``.
         """
         q, k, v, g = self.project(x)
-        if valid is not None:
-            v = v * valid.unsqueeze(-1).to(v.dtype)
-        return self.output(self.mix(q, k, v, hw, valid), g)
+        return self.output(self.mix(q, k, v, hw), g)
 
 
 class _DepthwiseConv2d(torch.autograd.Function):
