@@ -1,8 +1,10 @@
 """Models of pola_mm; importing this module registers them."""
 from .backbones import PolaPVT, PolaSwinTransformer
-from .checkpoint import backbone_state_dict, convert_official_checkpoint
+from .checkpoint import (CheckpointFileError, InertObject, backbone_state_dict,
+                         convert_official_checkpoint, load_checkpoint_file)
 
 __all__ = [
     'PolaSwinTransformer', 'PolaPVT', 'convert_official_checkpoint',
-    'backbone_state_dict'
+    'backbone_state_dict', 'load_checkpoint_file', 'CheckpointFileError',
+    'InertObject'
 ]

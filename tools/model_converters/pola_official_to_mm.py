@@ -3,7 +3,12 @@
 
     python tools/model_converters/pola_official_to_mm.py SRC DST
 
-SRC: the authors' file (``{'model': state_dict}``, Pola-Swin or Pola-PVT).
+SRC: the authors' file, Pola-Swin or Pola-PVT: ``{'model': state_dict}`` or
+a full training checkpoint of their code (``model``, ``optimizer``,
+``lr_scheduler``, ``max_accuracy``, ``epoch``, ``config``: a yacs
+``CfgNode``). It is read by ``pola_mm.models.load_checkpoint_file``, which
+never runs code from the file: entries torch's weights-only loader refuses
+(the ``config``) are kept as inert data and only ``model`` is used.
 DST: ``{'state_dict': {backbone.*, head.fc.*}, 'meta': {...}}`` with plain
 tensors only (loads with ``torch.load(..., weights_only=True)``), usable by
 ``configs/pola_*_in1k.py`` (``load_from``) and by any backbone
@@ -39,9 +44,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ImportError:
         sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)),
                                     '..', '..'))
-    from pola_mm.models.checkpoint import (convert_official_checkpoint,
-                                           extract_state_dict, official_family)
-    ckpt = torch.load(args.src, map_location='cpu', weights_only=True)
+    from pola_mm.models.checkpoint import (CheckpointFileError,
+                                           convert_official_checkpoint,
+                                           extract_state_dict,
+                                           load_checkpoint_file,
+                                           official_family)
+    try:
+        ckpt = load_checkpoint_file(args.src, map_location='cpu')
+    except CheckpointFileError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 1
     sd = extract_state_dict(ckpt)
     family = official_family(sd) if isinstance(sd, dict) else None
     if family is None:
