@@ -1,10 +1,13 @@
 # Semantic FPN, Pola-PVT-S backbone, ADE20K 512x512.
-# 40k iterations, AdamW lr 2e-4, weight decay 1e-4, poly (power 0.9),
-# 4 images per GPU x 4 GPUs (16 per iteration; with 8 GPUs pass
-# --cfg-options train_dataloader.batch_size=2).
+# 40k iterations, AdamW lr 2e-4, weight decay 1e-4 on every parameter, poly
+# (power 0.9), drop path 0.1, 2 images per GPU x 8 GPUs (16 per iteration).
+# Reference: LeapLabTHU/Agent-Attention downstream/segmentation/configs/
+#   agent_pvt/fpn_agent_pvt_s_12-16-28-28.py
 _base_ = [
     './_base_/sem_fpn_pola_ade20k.py',
     './_base_/models/pola_pvt_s_fpn.py',
 ]
 
-model = dict(backbone=_base_.pola_backbone, neck=_base_.pola_neck)
+model = dict(
+    backbone=dict(_base_.pola_backbone, drop_path_rate=0.1),
+    neck=_base_.pola_neck)

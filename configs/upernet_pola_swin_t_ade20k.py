@@ -1,7 +1,9 @@
 # UperNet, Pola-Swin-T backbone, ADE20K 512x512.
-# 160k iterations, AdamW lr 6e-5, weight decay 0.01, 1500-iter linear warm-up,
-# poly (power 1.0), drop path 0.3, 2 images per GPU x 8 GPUs
-# (16 per iteration).
+# 160k iterations, AdamW lr 6e-5, weight decay 0.01 (none on norms / relative
+# position bias), 1500-iter linear warm-up, poly (power 1.0), drop path 0.3,
+# 2 images per GPU x 8 GPUs (16 per iteration).
+# Reference: LeapLabTHU/Agent-Attention downstream/segmentation/configs/
+#   agent_swin/upernet_agent_swin_t_9-12-14-7.py
 _base_ = [
     'mmseg::_base_/models/upernet_swin.py',
     'mmseg::_base_/datasets/ade20k.py',

@@ -22,7 +22,7 @@ import os.path as osp
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
-from mmengine.config import Config
+from mmengine.config import Config, ConfigDict
 from PIL import Image, ImageDraw
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -250,6 +250,11 @@ def tiny_det(cfg: Config, data: Dict[str, str], work_dir: str,
         ds.ann_file = data['ann_file']
         ds.data_prefix = dict(img=data['img_prefix'])
         ds.metainfo = dict(classes=COCO_NAMES)
+        # the Swin recipe's multi-scale + random-crop choice (480-800 short
+        # side) becomes one resize to ``size``, as the single-scale configs
+        ds.pipeline = [
+            ConfigDict(type='Resize', scale=(size, size), keep_ratio=True)
+            if t.type == 'RandomChoice' else t for t in ds.pipeline]
         for t in ds.pipeline:
             if t.type == 'Resize':
                 t.scale = (size, size)
@@ -357,6 +362,8 @@ def tiny_cls(cfg: Config, data: Dict[str, str], work_dir: str,
                 t.scale = size
             elif t.type == 'ResizeEdge':
                 t.scale = size
+            elif t.type == 'Resize':  # the authors' square test resize
+                t.scale = (size, size)
             elif t.type == 'CenterCrop':
                 t.crop_size = size
         loader.batch_size = 8

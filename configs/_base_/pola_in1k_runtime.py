@@ -1,10 +1,29 @@
 # ImageNet-1k classification recipe shared by the Pola-Swin / Pola-PVT
-# configs (the authors' DeiT-style recipe): 300 epochs, AdamW with
-# lr 5e-4 per 512 images: each config sets lr for its own total batch
-# (8 GPUs x images per GPU) and auto_scale_lr.base_batch_size to that batch,
-# so `--auto-scale-lr` rescales linearly for another GPU count, weight decay 0.05, cosine schedule, label smoothing 0.1,
-# RandAugment m9, Mixup 0.8, CutMix 1.0, random erasing 0.25.
-# Warm-up, drop path, grad clip and batch size are set per model.
+# configs: the authors' recipe (ZacharyMeng/PolaFormer main.py, config.py,
+# optimizer.py, lr_scheduler.py, data/build.py; timm 0.4.12), point by point
+# in docs/protocol.md.
+#
+# - AdamW (eps 1e-8, betas 0.9 / 0.999), weight decay 0.05, lr 5e-4 per 512
+#   images: each config sets lr for its own total batch (8 GPUs x images per
+#   GPU) and auto_scale_lr.base_batch_size to that batch, so
+#   `--auto-scale-lr` rescales linearly for another GPU count; the warm-up
+#   start and the minimum lr are ratios of lr, so they scale with it as the
+#   authors' WARMUP_LR / MIN_LR do.
+# - No weight decay on 1-D parameters and biases only (the authors'
+#   ``len(shape) == 1 or name.endswith('.bias')``, plus their per-model skip
+#   lists, set in pola_in1k_swin.py / pola_in1k_pvt.py): ``power``,
+#   ``scale``, ``positional_encoding`` and PVT's ``pos_embed*`` are decayed.
+# - Schedule stepped per iteration: linear warm-up, cosine to the minimum lr
+#   over the training epochs, warm-up and cosine overlapping (the authors'
+#   timm cosine counts from iteration 0, warm-up included); cool-down epochs
+#   after it stay at the minimum lr. Set per family.
+# - Train: random resized crop 224 (bicubic), flip, RandAugment
+#   rand-m9-mstd0.5-inc1, random erasing 0.25 (per-pixel random fill), no
+#   colour jitter (timm drops it when RandAugment is on), no repeated
+#   augmentation, Mixup 0.8 / CutMix 1.0 (switch 0.5), label smoothing 0.1,
+#   incomplete last batch dropped.
+# - Test: resize to a 256x256 square (bicubic), centre crop 224.
+# Drop path, grad clip and batch size are set per model.
 _base_ = [
     'mmpretrain::_base_/datasets/imagenet_bs64_swin_224.py',
     'mmpretrain::_base_/schedules/imagenet_bs1024_adamw_swin.py',
@@ -34,27 +53,37 @@ model = dict(
     ]),
 )
 
-train_dataloader = dict(batch_size=128)
-val_dataloader = dict(batch_size=128)
+# The authors' evaluation: torchvision Resize((256, 256)) (a square, not the
+# short side) then CenterCrop(224), both on PIL images with bicubic
+# interpolation (data/build.py with TEST.CROP true).
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(
+        type='Resize',
+        scale=(256, 256),
+        keep_ratio=False,
+        backend='pillow',
+        interpolation='bicubic'),
+    dict(type='CenterCrop', crop_size=224),
+    dict(type='PackInputs'),
+]
+
+train_dataloader = dict(batch_size=128, drop_last=True)
+val_dataloader = dict(batch_size=128, dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
-# No weight decay on norms, biases, learned position tables, relative
-# position biases and the polarity attention's power / scale.
+# Decay everything but 1-D parameters and biases; the families add their
+# skip-list keys (mmpretrain's base lists '.absolute_pos_embed' and
+# '.relative_position_bias_table', dropped here, and re-added for Swin).
 optim_wrapper = dict(
     optimizer=dict(
         type='AdamW', lr=1e-3, weight_decay=0.05, eps=1e-8,
         betas=(0.9, 0.999)),
     paramwise_cfg=dict(
+        _delete_=True,
         norm_decay_mult=0.0,
         bias_decay_mult=0.0,
-        flat_decay_mult=0.0,
-        custom_keys={
-            '.positional_encoding': dict(decay_mult=0.0),
-            '.pos_embed': dict(decay_mult=0.0),
-            '.relative_position_bias_table': dict(decay_mult=0.0),
-            '.power': dict(decay_mult=0.0),
-            'attn.scale': dict(decay_mult=0.0),
-        }),
+        flat_decay_mult=0.0),
 )
 
 train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)

@@ -1,9 +1,12 @@
 # MMDetection 1x schedule with AdamW, as used for the Pola backbones on COCO.
 #
-# 12 epochs, lr x0.1 after epochs 8 and 11, 500-iteration linear warm-up;
-# AdamW lr 1e-4, weight decay 0.05 (configs override lr / weight decay where
-# the recipe differs, e.g. PVT). No weight decay on norms, positional tables,
-# relative position bias, and the polarity attention's ``power`` / ``scale``.
+# 12 epochs, lr x0.1 after epochs 8 and 11, 500-iteration linear warm-up
+# (ratio 0.001); AdamW lr 1e-4, weight decay 0.05: the Swin recipe of the
+# reference protocol (Agent-Attention's agent_swin configs, which PolaFormer
+# follows). No weight decay on parameters whose name contains ``norm`` or
+# ``relative_position_bias_table``; everything else, biases and the polarity
+# attention's ``power`` / ``scale`` / ``positional_encoding`` included, is
+# decayed (see docs/protocol.md). Pola-PVT uses ./det_adamw_1x_pvt.py.
 # ``auto_scale_lr``: the lr above is for 16 images per iteration (8 GPUs x 2);
 # ``tools/train.py --auto-scale-lr`` rescales it linearly for other batches.
 _base_ = 'mmdet::_base_/schedules/schedule_1x.py'
@@ -33,11 +36,7 @@ optim_wrapper = dict(
     paramwise_cfg=dict(
         custom_keys={
             'norm': dict(decay_mult=0.),
-            '.pos_embed': dict(decay_mult=0.),
-            '.positional_encoding': dict(decay_mult=0.),
-            '.relative_position_bias_table': dict(decay_mult=0.),
-            '.power': dict(decay_mult=0.),
-            'attn.scale': dict(decay_mult=0.),
+            'relative_position_bias_table': dict(decay_mult=0.),
         }))
 
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -1,7 +1,8 @@
-# Semantic FPN schedule of the PVT family on ADE20K.
+# Semantic FPN schedule of the PVT family on ADE20K (the reference protocol:
+# Agent-Attention segmentation/configs/agent_pvt/fpn_agent_pvt_*.py).
 #
-# 40k iterations, AdamW lr 2e-4, weight decay 1e-4, poly decay (power 0.9) to
-# 0, no weight decay on norms / positional tables / ``power`` / ``scale``.
+# 40k iterations, AdamW lr 2e-4, weight decay 1e-4 on every parameter (the
+# reference sets no paramwise_cfg), poly decay (power 0.9) to 0, no warm-up.
 # The lr is for 16 images per iteration.
 _base_ = 'mmseg::_base_/schedules/schedule_40k.py'
 
@@ -9,16 +10,7 @@ optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     optimizer=dict(
-        type='AdamW', lr=2e-4, betas=(0.9, 0.999), weight_decay=1e-4),
-    paramwise_cfg=dict(
-        custom_keys={
-            'norm': dict(decay_mult=0.),
-            '.pos_embed': dict(decay_mult=0.),
-            '.positional_encoding': dict(decay_mult=0.),
-            '.relative_position_bias_table': dict(decay_mult=0.),
-            '.power': dict(decay_mult=0.),
-            'attn.scale': dict(decay_mult=0.),
-        }))
+        type='AdamW', lr=2e-4, betas=(0.9, 0.999), weight_decay=1e-4))
 
 param_scheduler = [
     dict(
