@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
 from pola_mm.models.layers import (PolarityAttention, WindowMSA,
                                    relative_position_index, resize_pos_table)
-from pola_mm.models.layers.polarity_attention import (
-    depthwise_conv2d, polarity_linear_attention)
+from pola_mm.models.layers.polarity_attention import \
+    polarity_linear_attention
+from pola_mm.ops.depthwise_conv import depthwise_conv2d
 from pola_mm.models.layers.window import (crop_map, cyclic_shift,
                                           effective_window, grid_padding,
                                           key_padding_logits, key_valid_mask,

@@ -222,18 +222,24 @@ def test_window_rules_and_layouts():
 
 def _record_polarity_maps(monkeypatch):
     """Record ``(ref_hw, hw, batch)`` of every polarity attention call, on
-    either path (one-shot :meth:`mix` or the inference runs)."""
+    either path (one-shot :meth:`mix` or the CPU inference runs)."""
     from pola_mm.models.layers import PolarityAttention
+    from pola_mm.ops import inference_runs
     seen = []
-    for name in ('mix', 'forward_in_runs'):
-        original = getattr(PolarityAttention, name)
+    mix = PolarityAttention.mix
+    in_runs = inference_runs.polarity_attention_in_runs
 
-        def spy(self, *args, _original=original, _name=name, **kwargs):
-            hw = args[3] if _name == 'mix' else args[1]
-            seen.append((self.ref_hw, tuple(hw), args[0].shape[0]))
-            return _original(self, *args, **kwargs)
+    def spy_mix(self, q, k, v, hw):
+        seen.append((self.ref_hw, tuple(hw), q.shape[0]))
+        return mix(self, q, k, v, hw)
 
-        monkeypatch.setattr(PolarityAttention, name, spy)
+    def spy_runs(attn, x, hw, *args, **kwargs):
+        seen.append((attn.ref_hw, tuple(hw), x.shape[0]))
+        return in_runs(attn, x, hw, *args, **kwargs)
+
+    monkeypatch.setattr(PolarityAttention, 'mix', spy_mix)
+    monkeypatch.setattr(inference_runs, 'polarity_attention_in_runs',
+                        spy_runs)
     return seen
 
 

@@ -136,7 +136,7 @@ def test_tiny_pola_backbones(cfg, mode):
     assert r.error is None, r.error
     assert r.num_params > 0
     assert r.cpu_ext is True  # float32 on CPU: the fused loops ran
-    assert 'Fused CPU loops (pola_mm/csrc): used by custom' in format_table(
+    assert 'Fused CPU loops (pola_mm/ops/csrc): used by custom' in format_table(
         [r])
 
 

@@ -1,16 +1,17 @@
-"""The fused CPU loops (pola_mm/csrc/polarity_cpu.cpp) against the
+"""The fused CPU loops (pola_mm/ops/csrc/polarity_cpu.cpp) against the
 pure-torch kernel: same outputs and gradients, the switch, the fallback."""
 import logging
 
 import pytest
 import torch
 
-import pola_mm.models.layers.cpu_ext as cpu_ext_mod
-import pola_mm.models.layers.polarity_kernel as pk
-from pola_mm.models.layers.cpu_ext import CPU_EXT_ENV, cpu_ext
-from pola_mm.models.layers.polarity_kernel import (polarity_attention_kernel,
-                                                   polarity_key_state,
-                                                   polarity_query_apply)
+import pola_mm.ops.cpu_ext as cpu_ext_mod
+import pola_mm.ops.polarity_kernel as pk
+from pola_mm.ops import dispatch
+from pola_mm.ops.cpu_ext import CPU_EXT_ENV, cpu_ext
+from pola_mm.ops.polarity_kernel import (polarity_attention_kernel,
+                                         polarity_key_state,
+                                         polarity_query_apply)
 
 
 def _close(a, b, name=''):
@@ -92,7 +93,7 @@ def test_fused_loops_match_the_torch_kernel(monkeypatch, shape, masked,
                                             chunk):
     """Outputs and every gradient (q, k, v, scale, power, key bias), in one
     piece and in many pieces (``chunk``), with and without a key mask."""
-    monkeypatch.setattr(pk, 'CPU_CHUNK_ELEMENTS', chunk)
+    monkeypatch.setattr(dispatch, 'KERNEL_RUN_ELEMENTS', chunk)
     args = _inputs(*shape, masked)
     fused, calls = _run(args, True, monkeypatch)
     plain, no_calls = _run(args, False, monkeypatch)
@@ -192,7 +193,7 @@ def test_depthwise_conv_gradients(monkeypatch, shape, k, channels_last):
     """The depth-wise conv's gradients with the fused weight-gradient pass
     (channels-last float32) equal float64 autograd; other layouts keep
     PyTorch's backward."""
-    from pola_mm.models.layers import polarity_attention as pa
+    from pola_mm.ops import depthwise_conv as pa
     monkeypatch.setenv(CPU_EXT_ENV, '1')
     calls = []
     _count_ext_calls(monkeypatch, pa, cpu_ext(), calls)

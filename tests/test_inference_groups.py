@@ -6,16 +6,15 @@ must keep the whole-map path."""
 import pytest
 import torch
 
-import pola_mm.models.backbones.utils as backbone_utils
 import pola_mm.models.layers.embed as embed
-import pola_mm.models.layers.polarity_kernel as polarity_kernel
+from pola_mm.ops import dispatch, inference_runs
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.backbones.pola_pvt import PolaPVTBlock
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
 from pola_mm.models.layers import Mlp, PolarityAttention
-from pola_mm.models.layers.polarity_kernel import (polarity_attention_kernel,
-                                                   polarity_key_state,
-                                                   polarity_query_apply)
+from pola_mm.ops.polarity_kernel import (polarity_attention_kernel,
+                                         polarity_key_state,
+                                         polarity_query_apply)
 
 TINY_SWIN = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 1, 2, 2))
 TINY_PVT = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
@@ -38,12 +37,12 @@ def _run_sizes(monkeypatch, small: bool) -> None:
     """Tiny runs (every inference path taken at test sizes), or none at all
     (the one-shot computation)."""
     big = 1 << 40
-    monkeypatch.setattr(backbone_utils, 'RUN_ELEMENTS',
+    monkeypatch.setattr(dispatch, 'ATTN_RUN_ELEMENTS',
                         1600 if small else big)
-    monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS',
+    monkeypatch.setattr(dispatch, 'FFN_RUN_ELEMENTS',
                         256 if small else big)
-    monkeypatch.setattr(embed, 'NORM_RUN_ELEMENTS', 256 if small else big)
-    monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
+    monkeypatch.setattr(dispatch, 'NORM_RUN_ELEMENTS', 256 if small else big)
+    monkeypatch.setattr(dispatch, 'FFN_MIN_TOKENS', 7)
 
 
 def _count_calls(monkeypatch, obj, name):
@@ -71,8 +70,9 @@ def test_swin_polarity_block_in_runs_matches_whole_map(monkeypatch, hw,
     with torch.no_grad():
         _run_sizes(monkeypatch, small=False)
         whole = block(x, hw)
-        monkeypatch.setattr(backbone_utils, 'RUN_ELEMENTS', 16 * hw[1] * 3)
-        calls = _count_calls(monkeypatch, block.attn, 'forward_in_runs')
+        monkeypatch.setattr(dispatch, 'ATTN_RUN_ELEMENTS', 16 * hw[1] * 3)
+        calls = _count_calls(monkeypatch, inference_runs,
+                             'polarity_attention_in_runs')
         runs = block(x, hw)
     assert len(calls) == 1
     torch.testing.assert_close(runs, whole, rtol=1e-5, atol=1e-5)
@@ -82,9 +82,9 @@ def test_training_and_gradients_keep_the_whole_map(monkeypatch):
     """Runs are an inference path: with autograd recording (training or
     eval with gradients) the block attends to the whole map in one go."""
     def small_runs():
-        monkeypatch.setattr(backbone_utils, 'RUN_ELEMENTS', 16 * 20)
-        monkeypatch.setattr(backbone_utils, 'FFN_CHUNK_ELEMENTS', 64)
-        monkeypatch.setattr(backbone_utils, '_FFN_MIN_TOKENS', 7)
+        monkeypatch.setattr(dispatch, 'ATTN_RUN_ELEMENTS', 16 * 20)
+        monkeypatch.setattr(dispatch, 'FFN_RUN_ELEMENTS', 64)
+        monkeypatch.setattr(dispatch, 'FFN_MIN_TOKENS', 7)
 
     small_runs()
     block = PolaSwinBlock(16, 2, (7, 7), shift=True, attn_type='L')
@@ -92,7 +92,8 @@ def test_training_and_gradients_keep_the_whole_map(monkeypatch):
     x = torch.randn(1, 400, 16)
     for train in (True, False):
         block.train(train)
-        calls = _count_calls(monkeypatch, block.attn, 'forward_in_runs')
+        calls = _count_calls(monkeypatch, inference_runs,
+                             'polarity_attention_in_runs')
         mlp_calls = _count_calls(monkeypatch, block.mlp, 'forward')
         block(x, hw).sum().backward()
         assert not calls and len(mlp_calls) == 1
@@ -101,8 +102,9 @@ def test_training_and_gradients_keep_the_whole_map(monkeypatch):
     # a frozen block under autograd (no parameter, no input needing grad)
     # takes the run paths
     block.eval().requires_grad_(False)
-    calls = _count_calls(monkeypatch, block.attn, 'forward_in_runs')
-    mlp_calls = _count_calls(monkeypatch, block.mlp, 'forward_into')
+    calls = _count_calls(monkeypatch, inference_runs,
+                         'polarity_attention_in_runs')
+    mlp_calls = _count_calls(monkeypatch, inference_runs, 'mlp_into')
     block(x, hw)
     assert len(calls) == 1 and len(mlp_calls) > 1
 
@@ -127,9 +129,9 @@ def test_backbone_inference_paths_match(monkeypatch, cls, arch):
             whole = [t.detach() for t in model(x.clone().requires_grad_())]
         with torch.no_grad():
             _run_sizes(monkeypatch, small=True)
-            mlp_calls = _count_calls(monkeypatch, Mlp, 'forward_into')
-            run_calls = _count_calls(monkeypatch, PolarityAttention,
-                                     'forward_in_runs')
+            mlp_calls = _count_calls(monkeypatch, inference_runs, 'mlp_into')
+            run_calls = _count_calls(monkeypatch, inference_runs,
+                                     'polarity_attention_in_runs')
             parts = model(x)
         assert len(mlp_calls) > 2 * sum(arch['depths'])
         # the polarity stages more than a run tall
@@ -145,7 +147,7 @@ def test_patch_embed_norm_in_place_at_inference(monkeypatch, size):
     """At CPU inference the patch embedding normalises its channels-last
     conv output in place, in runs: same tokens as the autograd path, and
     the caller's input is left as it was."""
-    monkeypatch.setattr(embed, 'NORM_RUN_ELEMENTS', 100)
+    monkeypatch.setattr(dispatch, 'NORM_RUN_ELEMENTS', 100)
     torch.manual_seed(0)
     pe = embed.PatchEmbed(3, 16, 4).eval()
     with torch.no_grad():
@@ -166,14 +168,14 @@ def test_patch_embed_norm_in_place_at_inference(monkeypatch, size):
 
 
 @pytest.mark.parametrize('act', ['GELU', 'ReLU'])
-def test_mlp_forward_into_matches_forward(act):
+def test_mlp_into_matches_forward(act):
     torch.manual_seed(0)
     mlp = Mlp(8, 24, act_cfg=dict(type=act)).eval()
     x = torch.randn(10, 8)
     out = torch.empty(10, 8)
     hidden = torch.full((16, 24), float('nan'))  # larger than needed
     with torch.no_grad():
-        mlp.forward_into(x, out, hidden)
+        inference_runs.mlp_into(mlp, x, out, hidden)
         torch.testing.assert_close(out, mlp(x))
 
 
@@ -199,7 +201,8 @@ def test_polarity_attention_in_runs_matches_forward(hw, rows, residual,
         ref = attn(norm(x) if norm is not None else x, hw)
         if residual:
             ref = x + ref
-        out = attn.forward_in_runs(x, hw, rows, norm=norm, residual=residual)
+        out = inference_runs.polarity_attention_in_runs(
+            attn, x, hw, rows, norm=norm, residual=residual)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -207,7 +210,7 @@ def test_polarity_attention_in_runs_matches_forward(hw, rows, residual,
 def test_key_state_and_query_apply_split_the_kernel(monkeypatch, chunk):
     """Keys summed over runs, then queries in runs, give the kernel's
     output (with the kernel's walk over pieces of the batch, too)."""
-    monkeypatch.setattr(polarity_kernel, 'CPU_CHUNK_ELEMENTS', chunk)
+    monkeypatch.setattr(dispatch, 'KERNEL_RUN_ELEMENTS', chunk)
     torch.manual_seed(0)
     B, h, N, d = 2, 3, 300, 8
     q, k, v = (torch.randn(B, h, N, d) for _ in range(3))
@@ -225,19 +228,20 @@ def test_key_state_and_query_apply_split_the_kernel(monkeypatch, chunk):
 
 
 def test_pvt_block_runs_only_at_inference(monkeypatch):
-    monkeypatch.setattr(backbone_utils, 'RUN_ELEMENTS', 20 * 16)
+    monkeypatch.setattr(dispatch, 'ATTN_RUN_ELEMENTS', 20 * 16)
     torch.manual_seed(0)
     block = PolaPVTBlock(16, 2, (7, 7), mlp_ratio=2)
     hw = (9, 11)
     x = torch.randn(2, 99, 16)
-    calls = _count_calls(monkeypatch, block.attn, 'forward_in_runs')
+    calls = _count_calls(monkeypatch, inference_runs,
+                         'polarity_attention_in_runs')
     block.train()(x, hw).sum().backward()
     assert not calls
     block.eval()
     with torch.no_grad():
         out = block(x, hw)
         assert len(calls) == 1
-        monkeypatch.setattr(backbone_utils, 'RUN_ELEMENTS', 1 << 30)
+        monkeypatch.setattr(dispatch, 'ATTN_RUN_ELEMENTS', 1 << 30)
         ref = block(x, hw)
     assert len(calls) == 1
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -271,9 +275,9 @@ def test_tracing_takes_no_inference_path(monkeypatch):
     _run_sizes(monkeypatch, small=True)
     torch.manual_seed(0)
     model = PolaPVT(arch=TINY_PVT).eval()
-    run_calls = _count_calls(monkeypatch, PolarityAttention,
-                             'forward_in_runs')
-    mlp_calls = _count_calls(monkeypatch, Mlp, 'forward_into')
+    run_calls = _count_calls(monkeypatch, inference_runs,
+                             'polarity_attention_in_runs')
+    mlp_calls = _count_calls(monkeypatch, inference_runs, 'mlp_into')
     x = torch.randn(1, 3, 96, 128)
     with torch.no_grad():
         traced = torch.jit.trace(model, x, check_trace=False)

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from pola_mm.models.layers import polarity_kernel
+from pola_mm.ops import dispatch, polarity_kernel
 from pola_mm.models.layers.polarity_attention import \
     polarity_linear_attention as reference  # the plain published formula
-from pola_mm.models.layers.polarity_kernel import (PolarityAttentionFunction,
-                                                   polarity_attention_kernel)
+from pola_mm.ops.polarity_kernel import (PolarityAttentionFunction,
+                                         polarity_attention_kernel)
 
 # slab sizes (elements) that make the CPU path work on: everything at once;
 # a few whole sequences at a time; runs of tokens of one sequence
@@ -15,7 +15,7 @@ CHUNKS = {'whole': 1 << 30, 'sequences': 200, 'tokens': 24}
 
 @pytest.fixture(params=sorted(CHUNKS))
 def chunking(request, monkeypatch):
-    monkeypatch.setattr(polarity_kernel, 'CPU_CHUNK_ELEMENTS',
+    monkeypatch.setattr(dispatch, 'KERNEL_RUN_ELEMENTS',
                         CHUNKS[request.param])
     return request.param
 
@@ -191,7 +191,7 @@ def test_resized_position_table_is_cached_only_without_grad():
 
 
 def test_slab_plan(monkeypatch):
-    monkeypatch.setattr(polarity_kernel, 'CPU_CHUNK_ELEMENTS', 1000)
+    monkeypatch.setattr(dispatch, 'KERNEL_RUN_ELEMENTS', 1000)
     plan = polarity_kernel._plan
     slabs, step = plan(torch.empty(10, 2, 5, 4))  # 40 per sequence
     assert step == 5 and len(slabs) == 1 and slabs[0] == slice(0, 10)

@@ -1,4 +1,4 @@
-"""The run-based CPU training functions (``layers/token_runs.py``): same
+"""The run-based CPU training functions (``ops/token_runs.py``): same
 outputs and gradients as the plain layers, taken exactly where they apply,
 and no full-size hidden tensor allocated in the MLP's backward."""
 import pytest
@@ -8,13 +8,11 @@ import torch.nn.functional as F
 from torch.autograd import gradcheck
 from torch.profiler import ProfilerActivity, profile
 
-import pola_mm.models.layers.mlp as mlp_mod
-import pola_mm.models.layers.polarity_attention as attn_mod
 from pola_mm.models import PolaPVT, PolaSwinTransformer
-from pola_mm.models.layers import Mlp, PolarityAttention, token_runs
-from pola_mm.models.layers.token_runs import (cpu_training, mlp_in_runs,
-                                              split_linear_in_runs,
-                                              train_in_runs)
+from pola_mm.models.layers import Mlp, PolarityAttention
+from pola_mm.ops import dispatch, token_runs
+from pola_mm.ops.dispatch import cpu_training, train_in_runs
+from pola_mm.ops.token_runs import mlp_in_runs, split_linear_in_runs
 
 from test_backbones import TINY_PVT, TINY_SWIN
 
@@ -22,8 +20,8 @@ from test_backbones import TINY_PVT, TINY_SWIN
 @pytest.fixture
 def small_runs(monkeypatch):
     """Runs of 2^9 elements: several runs, the last one shorter."""
-    monkeypatch.setattr(token_runs, 'TRAIN_RUN_ELEMENTS', 1 << 9)
-    monkeypatch.setattr(token_runs, '_MIN_TOKENS', 1)
+    monkeypatch.setattr(dispatch, 'TRAIN_RUN_ELEMENTS', 1 << 9)
+    monkeypatch.setattr(dispatch, 'TRAIN_MIN_TOKENS', 1)
 
 
 def _grads(out, inputs, seed=0):
@@ -144,7 +142,7 @@ def test_cpu_training_predicate():
 
 def test_train_in_runs_needs_min_runs(small_runs):
     lin = nn.Linear(8, 32)
-    need = token_runs.MIN_RUNS * token_runs.TRAIN_RUN_ELEMENTS  # 2048
+    need = dispatch.TRAIN_MIN_RUNS * dispatch.TRAIN_RUN_ELEMENTS  # 2048
     assert train_in_runs(torch.randn(need // 32, 8), 32, lin)
     assert not train_in_runs(torch.randn(need // 32 - 1, 8), 32, lin)
     assert train_in_runs(torch.randn(2, need // 64, 8), 32, lin)
@@ -153,7 +151,7 @@ def test_train_in_runs_needs_min_runs(small_runs):
 
 
 def test_cpu_training_off_while_compiling(monkeypatch):
-    monkeypatch.setattr(token_runs, 'is_compiling', lambda: True)
+    monkeypatch.setattr(dispatch, 'is_compiling', lambda: True)
     assert not cpu_training(torch.randn(2, 4), nn.Linear(4, 4))
 
 
@@ -232,8 +230,7 @@ def test_backbone_training_step_unchanged(small_runs, monkeypatch, model_cls,
     outs_runs, grads_runs = step()
     assert {'_MlpRuns', '_SplitLinearRuns'} <= set(used)
     used.clear()
-    monkeypatch.setattr(mlp_mod, 'train_in_runs', lambda *a: False)
-    monkeypatch.setattr(attn_mod, 'train_in_runs', lambda *a: False)
+    monkeypatch.setattr(dispatch, 'train_in_runs', lambda *a: False)
     outs_plain, grads_plain = step()
     assert not used
     for a, b in zip(outs_runs, outs_plain):

@@ -361,7 +361,7 @@ def measure(model: ModelSpec,
         peak = torch.cuda.max_memory_allocated(dev) / 2**20
     else:
         peak = _peak_rss_mb()
-    ext_mod = sys.modules.get('pola_mm.models.layers.cpu_ext')
+    ext_mod = sys.modules.get('pola_mm.ops.cpu_ext')
     return dict(
         times=times,
         peak_mem_mb=peak,
@@ -641,7 +641,7 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
     fused = sorted({r.name for r in results if r.cpu_ext})
     if any(r.device == 'cpu' and not r.error for r in results):
         lines.append('')
-        lines.append('Fused CPU loops (pola_mm/csrc): ' + (
+        lines.append('Fused CPU loops (pola_mm/ops/csrc): ' + (
             'used by ' + ', '.join(fused) if fused else 'not used'))
     return '\n'.join(lines)
 

@@ -6,14 +6,14 @@ import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
+from ...ops import dispatch
 from ...registry import register_model
-from ..layers import (PatchEmbed, PolarityAttention,
-                      SpatialReductionAttention, resize_pos_table)
-from ..layers.polarity_kernel import cpu_inference
-from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
-                    linspace, pair, resolve_arch)
+from ...typing import Size2
+from ..layers import (PatchEmbed, PolarityAttention, SpatialReductionAttention,
+                      resize_pos_table)
+from .base import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
+                   linspace, pair, resolve_arch)
 
-Size2 = Tuple[int, int]
 
 class PolaPVTBlock(PreNormBlock):
     """PVT block: ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``.
@@ -215,8 +215,8 @@ class PolaPVT(PolaBackbone):
             x, hw = embed(x)
             pos = resize_pos_table(getattr(self, f'pos_embed{i + 1}'),
                                    self.ref_grids[i], hw)
-            if cpu_inference(x, embed) and not (pos.requires_grad and
-                                                torch.is_grad_enabled()):
+            fresh = dispatch.cpu_inference(x, embed)
+            if fresh and not (pos.requires_grad and torch.is_grad_enabled()):
                 x = x.add_(pos)  # x is the embedding's own fresh output
             else:
                 x = x + pos
@@ -229,7 +229,7 @@ class PolaPVT(PolaBackbone):
             if i in self.out_indices:
                 out = x.contiguous()  # outputs are NCHW-contiguous
                 outs.append(out)
-            if x.device.type != 'cpu':
+            if x.device.type != 'cpu' or not dispatch.fast_paths_enabled():
                 x = x.contiguous() if out is None else out
             # on CPU the next patch embedding convolves the channels-last
             # view without a copy, and its output is token-major again

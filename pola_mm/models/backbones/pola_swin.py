@@ -1,23 +1,20 @@
 """Pola-Swin: Swin Transformer with polarity-aware linear attention."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-import torch
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...registry import register_model
-from ..layers import (PatchEmbed, PatchMerging, PolarityAttention,
-                      WindowMSA)
+from ...typing import Size2
+from ..layers import PatchEmbed, PatchMerging, PolarityAttention, WindowMSA
 from ..layers.window import (crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
                              pad_map, shift_region_mask, valid_token_map,
                              window_partition, window_reverse)
-from .utils import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
-                    linspace, pair, resolve_arch)
-
-Size2 = Tuple[int, int]
+from .base import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
+                   linspace, pair, resolve_arch)
 
 
 class PolaSwinBlock(PreNormBlock):

@@ -8,12 +8,9 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .polarity_kernel import cpu_inference
-
-Size2 = Tuple[int, int]
-
-#: Elements per run of the in-place norm at CPU inference (4 MiB float32).
-NORM_RUN_ELEMENTS = 1 << 20
+from ...ops import dispatch
+from ...ops.inference_runs import norm_in_place
+from ...typing import Size2
 
 
 class PatchEmbed(BaseModule):
@@ -52,23 +49,17 @@ class PatchEmbed(BaseModule):
             x = F.pad(x, (0, pad_w, 0, pad_h))
         # at CPU inference: channels-last input -> channels-last
         # (token-major) output, normalised in place below
-        norm_in_place = self.norm is not None and cpu_inference(x, self)
-        if norm_in_place:
+        in_place = self.norm is not None and dispatch.cpu_inference(x, self)
+        if in_place:
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.proj(x)
         hw = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)
         if self.norm is None:
             return x, hw
-        if norm_in_place and x.is_contiguous():
-            # A channels-last conv output is token-major already: normalise
-            # it in place, in runs, instead of allocating (and, at detection
-            # sizes, page-faulting) a second full-size map.
-            flat = x.view(-1, x.shape[-1])
-            step = max(1, NORM_RUN_ELEMENTS // flat.shape[1])
-            for i in range(0, flat.shape[0], step):
-                flat[i:i + step] = self.norm(flat[i:i + step])
-            return x, hw
+        if in_place and x.is_contiguous():
+            # a channels-last conv output is token-major already
+            return norm_in_place(self.norm, x), hw
         return self.norm(x), hw
 
 

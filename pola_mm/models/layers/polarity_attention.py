@@ -4,7 +4,7 @@ One module serves both backbones: Pola-Swin (fused ``qkvg`` projection) and
 Pola-PVT (``qg`` + ``kv`` projections); both attend to all tokens of a
 stage map. Parameter names are the authors'.
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .cpu_ext import cpu_ext
-from .polarity_kernel import (is_compiling, polarity_attention_kernel,
-                              polarity_key_state, polarity_query_apply)
-from .token_runs import split_linear_in_runs, train_in_runs
-
-Size2 = Tuple[int, int]
+from ...ops import dispatch
+from ...ops.depthwise_conv import depthwise_conv2d
+from ...ops.polarity_kernel import polarity_attention_kernel
+from ...ops.token_runs import split_linear_in_runs
+from ...typing import Size2
+from .position import resize_pos_table
 
 
 def polarity_linear_attention(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
@@ -93,8 +93,14 @@ class PolarityAttention(BaseModule):
     The forward has three steps: :meth:`project` (tokens -> q, k, v, g),
     :meth:`mix` (attention + dwc over the stage map, float32 under
     autocast) and :meth:`output` (gate and output projection).
-    :meth:`forward` chains them; :meth:`forward_in_runs` computes the same
-    at CPU inference without holding full-size intermediates.
+
+    ``mix`` runs the published formula either as written
+    (:func:`polarity_linear_attention`, ``impl='reference'``, or whenever
+    the fast paths are off, see :mod:`pola_mm.ops.dispatch`) or through the
+    fast kernel (``impl='kernel'``, the default,
+    :func:`~pola_mm.ops.polarity_kernel.polarity_attention_kernel`): same
+    outputs and gradients, without storing the ``(B, h, N, 2d)`` feature
+    maps.
 
     Args:
         embed_dims: channels ``C``.
@@ -107,9 +113,11 @@ class PolarityAttention(BaseModule):
         qkv_bias: bias of the input projections.
         alpha: exponent range of the learned power.
         kernel_size: depth-wise conv kernel on v.
-        attn_drop: kept for interface parity (the linear attention has no
-            attention matrix to drop).
+        attn_drop: must be 0: the linear attention has no attention
+            matrix to drop (a non-zero rate raises instead of being
+            ignored).
         proj_drop: dropout after ``proj``.
+        impl: ``'kernel'`` or ``'reference'`` (see above).
     """
 
     def __init__(self,
@@ -122,8 +130,17 @@ class PolarityAttention(BaseModule):
                  kernel_size: int = 5,
                  attn_drop: float = 0.,
                  proj_drop: float = 0.,
+                 impl: str = 'kernel',
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
+        if attn_drop:
+            raise ValueError(
+                f'attn_drop={attn_drop}: polarity attention has no attention '
+                'matrix to drop; use attn_drop=0 (attn_drop_rate=0 in the '
+                'backbone) and drop_rate / drop_path_rate instead')
+        if impl not in ('kernel', 'reference'):
+            raise ValueError(
+                f"impl must be 'kernel' or 'reference', got {impl!r}")
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims {embed_dims} is not divisible by '
                              f'num_heads {num_heads}')
@@ -137,6 +154,7 @@ class PolarityAttention(BaseModule):
         self.ref_hw = (int(ref_hw[0]), int(ref_hw[1]))
         self.fused_qkvg = fused_qkvg
         self.alpha = alpha
+        self.impl = impl
         if fused_qkvg:
             self.qkvg = nn.Linear(embed_dims, embed_dims * 4, bias=qkv_bias)
         else:
@@ -167,7 +185,7 @@ class PolarityAttention(BaseModule):
             4, C)`` split of ``qkvg``, or of ``qg`` and ``kv`` for PVT. In
             CPU training on large token maps they are separate tensors made
             on runs of tokens (see
-            :func:`~pola_mm.models.layers.token_runs.train_in_runs`; no
+            :func:`~pola_mm.ops.dispatch.train_in_runs`; no
             4C-wide output or stacked gradient is allocated); elsewhere
             views into the projection output, split by ``unbind`` so that
             backward assembles the projection's gradient in one pass.
@@ -175,7 +193,7 @@ class PolarityAttention(BaseModule):
         C = self.embed_dims
 
         def split(linear: nn.Linear, parts: int) -> Sequence[Tensor]:
-            if train_in_runs(x, parts * C, linear):
+            if dispatch.train_in_runs(x, parts * C, linear):
                 return split_linear_in_runs(x, linear, parts)
             return linear(x).unflatten(-1, (parts, C)).unbind(-2)
 
@@ -185,24 +203,6 @@ class PolarityAttention(BaseModule):
             q, g = split(self.qg, 2)
             k, v = split(self.kv, 2)
         return q, k, v, g
-
-    def _project_parts(self, x: Tensor,
-                       parts: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
-        """Two of ``q, k, v, g`` (indices 0-3) without computing the others:
-        ``(0, 3)`` gives ``q, g`` and ``(1, 2)`` gives ``k, v``, each
-        ``(..., C)``, for inference in runs (:meth:`forward_in_runs`)."""
-        C = self.embed_dims
-        if not self.fused_qkvg:
-            linear = self.qg if parts == (0, 3) else self.kv
-            a, b = linear(x).unflatten(-1, (2, C)).unbind(-2)
-            return a, b
-        w, bias = self.qkvg.weight, self.qkvg.bias
-        out = []
-        for i in parts:
-            rows = slice(i * C, (i + 1) * C)
-            out.append(F.linear(x, w[rows],
-                                None if bias is None else bias[rows]))
-        return out[0], out[1]
 
     def positional_table(self, hw: Size2) -> Tensor:
         """``positional_encoding`` for a grid ``hw``: ``(1, H * W, C)``.
@@ -231,109 +231,41 @@ class PolarityAttention(BaseModule):
         out_dtype = q.dtype
         # float32 at least (float64 stays float64, e.g. for gradcheck)
         dt = torch.promote_types(out_dtype, torch.float32)
+        B, N, C = q.shape
+        h, d = self.num_heads, self.head_dims
+
+        def heads(t: Tensor) -> Tensor:  # (B', N, C) -> (B', h, N, d)
+            return t.to(dt).unflatten(-1, (h, d)).transpose(1, 2)
+
         with torch.autocast(device_type=q.device.type, enabled=False):
-            q, k, v = q.to(dt), k.to(dt), v.to(dt)
-            B, N, C = q.shape
-            h, d = self.num_heads, self.head_dims
-            pos = self.positional_table(hw).to(dt)  # (1, N, C)
-            x = polarity_attention_kernel(
-                q.unflatten(-1, (h, d)).transpose(1, 2),
-                k.unflatten(-1, (h, d)).transpose(1, 2),
-                v.unflatten(-1, (h, d)).transpose(1, 2),
-                self.scale.to(dt).reshape(1, h, 1, d), self.power.to(dt),
-                self.alpha, k_bias=pos.unflatten(-1, (h, d)).transpose(1, 2))
+            q, k, v = heads(q), heads(k), heads(v)
+            pos = heads(self.positional_table(hw))  # (1, h, N, d)
+            scale = self.scale.to(dt).reshape(1, h, 1, d)
+            power = self.power.to(dt)
+            if self.impl == 'kernel' and dispatch.fast_paths_enabled():
+                x = polarity_attention_kernel(q, k, v, scale, power,
+                                              self.alpha, k_bias=pos)
+            else:
+                x = polarity_linear_attention(q, k + pos, v, scale, power,
+                                              self.alpha)
             # depth-wise conv on v: the per-head kernel repeated over the
-            # heads, on the channels-last (B', C, H, W) map, so its output is
-            # already token-major like the kernel's
-            vmap = v.reshape(B, hw[0], hw[1], C).contiguous().permute(
-                0, 3, 1, 2)
-            conv = depthwise_conv2d(vmap, *self._dwc_params(dt),
+            # heads, on the channels-last (B, C, H, W) map, so its output is
+            # token-major like the attention's
+            vmap = v.transpose(1, 2).reshape(B, hw[0], hw[1], C)
+            conv = depthwise_conv2d(vmap.contiguous().permute(0, 3, 1, 2),
+                                    *self.dwc_params(dt),
                                     padding=self.dwc.padding)
             x = torch.add(x.transpose(1, 2).reshape(B, N, C),
                           conv.permute(0, 2, 3, 1).reshape(B, N, C))
         return x.to(out_dtype)
 
-    def _dwc_params(self, dt: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
+    def dwc_params(self, dt: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
         """The depth-wise conv's per-head kernel and bias repeated over the
         heads (one ``groups=C`` conv over all channels)."""
         h = self.num_heads
         weight = self.dwc.weight.to(dt).repeat(h, 1, 1, 1)
         bias = self.dwc.bias
         return weight, None if bias is None else bias.to(dt).repeat(h)
-
-    def forward_in_runs(self, x: Tensor, hw: Size2, rows: int,
-                        norm: Optional[nn.Module] = None,
-                        residual: bool = False) -> Tensor:
-        """Inference: :meth:`forward` on runs of ``rows`` grid rows.
-
-        Two passes over the runs: the keys' state summed over all runs,
-        then each run's queries, depth-wise conv (with a halo of rows),
-        gate and output projection. The result is :meth:`forward`'s, but
-        nothing larger than a run is allocated besides one ``v`` map for
-        the conv. No autograd, no padding mask; float32/float64 inputs.
-
-        Args:
-            x: ``(B, N, C)`` tokens of the grid ``hw``.
-            hw: ``(H, W)``.
-            rows: grid rows per run.
-            norm: applied to each run of ``x`` first (a block's ``norm1``,
-                so that the normalised map is never held whole).
-            residual: return ``x + attention`` instead.
-
-        Returns:
-            ``(B, N, C)``.
-        """
-        B, N, C = x.shape
-        H, W = hw
-        h, d = self.num_heads, self.head_dims
-        xmap = x.view(B, H, W, C)
-        pos = self.positional_table(hw).view(1, H, W, C).to(x.dtype)
-        scale = self.scale.to(x.dtype).reshape(1, h, 1, d)
-        power = self.power.to(x.dtype)
-        runs = [(r, min(r + rows, H)) for r in range(0, H, rows)]
-
-        def inputs(r0: int, r1: int) -> Tensor:
-            run = xmap[:, r0:r1]
-            return run if norm is None else norm(run)
-
-        def heads(t: Tensor) -> Tensor:  # (B', r, W, C) -> (B', h, r W, d)
-            return t.reshape(t.shape[0], -1, h, d).transpose(1, 2)
-
-        vmap = x.new_empty(B, H, W, C)
-        state: Optional[Tensor] = None
-        for r0, r1 in runs:
-            k, v = self._project_parts(inputs(r0, r1), (1, 2))
-            vmap[:, r0:r1] = v
-            part = polarity_key_state(heads(k), heads(v), scale, power,
-                                      self.alpha, heads(pos[:, r0:r1]))
-            state = part if state is None else state.add_(part)
-        assert state is not None
-        weight, bias = self._dwc_params(x.dtype)
-        ph, pw = self.dwc.padding
-        vchw = vmap.permute(0, 3, 1, 2)  # channels-last (B, C, H, W)
-        # The results overwrite the v map once no later run's conv halo
-        # reads their rows (one full-size allocation fewer).
-        pending: List[Tuple[int, int, Tensor]] = []
-        for r0, r1 in runs:
-            q, g = self._project_parts(inputs(r0, r1), (0, 3))
-            y = polarity_query_apply(heads(q), state, float(N), scale, power,
-                                     self.alpha)
-            lo, hi = max(r0 - ph, 0), min(r1 + ph, H)
-            band = F.pad(vchw[:, :, lo:hi],
-                         (0, 0, ph - (r0 - lo), ph - (hi - r1)))
-            conv = depthwise_conv2d(band, weight, bias, (0, pw))
-            y = torch.add(y.transpose(1, 2).reshape(B, r1 - r0, W, C),
-                          conv.permute(0, 2, 3, 1))
-            y = self.output(y, g)
-            if residual:
-                y = y.add_(xmap[:, r0:r1])
-            pending.append((r0, r1, y))
-            while pending and pending[0][1] <= r1 - ph:
-                a, b, done = pending.pop(0)
-                vmap[:, a:b] = done
-        for a, b, done in pending:
-            vmap[:, a:b] = done
-        return vmap.view(B, N, C)
 
     # -- step 3 ------------------------------------------------------------
     def output(self, x: Tensor, g: Tensor) -> Tensor:
@@ -353,93 +285,3 @@ class PolarityAttention(BaseModule):
         """
         q, k, v, g = self.project(x)
         return self.output(self.mix(q, k, v, hw), g)
-
-
-class _DepthwiseConv2d(torch.autograd.Function):
-    """``F.conv2d(..., groups=C)`` with its bias gradient taken as a plain
-    sum: PyTorch's CPU convolution backward computes the bias gradient of a
-    channels-last depth-wise conv about as slowly as the weight gradient
-    (15 ms against 0.1 ms for ``sum`` at Pola-Swin-T's first stage, batch
-    8). For channels-last float32 maps with the fused CPU loops built, the
-    weight gradient is their ``dwconv_weight_grad`` and the input gradient
-    the conv with the flipped kernel; otherwise both are PyTorch's."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor],
-                padding: Tuple[int, int]) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.padding = padding
-        ctx.has_bias = bias is not None
-        return F.conv2d(x, weight, bias, padding=padding,
-                        groups=x.shape[1])
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx = dw = db = None
-        C, _, kh, kw = weight.shape
-        ph, pw = ctx.padding
-        ext = None
-        if (x.dtype == torch.float32 and grad.dtype == torch.float32
-                and x.stride(1) == 1 and grad.stride(1) == 1
-                and ph < kh and pw < kw and grad.shape == x.shape):
-            ext = cpu_ext()
-        if ext is not None:
-            # channels-last float32: the input gradient is the conv of the
-            # gradient with the flipped kernel, the weight gradient one
-            # fused pass (see dwconv_weight_grad in polarity_cpu.cpp)
-            if need_x:
-                dx = F.conv2d(grad, weight.flip(-2, -1),
-                              padding=(kh - 1 - ph, kw - 1 - pw), groups=C)
-            if need_w:
-                dw = weight.new_empty(C, kh, kw)
-                ext.dwconv_weight_grad(x, grad, kh, kw, ph, pw, dw)
-                dw = dw.view(C, 1, kh, kw)
-        elif need_x or need_w:
-            dx, dw, _ = torch.ops.aten.convolution_backward(
-                grad, x, weight, None, [1, 1], list(ctx.padding), [1, 1],
-                False, [0, 0], x.shape[1], [need_x, need_w, False])
-        if ctx.has_bias and need_b:
-            db = grad.sum(dim=(0, 2, 3))
-        return dx, dw, db, None
-
-
-def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor],
-                     padding: Tuple[int, int]) -> Tensor:
-    """Depth-wise 2-D conv (stride 1, ``groups = channels``) of ``x``
-    ``(B, C, H, W)`` with ``weight`` ``(C, 1, kh, kw)``."""
-    if torch.is_grad_enabled() and x.device.type == 'cpu' and any(
-            t is not None and t.requires_grad for t in (x, weight, bias)):
-        return _DepthwiseConv2d.apply(x, weight, bias, tuple(padding))
-    return F.conv2d(x, weight, bias, padding=padding, groups=x.shape[1])
-
-
-def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
-    """Resize a learned ``(1, Hr * Wr, C)`` token table to ``(1, H * W, C)``.
-
-    Bicubic, ``align_corners=False``, on the 2-D grid; the table itself is
-    returned at its reference size. Where no gradient is needed (inference,
-    frozen tables), the resized table is cached on ``table`` for the last
-    ``hw`` and reused until the table changes (in place or by a move); the
-    result must then not be modified in place.
-    """
-    if tuple(hw) == tuple(ref_hw):
-        return table
-    cache = not (torch.is_grad_enabled() and table.requires_grad) and \
-        not is_compiling()
-    if cache:
-        key = (tuple(int(i) for i in hw), tuple(ref_hw), table._version,
-               table.data_ptr(), table.dtype, table.device)
-        hit = getattr(table, '_pola_resized', None)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-    C = table.shape[-1]
-    grid = table.reshape(1, ref_hw[0], ref_hw[1], C).permute(0, 3, 1, 2)
-    dt = torch.promote_types(table.dtype, torch.float32)
-    grid = F.interpolate(grid.to(dt), size=(int(hw[0]), int(hw[1])),
-                         mode='bicubic', align_corners=False)
-    out = grid.flatten(2).transpose(1, 2).to(table.dtype)
-    if cache:
-        table._pola_resized = (key, out)
-    return out

@@ -1,5 +1,5 @@
 """PVT's spatial-reduction softmax attention (``'S'`` stages of PolaPVT)."""
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch.nn as nn
 import torch.nn.functional as F
@@ -7,7 +7,7 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-Size2 = Tuple[int, int]
+from ...typing import Size2
 
 
 class SpatialReductionAttention(BaseModule):

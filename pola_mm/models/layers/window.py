@@ -12,9 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-Size2 = Tuple[int, int]
-# (top, bottom, left, right)
-Pad4 = Tuple[int, int, int, int]
+from ...typing import Pad4, Size2
 
 #: Additive value the authors (and Swin) use for masked attention logits.
 MASK_VALUE = -100.0

@@ -1,5 +1,5 @@
 """Swin's window multi-head self-attention with relative position bias."""
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch import Tensor
 
-Size2 = Tuple[int, int]
+from ...ops import dispatch
+from ...typing import Size2
 
 
 def relative_position_index(window: Size2, table_window: Size2) -> Tensor:
@@ -118,18 +119,14 @@ class WindowMSA(BaseModule):
         x = (attn @ v).transpose(1, 2).reshape(B_, N, C)
         return self.proj_drop(self.proj(x))
 
-    @staticmethod
-    def use_fused(x: Tensor) -> bool:
-        """Whether to run the fused ``scaled_dot_product_attention``.
-
-        Same result up to float rounding. Measured on a 2-core x86 CPU
-        (torch 2.14), the fused kernel is 2-4.5x faster than the explicit
-        product-softmax-product for inference with Swin's 7x7 windows, but
-        about 1.2-1.3x slower for forward + backward, so CPU training keeps
-        the explicit path; GPUs always use the fused kernel.
-        """
-        return x.device.type != 'cpu' or not (torch.is_grad_enabled()
-                                              and x.requires_grad)
+    def use_fused(self, x: Tensor) -> bool:
+        """Whether to run the fused ``scaled_dot_product_attention`` (same
+        result up to float rounding): always on GPUs; on CPU where the CPU
+        inference paths apply (:func:`~pola_mm.ops.dispatch.cpu_inference`:
+        nothing computed by this module needs a gradient), because there it
+        is several times faster, while for forward + backward the explicit
+        product-softmax-product is faster (docs/performance.md)."""
+        return x.device.type != 'cpu' or dispatch.cpu_inference(x, self)
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, window: Size2,
                mask: Optional[Tensor]) -> Tensor:

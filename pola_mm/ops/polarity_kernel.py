@@ -31,7 +31,7 @@ stream a stage without holding any full-size intermediate.
 
 Everything is whole-tensor torch operations without host synchronisation or
 data-dependent Python control flow; on GPUs and under ``torch.compile`` the
-whole input is one piece, which traces into a single graph.
+whole input is one run, which traces into a single graph.
 """
 from typing import Any, List, Optional, Tuple, Union
 
@@ -39,7 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import dispatch
 from .cpu_ext import cpu_ext
+from .dispatch import is_compiling
 
 __all__ = [
     'polarity_attention_kernel', 'PolarityAttentionFunction',
@@ -48,68 +50,30 @@ __all__ = [
 
 _EPS = 1e-6
 
-#: On CPU the kernel works on pieces of about this many elements of one
-#: ``(B, h, N, d)`` input: a few whole sequences at a time when they are
-#: short (a batch of windows), runs of tokens across the sequences when they
-#: are long (a PVT stage, a large window), so that its chains of elementwise
-#: operations run in cache. Measured on a 2-core x86 CPU (4 MiB L2), 2^18
-#: beat 2^16, 2^17 and 2^19 for training and inference shapes of Pola-Swin-T
-#: and Pola-PVT-T. GPUs and ``torch.compile`` get one piece.
-CPU_CHUNK_ELEMENTS = 1 << 18
-
-#: Pieces hold at least this many tokens per sequence when the sequences
-#: are longer (fewer, larger matrix products; less Python per element).
-_MIN_TOKENS = 256
-
-
-def is_compiling() -> bool:
-    """Whether torch.compile is tracing (False on torch without it)."""
-    fn = getattr(getattr(torch, 'compiler', None), 'is_compiling', None)
-    if fn is None:  # torch < 2.3
-        fn = getattr(getattr(torch, '_dynamo', None), 'is_compiling', None)
-    return bool(fn()) if fn is not None else False
-
-
-def cpu_autocast_enabled() -> bool:
-    """Whether CPU autocast is on (any torch >= 2.0)."""
-    try:
-        return bool(torch.is_autocast_enabled('cpu'))
-    except TypeError:  # torch < 2.4 takes no device type
-        return bool(torch.is_autocast_cpu_enabled())
-
-
-def cpu_inference(x: Tensor, *modules: torch.nn.Module) -> bool:
-    """Where the run-based inference paths apply: ``x`` on the CPU, outside
-    ``torch.compile`` and ``torch.jit.trace`` (whose graphs would fix the
-    runs to the traced size), and autograd recording nothing computed from
-    ``x`` by ``modules``."""
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(
-        p.requires_grad for m in modules for p in m.parameters()))
-    return (x.device.type == 'cpu' and not is_compiling()
-            and not torch.jit.is_tracing() and not needs_grad)
-
 
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
-    """Pieces for ``x`` ``(B, h, N, d)``: slices of B, and a token step.
+    """Runs for ``x`` ``(B, h, N, d)``: slices of B, and a token step.
 
-    One piece on GPUs, under ``torch.compile`` and when everything fits.
-    Otherwise slabs of ``b`` sequences (as many as fit with at least
+    One run on GPUs, under ``torch.compile`` and when everything fits.
+    Otherwise seq_runs of ``b`` sequences (as many as fit with at least
     ``min(N, _MIN_TOKENS)`` tokens each), each walked in equal runs of
     tokens that fit.
     """
     B, h, N, d = x.shape
+    budget = dispatch.KERNEL_RUN_ELEMENTS
     if (x.device.type != 'cpu' or is_compiling()
-            or B * h * N * d <= CPU_CHUNK_ELEMENTS):
+            or not dispatch.fast_paths_enabled()
+            or B * h * N * d <= budget):
         return [slice(0, B)], N
     per_token = max(h * d, 1)
-    b = max(1, min(B, CPU_CHUNK_ELEMENTS //
-                   (per_token * min(N, _MIN_TOKENS))))
-    pieces = -(-(b * per_token * N) // CPU_CHUNK_ELEMENTS)
-    step = -(-N // pieces)
+    b = max(1, min(B, budget //
+                   (per_token * min(N, dispatch.KERNEL_MIN_TOKENS))))
+    runs = -(-(b * per_token * N) // budget)
+    step = -(-N // runs)
     return [slice(i, min(i + b, B)) for i in range(0, B, b)], step
 
 
-def _token_chunks(N: int, step: int) -> List[slice]:
+def _token_runs(N: int, step: int) -> List[slice]:
     return [slice(i, min(i + step, N)) for i in range(0, N, step)]
 
 
@@ -174,12 +138,12 @@ class _Params:
                  k_bias: Optional[Tensor]) -> None:
         self.inv_s = F.softplus(scale).reciprocal()
         self.p = 1 + alpha * torch.sigmoid(power)
-        # (k + bias) / s = k * inv_s + bias * inv_s: one fused op per piece
+        # (k + bias) / s = k * inv_s + bias * inv_s: one fused op per run
         self.kb_s = None if k_bias is None else k_bias * self.inv_s
         self.ext: Optional[Any] = None
 
     def fused_for(self, x: Tensor) -> bool:
-        """Whether the pieces of ``x`` ``(B, h, N, d)`` take the fused CPU
+        """Whether the runs of ``x`` ``(B, h, N, d)`` take the fused CPU
         loops (:mod:`.cpu_ext`): float32 on CPU, not compiling or tracing
         (the loops are invisible to ``torch.jit.trace`` and ONNX export),
         built. Prepares their ``(h, d)`` constants."""
@@ -221,7 +185,7 @@ def _features(xs: Tensor, p: Tensor, mask: Optional[Tensor],
     0 at ``xs = 0`` and keeps ``log|xs|`` finite for the derivatives.
 
     ``buf`` (``(B, h, >= n, 2d)``), when given, is reused for the features
-    instead of a fresh allocation per piece.
+    instead of a fresh allocation per run.
 
     Returns:
         ``[f+, f-]`` (times ``mask`` when given) and, when ``with_log``,
@@ -248,7 +212,7 @@ def _features(xs: Tensor, p: Tensor, mask: Optional[Tensor],
 
 
 def _feature_buffer(xc: Tensor, buf: Optional[Tensor]) -> Tensor:
-    """Where the features ``(..., n, 2d)`` of a piece ``xc`` ``(..., n, d)``
+    """Where the features ``(..., n, 2d)`` of a run ``xc`` ``(..., n, d)``
     go: the front of ``buf`` (see :func:`_scratch`) or a new tensor."""
     if buf is None:
         return xc.new_empty(xc.shape[:-1] + (2 * xc.shape[-1], ))
@@ -256,8 +220,8 @@ def _feature_buffer(xc: Tensor, buf: Optional[Tensor]) -> Tensor:
 
 
 def _scratch(x: Tensor, step: int) -> Optional[Tensor]:
-    """A feature buffer ``(B, h, step, 2d)`` reused by every piece of a
-    walk over tokens (None when there is one piece)."""
+    """A feature buffer ``(B, h, step, 2d)`` reused by every run of a
+    walk over tokens (None when there is one run)."""
     B, h, N, d = x.shape
     if step >= N or is_compiling():
         return None
@@ -312,10 +276,10 @@ def _fused_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
     return f, dx, w.sum(dim=(0, 2), keepdim=True)
 
 
-def _piece_features(x: Tensor, c: slice, prm: _Params,
-                    mask: Optional[Tensor], key: bool, buf: Optional[Tensor],
-                    fused: bool, with_log: bool = False,
-                    with_sum: bool = False):
+def _run_features(x: Tensor, c: slice, prm: _Params,
+                  mask: Optional[Tensor], key: bool, buf: Optional[Tensor],
+                  fused: bool, with_log: bool = False,
+                  with_sum: bool = False):
     """``[f+, f-]`` of tokens ``c`` of ``x`` (keys: with the key bias and
     ``mask``), by the fused loops or by :func:`_features`.
 
@@ -345,9 +309,9 @@ def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
     r: Optional[Tensor] = None
     buf = _scratch(k, step)
     fused = prm.fused_for(k)
-    for c in _token_chunks(N, step):
-        f, fsum, _ = _piece_features(k, c, prm, mask, True, buf, fused,
-                                     with_sum=True)
+    for c in _token_runs(N, step):
+        f, fsum, _ = _run_features(k, c, prm, mask, True, buf, fused,
+                                   with_sum=True)
         # v needs no mask: the masked rows of the features are exactly 0
         rc = torch.cat([f.transpose(-2, -1) @ v[:, :, c],
                         fsum.unsqueeze(-1)], dim=-1)
@@ -356,8 +320,8 @@ def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
     return r
 
 
-def _query_slab(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
-                x: Optional[Tensor], rz: Optional[Tensor]):
+def _query_run(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
+               x: Optional[Tensor], rz: Optional[Tensor]):
     """Outputs of the queries ``q`` against the mix matrix ``S``, walking
     tokens by ``step``; into ``x`` and ``rz`` when given. Returns ``x`` and
     ``1 / z``."""
@@ -365,8 +329,8 @@ def _query_slab(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
     half = d // 2
     buf = _scratch(q, step)
     fused = prm.fused_for(q)
-    for c in _token_chunks(q.shape[-2], step):
-        f, _, _ = _piece_features(q, c, prm, None, False, buf, fused)
+    for c in _token_runs(q.shape[-2], step):
+        f, _, _ = _run_features(q, c, prm, None, False, buf, fused)
         u = f @ S  # (B, h, n_c, d + 2): [numerators, z_sim, z_opp]
         num = u[..., :d].unflatten(-1, (2, half))
         if x is None or rz is None:
@@ -382,28 +346,28 @@ def _query_slab(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
 
 def _key_state(k: Tensor, v: Tensor, prm: _Params,
                mask: Optional[Tensor]) -> Tensor:
-    """:func:`_key_product` of all keys, piece by piece:
+    """:func:`_key_product` of all keys, run by run:
     ``(B, h, 2d, d + 1)``."""
-    slabs, step = _plan(k)
-    if len(slabs) == 1:
+    seq_runs, step = _plan(k)
+    if len(seq_runs) == 1:
         return _key_product(k, v, prm, mask, step)
     return torch.cat([
-        _key_product(k[b], v[b], prm, _sub(mask, b), step) for b in slabs])
+        _key_product(k[b], v[b], prm, _sub(mask, b), step) for b in seq_runs])
 
 
 def _queries(q: Tensor, S: Tensor, prm: _Params,
              eps: float) -> Tuple[Tensor, Tensor]:
-    """:func:`_query_slab` of all queries, piece by piece: ``x`` and
-    ``1 / z``; fresh tensors for one piece (GPUs, ``torch.compile``), else
+    """:func:`_query_run` of all queries, run by run: ``x`` and
+    ``1 / z``; fresh tensors for one run (GPUs, ``torch.compile``), else
     written into token-major outputs."""
-    slabs, step = _plan(q)
-    if len(slabs) == 1 and step >= q.shape[-2]:
-        return _query_slab(q, S, prm, eps, step, None, None)
+    seq_runs, step = _plan(q)
+    if len(seq_runs) == 1 and step >= q.shape[-2]:
+        return _query_run(q, S, prm, eps, step, None, None)
     B, h, N, d = q.shape
     x = _token_major(q)
     rz = q.new_empty(B, h, N, 2)
-    for b in slabs:
-        _query_slab(q[b], S[b], prm, eps, step, x[b], rz[b])
+    for b in seq_runs:
+        _query_run(q[b], S[b], prm, eps, step, x[b], rz[b])
     return x, rz
 
 
@@ -451,11 +415,11 @@ def _power_grads(df: Tensor, f: Tensor, xsafe: Tensor, la: Tensor,
     return torch.div(g, xsafe, out=dx_out), w
 
 
-def _piece_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
-                         mask: Optional[Tensor], key: bool,
-                         buf: Optional[Tensor], fused: bool, pinv: Tensor,
-                         dx_out: Optional[Tensor]
-                         ) -> Tuple[Tensor, Tensor, Tensor]:
+def _run_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
+                       mask: Optional[Tensor], key: bool,
+                       buf: Optional[Tensor], fused: bool, pinv: Tensor,
+                       dx_out: Optional[Tensor]
+                       ) -> Tuple[Tensor, Tensor, Tensor]:
     """Backward through the features of tokens ``c`` of ``x`` (keys: with
     the key bias and ``mask``), given ``df = dL/d[f+, f-]``: the fused
     loops in one pass, or :func:`_features` and :func:`_power_grads`.
@@ -467,18 +431,18 @@ def _piece_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
     """
     if fused:
         return _fused_feature_grads(df, x, c, prm, mask, key, buf, dx_out)
-    f, _, aux = _piece_features(x, c, prm, mask, key, buf, False,
-                                with_log=True)
+    f, _, aux = _run_features(x, c, prm, mask, key, buf, False,
+                              with_log=True)
     assert aux is not None
     dx, w = _power_grads(df, f, aux[0], aux[1], pinv, dx_out)
     return f, dx, w.sum(dim=(0, 2), keepdim=True)
 
 
-def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
-                   rz: Tensor, x: Tensor, mask: Optional[Tensor],
-                   n: Union[float, Tensor], prm: _Params, need_v: bool,
-                   step: int, out: Optional[Tuple[Tensor, Tensor,
-                                                  Optional[Tensor]]]):
+def _backward_run(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
+                  rz: Tensor, x: Tensor, mask: Optional[Tensor],
+                  n: Union[float, Tensor], prm: _Params, need_v: bool,
+                  step: int, out: Optional[Tuple[Tensor, Tensor,
+                                                 Optional[Tensor]]]):
     """Gradients on whole sequences, walking tokens by ``step``.
 
     Returns:
@@ -489,7 +453,7 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     """
     B, h, N, d = q.shape
     half = d // 2
-    chunks = _token_chunks(N, step)
+    runs = _token_runs(N, step)
     pinv = prm.p * prm.inv_s
     w: Optional[Tensor] = None
     dS: Optional[Tensor] = None
@@ -507,7 +471,7 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     S_t = S_flip.transpose(-2, -1)  # (B, h, d + 2, 2d)
     buf = _scratch(q, step)
     fused = prm.fused_for(q)
-    for c in chunks:
+    for c in runs:
         rz_c = rz[:, :, c]
         dx_c = dx[:, :, c]
         if fused and dx_c.stride(-1) == 1:
@@ -525,8 +489,8 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
                           out=du[..., :d].unflatten(-1, (2, half)))
                 torch.mul(dz, rz_c, out=du[..., d:])
         dq_out = None if dq is None else dq[:, :, c]
-        f, dq_c, w_c = _piece_feature_grads(du @ S_t, q, c, prm, None, False,
-                                            buf, fused, pinv, dq_out)
+        f, dq_c, w_c = _run_feature_grads(du @ S_t, q, c, prm, None, False,
+                                          buf, fused, pinv, dq_out)
         dS = acc(dS, f.transpose(-2, -1) @ du)
         if dq is None:
             dq = dq_c
@@ -539,12 +503,12 @@ def _backward_slab(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     dR_v = dR[..., :d]  # (B, h, 2d, d)
     dR_vt = dR_v.transpose(-2, -1)  # (B, h, d, 2d)
     dR_1 = dR[..., d:].transpose(-2, -1)  # (B, h, 1, 2d)
-    for c in chunks:
+    for c in runs:
         # at masked keys the features are 0, so the gradients there vanish
         df = (v[:, :, c] @ dR_vt).add_(dR_1)
         dk_out = None if out is None else dk[:, :, c]
-        f, dk_c, w_c = _piece_feature_grads(df, k, c, prm, mask, True, buf,
-                                            fused, pinv, dk_out)
+        f, dk_c, w_c = _run_feature_grads(df, k, c, prm, mask, True, buf,
+                                          fused, pinv, dk_out)
         if need_v:
             if dv is None:
                 dv = f @ dR_v
@@ -588,17 +552,17 @@ class PolarityAttentionFunction(torch.autograd.Function):
         alpha = ctx.alpha
         prm = _Params(scale, power, alpha, k_bias)
         need_v = ctx.needs_input_grad[2]
-        slabs, step = _plan(q)
-        if len(slabs) == 1 and step >= q.shape[-2]:
-            dq, dk, dv, w = _backward_slab(dx, q, k, v, S, rz, x, mask, n,
-                                           prm, need_v, step, None)
+        seq_runs, step = _plan(q)
+        if len(seq_runs) == 1 and step >= q.shape[-2]:
+            dq, dk, dv, w = _backward_run(dx, q, k, v, S, rz, x, mask, n,
+                                          prm, need_v, step, None)
         else:
             dq = _token_major(q)
             dk = _token_major(k)
             dv = _token_major(v) if need_v else None
             w = None
-            for b in slabs:
-                _, _, _, wb = _backward_slab(
+            for b in seq_runs:
+                _, _, _, wb = _backward_run(
                     dx[b], q[b], k[b], v[b], S[b], rz[b], x[b],
                     _sub(mask, b), _sub(n, b), prm, need_v, step,
                     (dq[b], dk[b], None if dv is None else dv[b]))

@@ -5,14 +5,12 @@ to the OS when freed and page-faulted afresh, zero-filled, the next time one
 is allocated. In a Pola-Swin-T training step at 224 (batch 8) the first
 stage's 4C-wide tensors are 38.5 MB: the MLP's hidden layer before and after
 GELU, their gradients, the fused ``qkvg`` projection and the gradient that
-autograd stacks for it. Each one costs 10-35 ms of page faults on the
-machine the README's numbers come from, against 5 ms for the GELU backward
-on memory already mapped.
+autograd stacks for it (measurements: docs/performance.md).
 
 The two autograd functions here compute exactly what ``fc2(gelu(fc1(x)))``
 and ``linear(x).chunk(parts, -1)`` compute, walking runs of tokens (about
-``TRAIN_RUN_ELEMENTS`` elements of the widest tensor each) with reused
-run-sized buffers, so that nothing 4C-wide is allocated whole:
+``dispatch.TRAIN_RUN_ELEMENTS`` elements of the widest tensor each) with
+reused run-sized buffers, so that nothing 4C-wide is allocated whole:
 
 - :func:`mlp_in_runs` keeps ``fc1(x)`` as one tensor per run and recomputes
   GELU per run in backward (the GELU output is neither stored nor allocated
@@ -22,10 +20,10 @@ run-sized buffers, so that nothing 4C-wide is allocated whole:
   separate tensors and assembles their gradients per run instead of in one
   stacked tensor.
 
-They serve CPU training in float32/float64 on tensors of at least
-``MIN_RUNS`` runs (:func:`train_in_runs`); elsewhere (GPUs with their
+The layers call them where :func:`~.dispatch.train_in_runs` holds (CPU
+training in float32/float64 on large maps); elsewhere (GPUs with their
 caching allocator, autocast, ``torch.compile``, tracing, inference, small
-maps) the layers run as plain PyTorch.
+maps, fast paths off) the layers run as plain PyTorch.
 """
 from typing import List, Optional, Sequence, Tuple
 
@@ -34,23 +32,12 @@ import torch.nn as nn
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .polarity_kernel import cpu_autocast_enabled, is_compiling
-
-#: Elements of the run-sized buffers (a run holds this many elements of the
-#: widest tensor it touches, and at least ``_MIN_TOKENS`` tokens).
-TRAIN_RUN_ELEMENTS = 1 << 20
-#: The functions take over from the plain layers from this many runs on:
-#: smaller tensors are not page-faulted afresh, and there the plain layers
-#: are as fast or faster (measured: Pola-Swin-T's third stage, 1568 tokens
-#: x 1536 hidden, MLP forward + backward 60 ms plain against 62 ms in runs;
-#: its second stage, 6272 x 768, 78 against 68 ms).
-MIN_RUNS = 4
-_MIN_TOKENS = 64
-_DTYPES = (torch.float32, torch.float64)
+from . import dispatch
 
 
 def _run_tokens(width: int) -> int:
-    return max(TRAIN_RUN_ELEMENTS // width, _MIN_TOKENS)
+    return max(dispatch.TRAIN_RUN_ELEMENTS // width,
+               dispatch.TRAIN_MIN_TOKENS)
 
 
 def _runs(n: int, width: int) -> List[slice]:
@@ -61,33 +48,6 @@ def _runs(n: int, width: int) -> List[slice]:
 def _run_buffer(ref: Tensor, runs: List[slice], width: int) -> Tensor:
     """One buffer for the longest run (runs are ``_runs``: the first)."""
     return ref.new_empty(runs[0].stop - runs[0].start if runs else 0, width)
-
-
-def cpu_training(x: Tensor, *modules: nn.Module) -> bool:
-    """Where the run-based training functions apply: ``x`` on the CPU in
-    float32 or float64 with every parameter of ``modules`` in the same
-    dtype, autograd recording something computed from them, and no
-    autocast, ``torch.compile`` or ``torch.jit.trace``."""
-    if x.device.type != 'cpu' or x.dtype not in _DTYPES:
-        return False
-    params = [p for m in modules for p in m.parameters()]
-    if any(p.dtype != x.dtype or p.device != x.device for p in params):
-        return False
-    if not torch.is_grad_enabled() or not (
-            x.requires_grad or any(p.requires_grad for p in params)):
-        return False
-    return not (cpu_autocast_enabled() or is_compiling()
-                or torch.jit.is_tracing())
-
-
-def train_in_runs(x: Tensor, width: int, *modules: nn.Module) -> bool:
-    """Whether a layer of ``modules`` mapping ``x`` ``(..., C)`` to
-    ``width`` channels should use the run-based functions:
-    :func:`cpu_training` holds and the widest tensor, ``(tokens, width)``,
-    spans at least ``MIN_RUNS`` runs."""
-    tokens = x.numel() // max(x.shape[-1], 1)
-    return (tokens * width >= MIN_RUNS * TRAIN_RUN_ELEMENTS
-            and cpu_training(x, *modules))
 
 
 def linear_out(x: Tensor, weight_t: Tensor, bias: Optional[Tensor],

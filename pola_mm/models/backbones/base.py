@@ -1,7 +1,7 @@
-"""Helpers shared by the Pola backbones: arch resolution, freezing, init."""
+"""What the Pola backbones share: arch resolution, freezing, init, the
+pre-norm block."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
@@ -10,28 +10,11 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
+from ...ops import dispatch
+from ...ops.inference_runs import block_forward_in_runs
+from ...typing import Size2
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
-from ..layers.polarity_kernel import cpu_autocast_enabled, cpu_inference
-
-Size2 = Tuple[int, int]
-
-#: At inference on CPU the feed-forward half of a block runs on runs of
-#: tokens whose hidden activations hold about this many elements (4 MiB in
-#: float32), so that the hidden layer stays in cache between ``fc1``, the
-#: activation and ``fc2``, and no step allocates (and page-faults) a fresh
-#: full-size hidden tensor. Measured on a 2-core CPU: stage-1 MLPs of
-#: Pola-Swin-T at 800x1344 went from 124 to 63 ms, Pola-PVT-T's at
-#: 1600x2688 from 585 to 251 ms; 2^19 to 2^21 were within 10% of each other.
-FFN_CHUNK_ELEMENTS = 1 << 20
-#: ... but never fewer tokens than this per run (wide late stages).
-_FFN_MIN_TOKENS = 1024
-#: At inference on CPU, polarity attention over a stage map runs on runs of
-#: grid rows whose ``(tokens, C)`` maps hold about this many elements (keys
-#: first, then queries; see :meth:`PolarityAttention.forward_in_runs`), so
-#: that its intermediates stay the same small size at every stage and image
-#: size instead of growing with the image.
-RUN_ELEMENTS = 1 << 19
 
 
 def pair(x: Union[int, Sequence[int]]) -> Size2:
@@ -206,58 +189,10 @@ class PreNormBlock(BaseModule):
         raise NotImplementedError
 
     def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        rows = max(1, RUN_ELEMENTS // (hw[1] * x.shape[-1]))
-        if (isinstance(self.attn, PolarityAttention) and rows < hw[0]
-                and not self.training
-                and x.dtype in (torch.float32, torch.float64)
-                and not cpu_autocast_enabled()
-                and self._cpu_inference(x, self.norm1, self.attn)):
-            # CPU inference: the attention half in runs of rows (the same
-            # result), the residual written by it, and the feed-forward
-            # half added in place
-            x = self.attn.forward_in_runs(x, hw, rows, norm=self.norm1,
-                                          residual=True)
-            return self._ffn(x, inplace=True)
+        if not self.training and dispatch.cpu_inference(x, self):
+            return block_forward_in_runs(self, x, hw)  # the same, in runs
         x = x + self.drop_path(self._attend(self.norm1(x), hw))
-        return self._ffn(x)
-
-    def _ffn(self, x: Tensor, inplace: bool = False) -> Tensor:
-        """``x + drop_path(mlp(norm2(x)))``, in runs of tokens when nothing
-        needs a gradient on CPU (see :data:`FFN_CHUNK_ELEMENTS`); with
-        ``inplace`` (for a contiguous ``x`` the block itself made), the runs
-        are added into ``x``."""
-        C = x.shape[-1]
-        step = max(FFN_CHUNK_ELEMENTS // self.mlp.fc1.out_features,
-                   _FFN_MIN_TOKENS)
-        if (self.training or x.numel() <= step * C
-                or not self._cpu_inference(x, self.norm2, self.mlp)):
-            return x + self.drop_path(self.mlp(self.norm2(x)))
-        # eval mode: drop_path and dropout are identities, every token is
-        # independent
-        flat = x.view(-1, C) if inplace else x.reshape(-1, C)
-        out = flat if inplace else torch.empty_like(flat)
-        fused = (not cpu_autocast_enabled()
-                 and self.mlp.fc1.weight.dtype == x.dtype)
-        hidden = (flat.new_empty(step, self.mlp.fc1.out_features)
-                  if fused else None)
-        scratch = flat.new_empty(step, C) if fused and inplace else None
-        for i in range(0, flat.shape[0], step):
-            t, o = flat[i:i + step], out[i:i + step]
-            if hidden is None:
-                o.copy_(t + self.mlp(self.norm2(t)))
-            elif scratch is None:  # one hidden buffer for every run
-                self.mlp.forward_into(self.norm2(t), o, hidden)
-                o.add_(t)
-            else:
-                y = scratch[:t.shape[0]]
-                self.mlp.forward_into(self.norm2(t), y, hidden)
-                t.add_(y)
-        return out.view(x.shape)
-
-    @staticmethod
-    def _cpu_inference(x: Tensor, *modules: nn.Module) -> bool:
-        """See :func:`~..layers.polarity_kernel.cpu_inference`."""
-        return cpu_inference(x, *modules)
+        return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""

@@ -3,7 +3,7 @@
 // Built on first use by pola_mm/models/layers/cpu_ext.py with
 // torch.utils.cpp_extension.load; the Python kernel
 // (polarity_kernel.py) falls back to plain torch operations when the
-// build is unavailable. Each function is one pass over a piece of tokens
+// build is unavailable. Each function is one pass over a run of tokens
 // that the torch version does in six to ten elementwise operations:
 //
 //   features:    f = [relu(t), relu(-t)], t = sign(xs) |xs|^p,
@@ -307,7 +307,7 @@ void power_grads(const torch::Tensor& df, const torch::Tensor& x,
 }
 
 // The gradient of the query product u = [f+, f-] S = [num, z] (see
-// _backward_slab in polarity_kernel.py): from dx, x (B, h, n, d) and
+// _backward_run in polarity_kernel.py): from dx, x (B, h, n, d) and
 // rz = 1 / z (B, h, n, 2), writes du (B, h, n, d + 2) with
 // du[c] = dx[c] rz[j] for c in half j, and du[d + j] = rz[j] sum over half
 // j of dx x (the normaliser columns with the opposite sign, as the caller

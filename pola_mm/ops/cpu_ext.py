@@ -1,6 +1,6 @@
 """The fused CPU loops of the polarity kernel, built on first use.
 
-``pola_mm/csrc/polarity_cpu.cpp`` holds three loops (the polarity
+``pola_mm/ops/csrc/polarity_cpu.cpp`` holds three loops (the polarity
 features, the chain rule through them, which can also rebuild them, and
 the gradient of the queries' product) that the pure-torch kernel does in
 five to ten elementwise operations each, and the weight gradient of the
@@ -26,22 +26,22 @@ from typing import Any, Optional
 import torch
 from mmengine.logging import print_log
 
+from . import dispatch
+
 __all__ = ['cpu_ext', 'cpu_ext_enabled', 'used', 'CPU_EXT_ENV']
 
 #: Environment variable: ``0`` turns the fused CPU loops off.
 CPU_EXT_ENV = 'POLA_MM_CPU_EXT'
 
-_SOURCE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(__file__))), 'csrc',
-    'polarity_cpu.cpp')
+_SOURCE = os.path.join(os.path.dirname(__file__), 'csrc',
+                       'polarity_cpu.cpp')
 _lock = threading.Lock()
 _state: dict = {}
 
 
 def cpu_ext_enabled() -> bool:
     """False when ``POLA_MM_CPU_EXT`` is ``0``/``false``/``off``."""
-    return os.environ.get(CPU_EXT_ENV, '1').strip().lower() not in (
-        '0', 'false', 'off', 'no')
+    return dispatch._env_enabled(CPU_EXT_ENV)
 
 
 def _cpu_tag() -> str:
@@ -91,7 +91,7 @@ def cpu_ext() -> Optional[Any]:
     """The compiled module (``features``, ``power_grads``, ``query_du``,
     ``dwconv_weight_grad``), or None when it is turned off or cannot be
     built (then the reason is logged once)."""
-    if not cpu_ext_enabled():
+    if not (cpu_ext_enabled() and dispatch.fast_paths_enabled()):
         return None
     if 'mod' in _state:
         return _state['mod']

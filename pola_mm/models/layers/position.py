@@ -1,0 +1,39 @@
+"""Resizing of learned position tables to other grids."""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...ops import dispatch
+from ...typing import Size2
+
+
+def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
+    """Resize a learned ``(1, Hr * Wr, C)`` token table to ``(1, H * W, C)``.
+
+    Bicubic, ``align_corners=False``, on the 2-D grid; the table itself is
+    returned at its reference size. Where no gradient is needed (inference,
+    frozen tables), the resized table is cached on ``table`` for the last
+    ``hw`` and reused until the table changes (in place or by a move); the
+    result must then not be modified in place.
+    """
+    if tuple(hw) == tuple(ref_hw):
+        return table
+    cache = (dispatch.fast_paths_enabled()
+             and not (torch.is_grad_enabled() and table.requires_grad)
+             and not dispatch.is_compiling())
+    if cache:
+        key = (tuple(int(i) for i in hw), tuple(ref_hw), table._version,
+               table.data_ptr(), table.dtype, table.device)
+        hit = getattr(table, '_pola_resized', None)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+    C = table.shape[-1]
+    grid = table.reshape(1, ref_hw[0], ref_hw[1], C).permute(0, 3, 1, 2)
+    dt = torch.promote_types(table.dtype, torch.float32)
+    grid = F.interpolate(grid.to(dt), size=(int(hw[0]), int(hw[1])),
+                         mode='bicubic', align_corners=False)
+    out = grid.flatten(2).transpose(1, 2).to(table.dtype)
+    if cache:
+        table._pola_resized = (key, out)
+    return out

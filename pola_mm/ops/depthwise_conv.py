@@ -1,0 +1,75 @@
+"""Depth-wise 2-D convolution with a fast backward on CPU.
+
+Same results as ``F.conv2d(x, w, b, padding=p, groups=C)``; see
+:func:`depthwise_conv2d`.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import dispatch
+from .cpu_ext import cpu_ext
+
+
+class _DepthwiseConv2d(torch.autograd.Function):
+    """``F.conv2d(..., groups=C)`` with its bias gradient taken as a plain
+    sum: PyTorch's CPU convolution backward computes the bias gradient of a
+    channels-last depth-wise conv about as slowly as the weight gradient.
+    For channels-last float32 maps with the fused CPU loops built, the
+    weight gradient is their ``dwconv_weight_grad`` and the input gradient
+    the conv with the flipped kernel; otherwise both are PyTorch's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                padding: Tuple[int, int]) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.padding = padding
+        ctx.has_bias = bias is not None
+        return F.conv2d(x, weight, bias, padding=padding,
+                        groups=x.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        C, _, kh, kw = weight.shape
+        ph, pw = ctx.padding
+        ext = None
+        if (x.dtype == torch.float32 and grad.dtype == torch.float32
+                and x.stride(1) == 1 and grad.stride(1) == 1
+                and ph < kh and pw < kw and grad.shape == x.shape):
+            ext = cpu_ext()
+        if ext is not None:
+            # channels-last float32: the input gradient is the conv of the
+            # gradient with the flipped kernel, the weight gradient one
+            # fused pass (see dwconv_weight_grad in polarity_cpu.cpp)
+            if need_x:
+                dx = F.conv2d(grad, weight.flip(-2, -1),
+                              padding=(kh - 1 - ph, kw - 1 - pw), groups=C)
+            if need_w:
+                dw = weight.new_empty(C, kh, kw)
+                ext.dwconv_weight_grad(x, grad, kh, kw, ph, pw, dw)
+                dw = dw.view(C, 1, kh, kw)
+        elif need_x or need_w:
+            dx, dw, _ = torch.ops.aten.convolution_backward(
+                grad, x, weight, None, [1, 1], list(ctx.padding), [1, 1],
+                False, [0, 0], x.shape[1], [need_x, need_w, False])
+        if ctx.has_bias and need_b:
+            db = grad.sum(dim=(0, 2, 3))
+        return dx, dw, db, None
+
+
+def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                     padding: Tuple[int, int]) -> Tensor:
+    """Depth-wise 2-D conv (stride 1, ``groups = channels``) of ``x``
+    ``(B, C, H, W)`` with ``weight`` ``(C, 1, kh, kw)``; in CPU training
+    (fast paths on) through :class:`_DepthwiseConv2d`."""
+    if (dispatch.fast_paths_enabled() and torch.is_grad_enabled()
+            and x.device.type == 'cpu' and any(
+                t is not None and t.requires_grad
+                for t in (x, weight, bias))):
+        return _DepthwiseConv2d.apply(x, weight, bias, tuple(padding))
+    return F.conv2d(x, weight, bias, padding=padding, groups=x.shape[1])

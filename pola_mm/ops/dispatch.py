@@ -1,0 +1,155 @@
+"""Where pola_mm's fast paths apply: one switch and every tuning constant.
+
+The layers and backbones compute the published model with plain PyTorch
+operations. Beside them, :mod:`pola_mm.ops` holds faster implementations of
+the same computation (same outputs and gradients, tested against the plain
+one): the polarity kernel and its fused CPU loops, a depth-wise conv with a
+cheap bias gradient, and work on runs of tokens that keeps large
+intermediates small (CPU inference and CPU training). Every decision to use
+one of them is made by the predicates below, and one switch turns them all
+off:
+
+- ``POLA_MM_FAST_PATHS=0`` in the environment (read at import), or
+- ``with pola_mm.ops.plain_paths(): ...`` for a block of code (process-wide,
+  not per thread), or :func:`set_fast_paths`.
+
+Without fast paths the polarity attention runs the readable formula
+(:func:`~pola_mm.models.layers.polarity_attention.polarity_linear_attention`)
+and every layer its plain PyTorch forward. ``POLA_MM_CPU_EXT=0`` turns off
+only the fused CPU loops (see :mod:`pola_mm.ops.cpu_ext`).
+
+One word for tiling, everywhere: a *run* is a contiguous range of tokens (or
+of sequences) processed at a time; the constants below size them in elements
+(tokens x channels of the widest tensor involved).
+"""
+import contextlib
+import os
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+__all__ = [
+    'FAST_PATHS_ENV', 'fast_paths_enabled', 'set_fast_paths', 'plain_paths',
+    'is_compiling', 'cpu_autocast_enabled', 'cpu_inference', 'cpu_training',
+    'train_in_runs'
+]
+
+#: Environment variable: ``0`` (or ``false``/``off``/``no``) turns every fast
+#: path off.
+FAST_PATHS_ENV = 'POLA_MM_FAST_PATHS'
+
+# -- tuning constants (sizes in elements; see the module docstring) --------
+#: Polarity kernel on CPU: runs of about this many elements of one
+#: ``(B, h, N, d)`` input, so its elementwise chains stay in cache.
+KERNEL_RUN_ELEMENTS = 1 << 18
+#: ... holding at least this many tokens per sequence when sequences are
+#: longer (fewer, larger matrix products).
+KERNEL_MIN_TOKENS = 256
+#: CPU inference: polarity attention over a stage map in runs of grid rows
+#: of about this many elements (keys first, then queries).
+ATTN_RUN_ELEMENTS = 1 << 19
+#: CPU inference: feed-forward halves of blocks in runs whose hidden layer
+#: holds about this many elements ...
+FFN_RUN_ELEMENTS = 1 << 20
+#: ... but never fewer tokens than this per run (wide late stages).
+FFN_MIN_TOKENS = 1024
+#: CPU inference: in-place norm of the patch embeddings' output in runs of
+#: this many elements.
+NORM_RUN_ELEMENTS = 1 << 20
+#: CPU training: MLP and fused projections in runs of this many elements of
+#: their widest tensor ...
+TRAIN_RUN_ELEMENTS = 1 << 20
+#: ... from this many runs on (smaller maps keep the plain layers) ...
+TRAIN_MIN_RUNS = 4
+#: ... with at least this many tokens a run.
+TRAIN_MIN_TOKENS = 64
+
+
+def _env_enabled(name: str) -> bool:
+    return os.environ.get(name, '1').strip().lower() not in ('0', 'false',
+                                                             'off', 'no')
+
+
+_enabled = _env_enabled(FAST_PATHS_ENV)
+
+
+def fast_paths_enabled() -> bool:
+    """Whether the fast paths may run (see the module docstring)."""
+    return _enabled
+
+
+def set_fast_paths(enabled: bool) -> None:
+    """Turn every fast path on or off for the whole process."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+@contextlib.contextmanager
+def plain_paths() -> Iterator[None]:
+    """Run a block with every fast path off (the plain PyTorch model);
+    the previous setting is restored on exit."""
+    previous = _enabled
+    set_fast_paths(False)
+    try:
+        yield
+    finally:
+        set_fast_paths(previous)
+
+
+def is_compiling() -> bool:
+    """Whether torch.compile is tracing (False on torch without it)."""
+    fn = getattr(getattr(torch, 'compiler', None), 'is_compiling', None)
+    if fn is None:  # torch < 2.3
+        fn = getattr(getattr(torch, '_dynamo', None), 'is_compiling', None)
+    return bool(fn()) if fn is not None else False
+
+
+def cpu_autocast_enabled() -> bool:
+    """Whether CPU autocast is on (any torch >= 2.0)."""
+    try:
+        return bool(torch.is_autocast_enabled('cpu'))
+    except TypeError:  # torch < 2.4 takes no device type
+        return bool(torch.is_autocast_cpu_enabled())
+
+
+def _traced() -> bool:
+    return is_compiling() or torch.jit.is_tracing()
+
+
+def cpu_inference(x: Tensor, *modules: nn.Module) -> bool:
+    """Where the CPU inference paths apply: fast paths on, ``x`` on the
+    CPU, outside ``torch.compile`` and ``torch.jit.trace`` (whose graphs
+    would fix the runs to the traced size), and autograd recording nothing
+    computed from ``x`` by ``modules``."""
+    if not _enabled or x.device.type != 'cpu' or _traced():
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or any(
+        p.requires_grad for m in modules for p in m.parameters())))
+
+
+def cpu_training(x: Tensor, *modules: nn.Module) -> bool:
+    """Where the CPU training paths apply: fast paths on, ``x`` on the CPU
+    in float32 or float64 with every parameter of ``modules`` in the same
+    dtype, autograd recording something computed from them, and no
+    autocast, ``torch.compile`` or ``torch.jit.trace``."""
+    if (not _enabled or x.device.type != 'cpu'
+            or x.dtype not in (torch.float32, torch.float64)):
+        return False
+    params = [p for m in modules for p in m.parameters()]
+    if any(p.dtype != x.dtype or p.device != x.device for p in params):
+        return False
+    if not torch.is_grad_enabled() or not (
+            x.requires_grad or any(p.requires_grad for p in params)):
+        return False
+    return not (cpu_autocast_enabled() or _traced())
+
+
+def train_in_runs(x: Tensor, width: int, *modules: nn.Module) -> bool:
+    """Whether a layer of ``modules`` mapping ``x`` ``(..., C)`` to
+    ``width`` channels should train in runs of tokens: :func:`cpu_training`
+    holds and its widest tensor spans at least ``TRAIN_MIN_RUNS`` runs."""
+    tokens = x.numel() // max(x.shape[-1], 1)
+    return (tokens * width >= TRAIN_MIN_RUNS * TRAIN_RUN_ELEMENTS
+            and cpu_training(x, *modules))
