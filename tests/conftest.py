@@ -3,6 +3,8 @@ importable."""
 import os
 import sys
 
+import pytest
+
 os.environ.setdefault('MPLBACKEND', 'Agg')
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -10,6 +12,12 @@ if TESTS_DIR not in sys.path:  # helper modules such as compat_tiny
     sys.path.insert(0, TESTS_DIR)
 
 REPO_ROOT = os.path.dirname(TESTS_DIR)
+
+
+@pytest.fixture(scope='session')
+def reference_dir() -> str:
+    """The authors' reference folder (see :func:`reference_root`)."""
+    return reference_root('official_pola_swin_mini_io.pth')
 
 
 def reference_root(required_file: str) -> str:

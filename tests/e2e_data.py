@@ -24,17 +24,13 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 from mmengine.config import Config, ConfigDict
 from PIL import Image, ImageDraw
+from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(REPO, 'configs')
 
 # COCO-style category names of the synthetic instance set
 COCO_NAMES = ('person', 'bicycle', 'car')
 COLOURS = ((220, 40, 40), (40, 200, 60), (50, 80, 230))
-
-TINY_SWIN = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))
-TINY_PVT = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
-                num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2))
 
 
 def _shape_layout(rng: np.random.Generator, size: int,
@@ -184,7 +180,7 @@ def load(name: str) -> Config:
 def shrink_backbone(cfg: Config, **extra) -> None:
     """Tiny arch of the same backbone type, no pretrained weights."""
     bb = cfg.model.backbone
-    bb.arch = dict(TINY_SWIN) if 'Swin' in bb.type else dict(TINY_PVT)
+    bb.arch = dict(SWIN_TINY_DEPTH1) if 'Swin' in bb.type else dict(PVT_TINY)
     bb.init_cfg = None
     bb.drop_path_rate = 0.0
     bb.update(extra)

@@ -711,12 +711,10 @@ def load_pretrained(module: torch.nn.Module,
         sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items()
                          if k.startswith(prefix))
     family = official_family(sd)
-    sd = convert_official_checkpoint(sd)
-    others = []
-    if any(k.startswith('backbone.') for k in sd):
-        others = [k for k in sd if not k.startswith('backbone.')]
-        sd = OrderedDict((k[len('backbone.'):], v) for k, v in sd.items()
-                         if k.startswith('backbone.'))
+    converted = convert_official_checkpoint(sd)
+    others = ([k for k in converted if not k.startswith('backbone.')]
+              if any(k.startswith('backbone.') for k in converted) else [])
+    sd = backbone_state_dict(converted)
     if not sd:
         raise ValueError(
             f'{type(module).__name__}: checkpoint {checkpoint!r} holds no '
@@ -841,9 +839,3 @@ def _summarise(keys: List[str]) -> str:
         head = '.'.join(parts[:2]) if parts[0] == 'layers' else parts[0]
         groups[head] = groups.get(head, 0) + 1
     return ', '.join(f'{g}.* ({n})' if n > 1 else g for g, n in groups.items())
-
-
-def state_dict_layout(
-        state_dict: Mapping[str, Tensor]) -> List[Tuple[str, List[int]]]:
-    """``[(name, shape), ...]`` of a state dict (handy for layout checks)."""
-    return [(k, list(v.shape)) for k, v in state_dict.items()]

@@ -12,19 +12,13 @@ from pola_mm.models.layers import (PolarityAttention, WindowMSA,
 from pola_mm.models.layers.polarity_attention import \
     polarity_linear_attention
 from pola_mm.ops.depthwise_conv import depthwise_conv2d
+from helpers import randomise
 from pola_mm.models.layers.window import (crop_map, cyclic_shift,
                                           effective_window, grid_padding,
                                           key_padding_logits, key_valid_mask,
                                           pad_map, shift_region_mask,
                                           valid_token_map, window_partition,
                                           window_reverse)
-
-
-def _randomise(module: torch.nn.Module, seed: int = 0) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
 
 
 # -- window helpers ---------------------------------------------------------
@@ -46,7 +40,7 @@ def test_window_msa_fused_inference_equals_explicit(mask_kind):
     product-softmax-product that CPU training runs."""
     torch.manual_seed(0)
     attn = WindowMSA(16, 4, (7, 7)).double()
-    _randomise(attn)
+    randomise(attn)
     x = torch.randn(2 * 6, 49, 16, dtype=torch.float64)
     mask = {'none': None,
             'shift': shift_region_mask((14, 21), (7, 7), (3, 3)),
@@ -104,7 +98,7 @@ def test_relative_index_subtable():
 def test_polarity_gradcheck_float64():
     torch.manual_seed(0)
     attn = PolarityAttention(4, 2, (2, 3), alpha=4, kernel_size=3).double()
-    _randomise(attn)
+    randomise(attn)
     x = torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True)
     params = [attn.power, attn.scale, attn.positional_encoding]
 
@@ -133,7 +127,7 @@ def test_positional_table_resize():
 def test_bf16_autocast(fused):
     torch.manual_seed(0)
     attn = PolarityAttention(16, 2, (4, 4), fused_qkvg=fused)
-    _randomise(attn)
+    randomise(attn)
     x = (torch.randn(2, 16, 16) * 30).requires_grad_()
     with torch.autocast('cpu', dtype=torch.bfloat16):
         y = attn(x, (4, 4))
@@ -179,7 +173,7 @@ def test_polarity_block_attends_to_the_whole_map(hw, shift):
     no padding); at the table's own grid the table is used as it is."""
     torch.manual_seed(0)
     blk = PolaSwinBlock(8, 2, (7, 7), shift=shift, attn_type='L').double()
-    _randomise(blk.attn)
+    randomise(blk.attn)
     x = torch.randn(2, hw[0] * hw[1], 8, dtype=torch.float64)
     with torch.no_grad():
         got = blk._attend(x, hw)
@@ -194,7 +188,7 @@ def test_polarity_block_receptive_field_is_the_whole_map():
     would not reach it)."""
     torch.manual_seed(0)
     blk = PolaSwinBlock(8, 2, (4, 4), attn_type='L').eval()
-    _randomise(blk)
+    randomise(blk)
     hw = (32, 32)
     x = torch.randn(1, hw[0] * hw[1], 8)
     y = x.clone()
@@ -209,7 +203,7 @@ def test_softmax_window_padding_masks_keys():
     equals the attention on its real tokens only (sub-table of offsets)."""
     torch.manual_seed(0)
     msa = WindowMSA(8, 2, (4, 4))
-    _randomise(msa)
+    randomise(msa)
     x = torch.randn(1, 3, 4, 8)
     blk = PolaSwinBlock(8, 2, (4, 4), shift=False, attn_type='S')
     blk.attn.load_state_dict(msa.state_dict())
@@ -226,7 +220,7 @@ def test_softmax_shift_matches_swin_reference():
     the window (the 224 case of stage 3)."""
     torch.manual_seed(0)
     blk = PolaSwinBlock(8, 2, (4, 4), shift=True, attn_type='S')
-    _randomise(blk.attn)
+    randomise(blk.attn)
     x = torch.randn(1, 8 * 8, 8)
     with torch.no_grad():
         got = blk._softmax(x, (8, 8))

@@ -7,14 +7,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import reference_root
 import torch
 
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint)
+from helpers import REPO
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CLI = osp.join(REPO, 'tools', 'model_converters', 'pola_official_to_mm.py')
 TOL = 1e-4
 MINIS = {
@@ -26,11 +25,6 @@ MINIS = {
                  num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4)),
             'pola_pvt_t_in1k.py', 256),
 }
-
-
-@pytest.fixture(scope='module')
-def reference_dir():
-    return reference_root('official_pola_swin_mini_io.pth')
 
 
 def _load(reference_dir, name):

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import pola_mm  # noqa: F401  (applies pola_mm.compat, as the tools do)
+from helpers import REPO_PATH as REPO
+from helpers import free_port
 
-REPO = Path(__file__).resolve().parents[1]
 CFG = REPO / 'tests' / 'compat_tiny_cfg.py'
 TORCH_2_6 = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')
                   [:2]) >= (2, 6)
@@ -209,14 +210,7 @@ def test_cpu_ddp_wrapper_needs_compat(monkeypatch):
 def _one_rank_env() -> dict:
     """The torchrun environment of a 1-process group on a free port."""
     return dict(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0',
-                MASTER_ADDR='127.0.0.1', MASTER_PORT=str(_free_port()))
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+                MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='CPU-only path')
@@ -225,7 +219,7 @@ def test_two_process_cpu_training_with_torchrun(tmp_path):
     proc = run([
         '-m', 'torch.distributed.run', '--nnodes', '1', '--nproc_per_node',
         '2', '--master_addr', '127.0.0.1', '--master_port',
-        str(_free_port()), str(REPO / 'tools' / 'train.py'), str(CFG),
+        str(free_port()), str(REPO / 'tools' / 'train.py'), str(CFG),
         '--launcher', 'pytorch', '--work-dir', str(work_dir)
     ], cwd=tmp_path)
     log = proc.stdout + proc.stderr
@@ -234,7 +228,7 @@ def test_two_process_cpu_training_with_torchrun(tmp_path):
     proc = run([
         '-m', 'torch.distributed.run', '--nnodes', '1', '--nproc_per_node',
         '2', '--master_addr', '127.0.0.1', '--master_port',
-        str(_free_port()), str(REPO / 'tools' / 'test.py'), str(CFG),
+        str(free_port()), str(REPO / 'tools' / 'test.py'), str(CFG),
         str(work_dir / 'iter_4.pth'), '--launcher', 'pytorch', '--work-dir',
         str(tmp_path / 'dist_test')
     ], cwd=tmp_path)

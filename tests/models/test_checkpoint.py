@@ -19,17 +19,12 @@ from pola_mm.models.checkpoint import (CheckpointFileError, InertObject,
                                        convert_official_checkpoint,
                                        extract_state_dict,
                                        load_checkpoint_file, official_family)
+from helpers import REPO
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CLI = osp.join(REPO, 'tools', 'model_converters', 'pola_official_to_mm.py')
 SWIN_MINI = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
 PVT_MINI = dict(embed_dims=(32, 64, 160, 256), depths=(1, 1, 1, 1),
                 num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4))
-
-
-@pytest.fixture(scope='module')
-def reference_dir():
-    return reference_root('official_pola_swin_mini.pth')
 
 
 def _official(reference_dir, name):

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO_PATH as REPO
 
 
 def _load_install_mmcv():

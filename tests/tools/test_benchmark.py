@@ -12,15 +12,12 @@ from pola_mm.analysis.benchmark import (BenchmarkCase, BenchmarkResult,
                                         compute_growth, compute_ratios,
                                         format_table, parse_size,
                                         plot_results, run_benchmarks)
+from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1
 
 CONV = dict(type='torch.nn:Conv2d', in_channels=3, out_channels=4,
             kernel_size=3)
-TINY_SWIN = dict(type='PolaSwinTransformer',
-                 arch=dict(embed_dims=16, depths=(1, 1, 1, 1),
-                           num_heads=(1, 1, 2, 2)))
-TINY_PVT = dict(type='PolaPVT',
-                arch=dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
-                          num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2)))
+SWIN_CFG = dict(type='PolaSwinTransformer', arch=SWIN_TINY_DEPTH1)
+PVT_CFG = dict(type='PolaPVT', arch=PVT_TINY)
 
 
 def _has_backbones() -> bool:
@@ -128,7 +125,7 @@ def test_run_benchmarks_rounds_pool_times(monkeypatch):
 
 
 @pytest.mark.skipif(not _has_backbones(), reason='backbones not built yet')
-@pytest.mark.parametrize('cfg', [TINY_SWIN, TINY_PVT])
+@pytest.mark.parametrize('cfg', [SWIN_CFG, PVT_CFG])
 @pytest.mark.parametrize('mode', ['infer', 'train'])
 def test_tiny_pola_backbones(cfg, mode):
     r = benchmark_model(cfg, mode=mode, size='64x96', batch=1, repeats=1,
@@ -136,12 +133,12 @@ def test_tiny_pola_backbones(cfg, mode):
     assert r.error is None, r.error
     assert r.num_params > 0
     assert r.cpu_ext is True  # float32 on CPU: the fused loops ran
-    assert 'Fused CPU loops (pola_mm/ops/csrc): used by custom' in format_table(
-        [r])
+    assert ('Fused CPU loops (pola_mm/ops/csrc): used by custom'
+            in format_table([r]))
 
 
 def test_cli_help():
-    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    root = REPO
     out = subprocess.run(
         [sys.executable, osp.join(root, 'tools', 'analysis', 'benchmark.py'),
          '--help'], capture_output=True, text=True, env=dict(os.environ))

@@ -11,13 +11,14 @@ import pytest
 import torch
 
 import e2e_data
+from helpers import PVT_TINY, SWIN_TINY_DEPTH1
 
 import pola_mm  # noqa: F401
 from pola_mm.registry import MODELS
 
 BACKBONES = [
-    dict(type='PolaSwinTransformer', arch=e2e_data.TINY_SWIN),
-    dict(type='PolaPVT', arch=e2e_data.TINY_PVT),
+    dict(type='PolaSwinTransformer', arch=SWIN_TINY_DEPTH1),
+    dict(type='PolaPVT', arch=PVT_TINY),
 ]
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
 pytest.importorskip('mmdet.models')
 
@@ -17,7 +18,6 @@ from mmengine.registry import init_default_scope  # noqa: E402
 
 from pola_mm.utils.shapes import SHAPES_CLASSES, make_shapes_dataset  # noqa
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIG = osp.join(REPO, 'configs', 'demo', 'mask_rcnn_pola_swin_shapes.py')
 
 

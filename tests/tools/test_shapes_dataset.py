@@ -12,8 +12,7 @@ import pytest
 from pola_mm.utils.shapes import (SHAPES_CLASSES, generate_shapes_image,
                                   make_shapes_dataset, mask_to_bbox,
                                   mask_to_rle, rle_to_mask)
-
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from helpers import REPO
 
 
 def _digest(root: str) -> dict:

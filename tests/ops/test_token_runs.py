@@ -14,7 +14,7 @@ from pola_mm.ops import dispatch, token_runs
 from pola_mm.ops.dispatch import cpu_training, train_in_runs
 from pola_mm.ops.token_runs import mlp_in_runs, split_linear_in_runs
 
-from test_backbones import TINY_PVT, TINY_SWIN
+from helpers import PVT_TINY, SWIN_TINY_DEPTH2
 
 
 @pytest.fixture
@@ -199,8 +199,9 @@ def test_project_dispatch_and_values(small_runs, fused):
         assert q.stride(-2) == (4 if fused else 2) * 8
 
 
-@pytest.mark.parametrize('model_cls, arch', [(PolaSwinTransformer, TINY_SWIN),
-                                             (PolaPVT, TINY_PVT)],
+@pytest.mark.parametrize('model_cls, arch', [
+    (PolaSwinTransformer, SWIN_TINY_DEPTH2),
+    (PolaPVT, PVT_TINY)],
                          ids=['swin', 'pvt'])
 def test_backbone_training_step_unchanged(small_runs, monkeypatch, model_cls,
                                           arch):

@@ -15,22 +15,8 @@ from pola_mm.models.layers import Mlp, PolarityAttention
 from pola_mm.ops.polarity_kernel import (polarity_attention_kernel,
                                          polarity_key_state,
                                          polarity_query_apply)
-
-TINY_SWIN = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 1, 2, 2))
-TINY_PVT = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
-                num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2))
-
-
-def _randomise_attention(model: torch.nn.Module) -> None:
-    """Non-zero positional tables, powers, scales and conv kernels (the
-    tables start at zero, which would hide a wrong crop)."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, PolarityAttention):
-                for t in (m.positional_encoding, m.power, m.scale,
-                          m.dwc.weight):
-                    t.copy_(torch.randn(t.shape, generator=g) * 0.5)
+from helpers import (PVT_TINY, SWIN_TINY_DEPTH2, count_calls,
+                     randomise_attention)
 
 
 def _run_sizes(monkeypatch, small: bool) -> None:
@@ -45,18 +31,6 @@ def _run_sizes(monkeypatch, small: bool) -> None:
     monkeypatch.setattr(dispatch, 'FFN_MIN_TOKENS', 7)
 
 
-def _count_calls(monkeypatch, obj, name):
-    calls = []
-    original = getattr(obj, name)
-
-    def wrapped(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(obj, name, wrapped)
-    return calls
-
-
 @pytest.mark.parametrize('hw', [(30, 41), (28, 28), (9, 50)])
 @pytest.mark.parametrize('shift', [False, True])
 def test_swin_polarity_block_in_runs_matches_whole_map(monkeypatch, hw,
@@ -65,14 +39,14 @@ def test_swin_polarity_block_in_runs_matches_whole_map(monkeypatch, hw,
     at CPU inference equals the one-shot global computation."""
     torch.manual_seed(0)
     block = PolaSwinBlock(16, 2, (7, 7), shift=shift, attn_type='L').eval()
-    _randomise_attention(block)
+    randomise_attention(block)
     x = torch.randn(2, hw[0] * hw[1], 16)
     with torch.no_grad():
         _run_sizes(monkeypatch, small=False)
         whole = block(x, hw)
         monkeypatch.setattr(dispatch, 'ATTN_RUN_ELEMENTS', 16 * hw[1] * 3)
-        calls = _count_calls(monkeypatch, inference_runs,
-                             'polarity_attention_in_runs')
+        calls = count_calls(monkeypatch, inference_runs,
+                            'polarity_attention_in_runs')
         runs = block(x, hw)
     assert len(calls) == 1
     torch.testing.assert_close(runs, whole, rtol=1e-5, atol=1e-5)
@@ -92,9 +66,9 @@ def test_training_and_gradients_keep_the_whole_map(monkeypatch):
     x = torch.randn(1, 400, 16)
     for train in (True, False):
         block.train(train)
-        calls = _count_calls(monkeypatch, inference_runs,
-                             'polarity_attention_in_runs')
-        mlp_calls = _count_calls(monkeypatch, block.mlp, 'forward')
+        calls = count_calls(monkeypatch, inference_runs,
+                            'polarity_attention_in_runs')
+        mlp_calls = count_calls(monkeypatch, block.mlp, 'forward')
         block(x, hw).sum().backward()
         assert not calls and len(mlp_calls) == 1
         monkeypatch.undo()
@@ -102,15 +76,15 @@ def test_training_and_gradients_keep_the_whole_map(monkeypatch):
     # a frozen block under autograd (no parameter, no input needing grad)
     # takes the run paths
     block.eval().requires_grad_(False)
-    calls = _count_calls(monkeypatch, inference_runs,
-                         'polarity_attention_in_runs')
-    mlp_calls = _count_calls(monkeypatch, inference_runs, 'mlp_into')
+    calls = count_calls(monkeypatch, inference_runs,
+                        'polarity_attention_in_runs')
+    mlp_calls = count_calls(monkeypatch, inference_runs, 'mlp_into')
     block(x, hw)
     assert len(calls) == 1 and len(mlp_calls) > 1
 
 
-@pytest.mark.parametrize('cls,arch', [(PolaSwinTransformer, TINY_SWIN),
-                                      (PolaPVT, TINY_PVT)],
+@pytest.mark.parametrize('cls,arch', [(PolaSwinTransformer, SWIN_TINY_DEPTH2),
+                                      (PolaPVT, PVT_TINY)],
                          ids=['swin', 'pvt'])
 def test_backbone_inference_paths_match(monkeypatch, cls, arch):
     """Whole backbones, several sizes and batches: the inference paths
@@ -120,7 +94,7 @@ def test_backbone_inference_paths_match(monkeypatch, cls, arch):
     untouched."""
     torch.manual_seed(0)
     model = cls(arch=arch).eval()
-    _randomise_attention(model)
+    randomise_attention(model)
     for batch, size in [(1, (224, 224)), (2, (250, 333)), (1, (97, 161))]:
         x = torch.randn(batch, 3, *size)
         x_saved = x.clone()
@@ -129,9 +103,9 @@ def test_backbone_inference_paths_match(monkeypatch, cls, arch):
             whole = [t.detach() for t in model(x.clone().requires_grad_())]
         with torch.no_grad():
             _run_sizes(monkeypatch, small=True)
-            mlp_calls = _count_calls(monkeypatch, inference_runs, 'mlp_into')
-            run_calls = _count_calls(monkeypatch, inference_runs,
-                                     'polarity_attention_in_runs')
+            mlp_calls = count_calls(monkeypatch, inference_runs, 'mlp_into')
+            run_calls = count_calls(monkeypatch, inference_runs,
+                                    'polarity_attention_in_runs')
             parts = model(x)
         assert len(mlp_calls) > 2 * sum(arch['depths'])
         # the polarity stages more than a run tall
@@ -155,7 +129,7 @@ def test_patch_embed_norm_in_place_at_inference(monkeypatch, size):
         pe.norm.bias.normal_()
     x = torch.randn(2, 3, *size)
     x_saved = x.clone()
-    norm_calls = _count_calls(monkeypatch, pe.norm, 'forward')
+    norm_calls = count_calls(monkeypatch, pe.norm, 'forward')
     ref, ref_hw = pe(x.clone().requires_grad_())
     assert len(norm_calls) == 1
     with torch.no_grad():
@@ -233,8 +207,8 @@ def test_pvt_block_runs_only_at_inference(monkeypatch):
     block = PolaPVTBlock(16, 2, (7, 7), mlp_ratio=2)
     hw = (9, 11)
     x = torch.randn(2, 99, 16)
-    calls = _count_calls(monkeypatch, inference_runs,
-                         'polarity_attention_in_runs')
+    calls = count_calls(monkeypatch, inference_runs,
+                        'polarity_attention_in_runs')
     block.train()(x, hw).sum().backward()
     assert not calls
     block.eval()
@@ -247,8 +221,8 @@ def test_pvt_block_runs_only_at_inference(monkeypatch):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('cls,arch', [(PolaSwinTransformer, TINY_SWIN),
-                                      (PolaPVT, TINY_PVT)],
+@pytest.mark.parametrize('cls,arch', [(PolaSwinTransformer, SWIN_TINY_DEPTH2),
+                                      (PolaPVT, PVT_TINY)],
                          ids=['swin', 'pvt'])
 def test_inference_paths_under_bf16_autocast(monkeypatch, cls, arch):
     """Under CPU autocast the token runs fall back to the modules' own
@@ -274,10 +248,10 @@ def test_tracing_takes_no_inference_path(monkeypatch):
     size."""
     _run_sizes(monkeypatch, small=True)
     torch.manual_seed(0)
-    model = PolaPVT(arch=TINY_PVT).eval()
-    run_calls = _count_calls(monkeypatch, inference_runs,
-                             'polarity_attention_in_runs')
-    mlp_calls = _count_calls(monkeypatch, inference_runs, 'mlp_into')
+    model = PolaPVT(arch=PVT_TINY).eval()
+    run_calls = count_calls(monkeypatch, inference_runs,
+                            'polarity_attention_in_runs')
+    mlp_calls = count_calls(monkeypatch, inference_runs, 'mlp_into')
     x = torch.randn(1, 3, 96, 128)
     with torch.no_grad():
         traced = torch.jit.trace(model, x, check_trace=False)

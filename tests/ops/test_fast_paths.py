@@ -16,19 +16,10 @@ from pola_mm.models.checkpoint import (backbone_state_dict,
 from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops import cpu_ext as cpu_ext_mod
 from pola_mm.ops import dispatch, inference_runs, polarity_kernel, token_runs
-from test_backbones import TINY_PVT, TINY_SWIN
+from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise
 
-BACKBONES = [(PolaSwinTransformer, TINY_SWIN), (PolaPVT, TINY_PVT)]
+BACKBONES = [(PolaSwinTransformer, SWIN_TINY_DEPTH2), (PolaPVT, PVT_TINY)]
 IDS = ['swin', 'pvt']
-
-
-def _randomise(model: torch.nn.Module, seed: int = 0) -> None:
-    """Non-trivial values in every parameter (tables, powers and scales
-    start at zero)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
 
 
 def _small_runs(monkeypatch) -> None:
@@ -74,7 +65,7 @@ def test_backbones_equal_with_and_without_fast_paths(monkeypatch, cls,
     _small_runs(monkeypatch)
     torch.manual_seed(0)
     model = cls(arch=arch, drop_path_rate=0.)  # deterministic training
-    _randomise(model)
+    randomise(model, std=0.3)
     calls = _spy_fast_paths(monkeypatch)
 
     def run():
@@ -136,7 +127,7 @@ def test_reference_impl_equals_kernel(fused):
     same outputs and gradients (float64)."""
     torch.manual_seed(0)
     a = PolarityAttention(16, 2, (5, 6), fused_qkvg=fused).double()
-    _randomise(a)
+    randomise(a, std=0.3)
     b = PolarityAttention(16, 2, (5, 6), fused_qkvg=fused,
                           impl='reference').double()
     b.load_state_dict(a.state_dict())
@@ -159,7 +150,7 @@ def test_attn_drop_is_refused():
     with pytest.raises(ValueError, match='attn_drop'):
         PolarityAttention(16, 2, (5, 6), attn_drop=0.1)
     with pytest.raises(ValueError, match='attn_drop'):
-        PolaSwinTransformer(arch=TINY_SWIN, attn_drop_rate=0.1)
+        PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, attn_drop_rate=0.1)
 
 
 def test_environment_variable_turns_fast_paths_off():

@@ -10,13 +10,10 @@ import torch
 
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import convert_official_checkpoint
+from helpers import PVT_TINY, SWIN_TINY_DEPTH2
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
-TINY_SWIN = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 1, 2, 2))
-TINY_PVT = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
-                num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2))
-BACKBONES = [(PolaSwinTransformer, TINY_SWIN), (PolaPVT, TINY_PVT)]
+BACKBONES = [(PolaSwinTransformer, SWIN_TINY_DEPTH2), (PolaPVT, PVT_TINY)]
 IDS = ['swin', 'pvt']
 SIZES = [(224, 224), (250, 333), (112, 137), (64, 64), (33, 47), (511, 511)]
 
@@ -119,10 +116,10 @@ def _frozen_names(model):
 
 
 def test_frozen_stages_swin():
-    m = PolaSwinTransformer(arch=TINY_SWIN, frozen_stages=0)
+    m = PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, frozen_stages=0)
     assert _frozen_names(m) == {n for n, _ in m.named_parameters()
                                 if n.startswith('patch_embed.')}
-    m = PolaSwinTransformer(arch=TINY_SWIN, frozen_stages=2)
+    m = PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, frozen_stages=2)
     frozen = _frozen_names(m)
     prefixes = ('patch_embed.', 'layers.0.', 'layers.1.', 'norm0.', 'norm1.')
     assert frozen == {n for n, _ in m.named_parameters()
@@ -130,10 +127,10 @@ def test_frozen_stages_swin():
     m.train()
     assert not m.patch_embed.training and not m.layers[1].training
     assert not m.norm1.training and m.layers[2].training and m.norm2.training
-    m = PolaSwinTransformer(arch=TINY_SWIN, frozen_stages=-1)
+    m = PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, frozen_stages=-1)
     assert not _frozen_names(m)
     # the frozen part does not change in training
-    m = PolaSwinTransformer(arch=TINY_SWIN, frozen_stages=1).train()
+    m = PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, frozen_stages=1).train()
     before = m.layers[0].blocks[0].attn.qkvg.weight.clone()
     opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad],
                           lr=1.)
@@ -143,11 +140,11 @@ def test_frozen_stages_swin():
 
 
 def test_frozen_stages_pvt():
-    m = PolaPVT(arch=TINY_PVT, frozen_stages=0)
+    m = PolaPVT(arch=PVT_TINY, frozen_stages=0)
     assert _frozen_names(m) == {n for n, _ in m.named_parameters()
                                 if n.startswith(('patch_embed1.',
                                                  'pos_embed1'))}
-    m = PolaPVT(arch=TINY_PVT, frozen_stages=2).train()
+    m = PolaPVT(arch=PVT_TINY, frozen_stages=2).train()
     prefixes = ('patch_embed1.', 'pos_embed1', 'block1.', 'patch_embed2.',
                 'pos_embed2', 'block2.')
     assert _frozen_names(m) == {n for n, _ in m.named_parameters()
@@ -198,9 +195,9 @@ def test_arch_errors():
         PolaPVT(arch=dict(embed_dims=(8, 8, 8, 8), depths=(1, 1, 1, 1),
                           num_heads=(1, 1, 1, 1)))
     with pytest.raises(ValueError, match='out_indices'):
-        PolaSwinTransformer(arch=TINY_SWIN, out_indices=(4, ))
+        PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, out_indices=(4, ))
     with pytest.raises(ValueError, match='attn_layout'):
-        PolaSwinTransformer(arch=TINY_SWIN, attn_layout='LLS')
+        PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, attn_layout='LLS')
 
 
 def test_window_rules_and_layouts():
@@ -208,13 +205,14 @@ def test_window_rules_and_layouts():
     assert m.window_sizes == [(56, 56), (28, 28), (7, 7), (7, 7)]
     assert tuple(m.layers[0].blocks[0].attn.positional_encoding.shape) == (
         1, 3136, 96)
-    m = PolaSwinTransformer(arch=TINY_SWIN, attn_layout='LLLL', window_size=7)
+    m = PolaSwinTransformer(arch=SWIN_TINY_DEPTH2,
+                            attn_layout='LLLL', window_size=7)
     assert m.layers[3].blocks[0].attn.ref_hw == (7, 7)
-    m = PolaSwinTransformer(arch=TINY_SWIN, attn_layout='SSSS')
+    m = PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, attn_layout='SSSS')
     assert all(w == (7, 7) for w in m.window_sizes)
     with torch.no_grad():
         assert m(torch.randn(1, 3, 45, 61))[0].shape == (1, 16, 12, 16)
-    p = PolaPVT(arch=TINY_PVT, attn_layout='SSLL')
+    p = PolaPVT(arch=PVT_TINY, attn_layout='SSLL')
     with torch.no_grad():
         outs = p(torch.randn(1, 3, 45, 61))
     assert outs[0].shape == (1, 16, 12, 16) and outs[3].shape == (1, 64, 2, 2)
@@ -250,7 +248,7 @@ def test_swin_polarity_stages_are_global_at_detection_sizes(monkeypatch,
     stage map (one sequence per image, the table resized from 56x56 /
     28x28), in training and at inference."""
     seen = _record_polarity_maps(monkeypatch)
-    model = PolaSwinTransformer(arch=TINY_SWIN, out_indices=(3, ))
+    model = PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, out_indices=(3, ))
     model.train(grad)
     x = torch.randn(2, 3, 320, 480)
     with torch.set_grad_enabled(grad):
@@ -272,8 +270,9 @@ def test_swin_t_at_224_uses_the_tables_as_they_are(monkeypatch):
 
 
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg', 'mmpretrain', None])
-@pytest.mark.parametrize('name,arch', [('PolaSwinTransformer', TINY_SWIN),
-                                       ('PolaPVT', TINY_PVT)])
+@pytest.mark.parametrize('name,arch', [
+    ('PolaSwinTransformer', SWIN_TINY_DEPTH2),
+    ('PolaPVT', PVT_TINY)])
 def test_build_from_scopes(scope, name, arch):
     import importlib
 
@@ -335,7 +334,7 @@ def test_backbones_trace_without_graph_breaks():
         arch=dict(embed_dims=16, depths=(2, 2), num_heads=(1, 2)),
         attn_layout='LS', window_size=8, pretrain_img_size=64,
         out_indices=(0, 1))
-    pvt = PolaPVT(arch=TINY_PVT, out_indices=(0, 1))
+    pvt = PolaPVT(arch=PVT_TINY, out_indices=(0, 1))
     x = torch.randn(1, 3, 76, 100)
     for model in (swin, pvt):
         for train in (False, True):

@@ -10,27 +10,20 @@ import os
 import os.path as osp
 import pickle
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
 import e2e_data
+from helpers import REPO, free_port
 
-REPO = e2e_data.REPO
 pytest.importorskip('mmdet.models')
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _run(cmd, cwd, timeout=300, **env):
     full_env = dict(os.environ, PYTHON=sys.executable,
-                    PORT=str(_free_port()), OMP_NUM_THREADS='1', **env)
+                    PORT=str(free_port()), OMP_NUM_THREADS='1', **env)
     full_env.pop('LOCAL_RANK', None)
     proc = subprocess.run(cmd, cwd=cwd, env=full_env, timeout=timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -26,8 +26,9 @@ import torch
 from mmengine.config import Config
 
 import e2e_data
+from helpers import REPO
 
-CONFIGS = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'configs')
+CONFIGS = osp.join(REPO, 'configs')
 
 # The yaml / config.py values, per model:
 # name -> (arch, DROP_PATH_RATE, BATCH_SIZE (per GPU), EPOCHS,
