@@ -1,6 +1,6 @@
 """Helpers shared by the tests: the repository root, tiny architectures,
-a free port, randomisers and call counters (import as ``helpers``; the
-``reference_dir`` fixture lives in conftest.py)."""
+the reference minis, a free port, randomisers and call counters (import as
+``helpers``; the ``reference_dir`` fixture lives in conftest.py)."""
 import os.path as osp
 import socket
 from pathlib import Path
@@ -21,6 +21,19 @@ SWIN_TINY_DEPTH1 = dict(embed_dims=16, depths=(1, 1, 1, 1),
                         num_heads=(1, 1, 2, 2))
 PVT_TINY = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
                 num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2))
+
+#: The archs of the authors' reference minis (``official_pola_*_mini.pth``).
+SWIN_MINI = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
+PVT_MINI = dict(embed_dims=(32, 64, 160, 256), depths=(1, 1, 1, 1),
+                num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4))
+
+
+def reference_file(root: str, name: str, io: bool = False) -> dict:
+    """``official_pola_{name}_mini.pth`` (``..._io.pth`` with ``io``) of the
+    reference folder ``root``, loaded weights-only on the CPU."""
+    suffix = '_io' if io else ''
+    path = osp.join(root, f'official_pola_{name}_mini{suffix}.pth')
+    return torch.load(path, map_location='cpu', weights_only=True)
 
 
 def free_port() -> int:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-from conftest import reference_root
 import torch
 
 import pola_mm.models.checkpoint as ckpt_mod
@@ -19,21 +18,13 @@ from pola_mm.models.checkpoint import (CheckpointFileError, InertObject,
                                        convert_official_checkpoint,
                                        extract_state_dict,
                                        load_checkpoint_file, official_family)
-from helpers import REPO
+from helpers import PVT_MINI, REPO, SWIN_MINI, reference_file
 
 CLI = osp.join(REPO, 'tools', 'model_converters', 'pola_official_to_mm.py')
-SWIN_MINI = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
-PVT_MINI = dict(embed_dims=(32, 64, 160, 256), depths=(1, 1, 1, 1),
-                num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4))
-
-
-def _official(reference_dir, name):
-    path = osp.join(reference_dir, f'official_pola_{name}_mini.pth')
-    return torch.load(path, map_location='cpu', weights_only=True)
 
 
 def test_convert_swin(reference_dir):
-    sd = _official(reference_dir, 'swin')['model']
+    sd = reference_file(reference_dir, 'swin')['model']
     assert official_family(sd) == 'swin'
     out = convert_official_checkpoint(sd)
     assert 'backbone.norm3.weight' in out and 'head.fc.weight' in out
@@ -51,7 +42,7 @@ def test_convert_swin(reference_dir):
 
 
 def test_convert_pvt(reference_dir):
-    sd = _official(reference_dir, 'pvt')['model']
+    sd = reference_file(reference_dir, 'pvt')['model']
     assert official_family(sd) == 'pvt'
     out = convert_official_checkpoint(sd)
     assert not any(k.startswith(('backbone.norm', 'norm')) for k in out)
@@ -71,7 +62,7 @@ def test_cli(reference_dir, tmp_path, capsys):
     assert set(saved) == {'state_dict', 'meta'}
     assert saved['meta']['family'] == 'pola_swin'
     ref = convert_official_checkpoint(
-        _official(reference_dir, 'swin')['model'])
+        reference_file(reference_dir, 'swin')['model'])
     assert list(saved['state_dict']) == list(ref)
     # errors (in-process: same code path, no interpreter start-up)
     spec = importlib.util.spec_from_file_location('pola_cli', CLI)
@@ -93,7 +84,7 @@ def _features(model, x):
 @pytest.mark.parametrize('kind', ['official', 'converted', 'backbone',
                                   'detector', 'prefixed'])
 def test_init_cfg_accepts_layouts(reference_dir, tmp_path, kind):
-    official = _official(reference_dir, 'swin')
+    official = reference_file(reference_dir, 'swin')
     conv = convert_official_checkpoint(official['model'])
     back = backbone_state_dict(official['model'])
     path = str(tmp_path / 'ckpt.pth')
@@ -158,7 +149,7 @@ def test_wrong_checkpoints_raise(reference_dir, tmp_path):
     with pytest.raises(ValueError, match='another shape') as err:
         m.init_weights()
     assert 'patch_embed.proj.weight' in str(err.value)
-    official = _official(reference_dir, 'swin')['model']
+    official = reference_file(reference_dir, 'swin')['model']
     key = 'layers.0.blocks.0.attn.dwc.weight'  # same shape in both archs
     assert official[key].shape == m.state_dict()[key].shape
     assert not torch.equal(m.state_dict()[key], official[key])
@@ -191,7 +182,7 @@ def test_pos_tables_resized_for_other_pretrain_size(reference_dir):
         m = cls(arch=arch, pretrain_img_size=192,
                 init_cfg=dict(type='Pretrained', checkpoint=path))
         m.init_weights()
-        official = _official(reference_dir, name)['model']
+        official = reference_file(reference_dir, name)['model']
         if name == 'swin':
             pe = m.layers[1].blocks[0].attn.positional_encoding
             assert pe.shape == (1, 24 * 24, 64)
@@ -302,12 +293,11 @@ def authors_files(reference_dir, tmp_path_factory):
     """``{name: path}`` of training checkpoints for the Swin and PVT minis,
     plus ``'<name>_io'`` (reference inputs and outputs)."""
     pytest.importorskip('yacs.config')
-    reference_root('official_pola_swin_mini_io.pth')
     folder = tmp_path_factory.mktemp('authors')
     files = {}
     for name in MINIS:
         files[name] = str(folder / f'pola_{name}_ckpt_epoch_300.pth')
-        _save_authors_checkpoint(_official(reference_dir, name)['model'],
+        _save_authors_checkpoint(reference_file(reference_dir, name)['model'],
                                  files[name], name)
         files[f'{name}_io'] = torch.load(
             osp.join(reference_dir, f'official_pola_{name}_mini_io.pth'),
@@ -358,7 +348,7 @@ def test_load_authors_training_checkpoint(reference_dir, authors_files,
     ckpt = load_checkpoint_file(authors_files[name])
     assert set(ckpt) == {'model', 'optimizer', 'lr_scheduler',
                          'max_accuracy', 'epoch', 'config'}
-    official = _official(reference_dir, name)['model']
+    official = reference_file(reference_dir, name)['model']
     assert list(ckpt['model']) == list(official)
     assert all(type(v) is torch.Tensor and torch.equal(v, official[k])
                for k, v in ckpt['model'].items())
@@ -441,7 +431,8 @@ def test_authors_training_checkpoint_cli_and_in1k_config(
     assert res.returncode == 0, res.stderr
     assert 'yacs.config.CfgNode' in res.stdout + res.stderr  # the log line
     saved = torch.load(dst, map_location='cpu', weights_only=True)
-    ref = convert_official_checkpoint(_official(reference_dir, name)['model'])
+    ref = convert_official_checkpoint(
+        reference_file(reference_dir, name)['model'])
     assert list(saved['state_dict']) == list(ref)
     assert all(torch.equal(saved['state_dict'][k], v) for k, v in ref.items())
     cfg = Config.fromfile(osp.join(REPO, 'configs', config))
@@ -461,7 +452,7 @@ def test_legacy_format_training_checkpoint(reference_dir, tmp_path):
     """The pre-1.6 (non-zip) torch format goes through the same loader."""
     pytest.importorskip('yacs.config')
     path = str(tmp_path / 'legacy.pth')
-    official = _official(reference_dir, 'swin')['model']
+    official = reference_file(reference_dir, 'swin')['model']
     state = {'model': official, 'config': _authors_config('swin'),
              'epoch': 300}
     torch.save(state, path, _use_new_zipfile_serialization=False)
@@ -534,7 +525,7 @@ PAYLOADS = {'open': _OpenPayload, 'setstate': _SetStatePayload,
 def _evil_file(reference_dir, folder, kind, marker, where='beside'):
     """An authors'-style checkpoint with a payload beside ``model`` (or
     inside it)."""
-    model = dict(_official(reference_dir, 'swin')['model'])
+    model = dict(reference_file(reference_dir, 'swin')['model'])
     state = {'model': model, 'epoch': 300}
     if where == 'beside':
         state['config'] = PAYLOADS[kind](marker)
@@ -564,7 +555,7 @@ def test_payloads_never_run(reference_dir, tmp_path, kind, capsys):
     marker = tmp_path / 'ran.txt'
     beside = _evil_file(reference_dir, tmp_path, kind, marker)
     inside = _evil_file(reference_dir, tmp_path, kind, marker, 'inside')
-    official = _official(reference_dir, 'swin')['model']
+    official = reference_file(reference_dir, 'swin')['model']
     cli = _in_process_cli()
     refused = kind == 'rebuild'
     # loader + conversion

@@ -12,29 +12,19 @@ import torch
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint)
-from helpers import REPO
+from helpers import PVT_MINI, REPO, SWIN_MINI, reference_file
 
 CLI = osp.join(REPO, 'tools', 'model_converters', 'pola_official_to_mm.py')
 TOL = 1e-4
 MINIS = {
-    'swin': (PolaSwinTransformer,
-             dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)),
-             'pola_swin_t_in1k.py', 256),
-    'pvt': (PolaPVT,
-            dict(embed_dims=(32, 64, 160, 256), depths=(1, 1, 1, 1),
-                 num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4)),
-            'pola_pvt_t_in1k.py', 256),
+    'swin': (PolaSwinTransformer, SWIN_MINI, 'pola_swin_t_in1k.py', 256),
+    'pvt': (PolaPVT, PVT_MINI, 'pola_pvt_t_in1k.py', 256),
 }
 
 
 def _load(reference_dir, name):
-    official = torch.load(
-        osp.join(reference_dir, f'official_pola_{name}_mini.pth'),
-        map_location='cpu', weights_only=True)
-    io = torch.load(
-        osp.join(reference_dir, f'official_pola_{name}_mini_io.pth'),
-        map_location='cpu', weights_only=True)
-    return official, io
+    return (reference_file(reference_dir, name),
+            reference_file(reference_dir, name, io=True))
 
 
 def _check(features, logits, io):

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 import torch
-from conftest import reference_root
 
 import pola_mm.ops as ops
 from pola_mm.models import PolaPVT, PolaSwinTransformer
@@ -16,7 +15,8 @@ from pola_mm.models.checkpoint import (backbone_state_dict,
 from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops import cpu_ext as cpu_ext_mod
 from pola_mm.ops import dispatch, inference_runs, polarity_kernel, token_runs
-from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise
+from helpers import (PVT_MINI, PVT_TINY, SWIN_MINI, SWIN_TINY_DEPTH2,
+                     randomise, reference_file)
 
 BACKBONES = [(PolaSwinTransformer, SWIN_TINY_DEPTH2), (PolaPVT, PVT_TINY)]
 IDS = ['swin', 'pvt']
@@ -100,19 +100,13 @@ def test_backbones_equal_with_and_without_fast_paths(monkeypatch, cls,
 
 
 @pytest.mark.parametrize('name,cls,arch', [
-    ('swin', PolaSwinTransformer,
-     dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))),
-    ('pvt', PolaPVT,
-     dict(embed_dims=(32, 64, 160, 256), depths=(1, 1, 1, 1),
-          num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4)))])
-def test_plain_paths_reproduce_the_authors_logits(name, cls, arch):
+    ('swin', PolaSwinTransformer, SWIN_MINI), ('pvt', PolaPVT, PVT_MINI)])
+def test_plain_paths_reproduce_the_authors_logits(reference_dir, name, cls,
+                                                  arch):
     """The plain model (readable formula, no fast path) is the published
     model too: the reference minis' features at 224 within 1e-4."""
-    root = reference_root(f'official_pola_{name}_mini_io.pth')
-    official = torch.load(os.path.join(root, f'official_pola_{name}_mini.pth'),
-                          map_location='cpu', weights_only=True)
-    io = torch.load(os.path.join(root, f'official_pola_{name}_mini_io.pth'),
-                    map_location='cpu', weights_only=True)
+    official = reference_file(reference_dir, name)
+    io = reference_file(reference_dir, name, io=True)
     model = cls(arch=arch, out_indices=(3, )).eval()
     model.load_state_dict(backbone_state_dict(
         convert_official_checkpoint(official['model'])), strict=True)
