@@ -11,14 +11,19 @@ import os.path as osp
 from typing import List, Optional, Sequence
 
 from mmengine.config import Config, DictAction
+from mmengine.logging import print_log
 from mmengine.runner import Runner
 
 from .compat import exit_process, finish_distributed, setup_cpu_distributed
+from .engine import (NonFiniteLossError, TrainingInterrupted,
+                     install_checked_loader, stop_on_sigterm)
+from .models.checkpoint import CheckpointFileError
 
 __all__ = [
     'ToolError', 'train_parser', 'test_parser', 'load_config',
     'prepare_train_config', 'prepare_test_config', 'build_runner',
-    'train_main', 'test_main', 'run_tool', 'exit_process'
+    'train_main', 'test_main', 'run_tool', 'exit_process',
+    'add_reliability_hooks'
 ]
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
@@ -134,6 +139,8 @@ def prepare_train_config(args: argparse.Namespace) -> Config:
                             'dict(base_batch_size=...) in the config')
         scale['enable'] = True
 
+    add_reliability_hooks(cfg)
+
     if args.resume == 'auto':
         cfg.resume = True
         cfg.load_from = None
@@ -144,6 +151,37 @@ def prepare_train_config(args: argparse.Namespace) -> Config:
         cfg.resume = True
         cfg.load_from = args.resume
     return cfg
+
+
+def add_reliability_hooks(cfg: Config) -> None:
+    """Make a training config crash-safe and divergence-safe, in place.
+
+    mmengine's ``CheckpointHook`` becomes
+    :class:`pola_mm.engine.ResumableCheckpointHook` (same arguments: atomic
+    saves, random states for an exact ``--resume``), and
+    :class:`pola_mm.engine.InvalidLossHook` is added to ``custom_hooks``
+    unless the config has one. A checkpoint hook of another type is kept,
+    with a warning.
+    """
+    hooks = cfg.get('default_hooks')
+    if hooks is None:
+        cfg.default_hooks = hooks = dict()
+    ckpt = hooks.get('checkpoint')
+    if ckpt is None:
+        hooks['checkpoint'] = dict(type='ResumableCheckpointHook')
+    elif ckpt.get('type') in ('CheckpointHook', 'mmengine.CheckpointHook',
+                              'ResumableCheckpointHook'):
+        ckpt['type'] = 'ResumableCheckpointHook'
+    else:
+        print_log(f'pola_mm: default_hooks.checkpoint is {ckpt.get("type")}, '
+                  'not CheckpointHook: checkpoints are not written '
+                  'atomically and --resume does not restore random states',
+                  logger='current', level=30)
+    custom = list(cfg.get('custom_hooks') or [])
+    if not any(isinstance(h, dict) and h.get('type') in (
+            'InvalidLossHook', 'pola_mm.InvalidLossHook') for h in custom):
+        custom.append(dict(type='InvalidLossHook'))
+    cfg.custom_hooks = custom
 
 
 def _scope(cfg: Config) -> str:
@@ -221,6 +259,8 @@ def build_runner(cfg: Config) -> Runner:
 def train_main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of ``tools/train.py``."""
     args = train_parser().parse_args(argv)
+    install_checked_loader(allow_inert=False)
+    stop_on_sigterm()
     runner = build_runner(prepare_train_config(args))
     runner.train()
     finish_distributed()
@@ -229,6 +269,7 @@ def train_main(argv: Optional[Sequence[str]] = None) -> None:
 def test_main(argv: Optional[Sequence[str]] = None) -> dict:
     """Entry point of ``tools/test.py``; returns the metrics."""
     args = test_parser().parse_args(argv)
+    install_checked_loader(allow_inert=False)
     runner = build_runner(prepare_test_config(args))
     metrics = runner.test()
     finish_distributed()
@@ -236,11 +277,24 @@ def test_main(argv: Optional[Sequence[str]] = None) -> dict:
 
 
 def run_tool(main, argv: Optional[List[str]] = None) -> int:
-    """Run ``main(argv)``, printing a :class:`ToolError` as one line."""
+    """Run ``main(argv)``; expected failures are one line, no traceback.
+
+    Exit codes: 0 done; 2 bad input (:class:`ToolError`, or a checkpoint
+    file that cannot be read: :class:`CheckpointFileError`); 3 training
+    diverged (:class:`NonFiniteLossError`); 143 stopped by SIGTERM
+    (:class:`TrainingInterrupted`; checkpoints on disk are complete).
+    """
     import sys
     try:
         main(argv)
-    except ToolError as exc:
+    except (ToolError, CheckpointFileError) as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 2
+    except NonFiniteLossError as exc:
+        print(f'error: {exc}', file=sys.stderr)
+        return 3
+    except TrainingInterrupted as exc:
+        print(f'pola_mm: training {exc}; every checkpoint on disk is '
+              'complete, continue with --resume', file=sys.stderr)
+        return 128 + exc.signum
     return 0

@@ -5,6 +5,12 @@
 #       tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR [train.py options]
 #
 # See tools/slurm_launch.sh for the variables.
+#
+# Pre-emption and time limits: pass --resume (it starts from scratch when the
+# work dir has no checkpoint yet) and have Slurm send SIGTERM ahead of the end
+# (srun/sbatch --signal=TERM@120). train.py then stops, never inside a
+# checkpoint write, and exits with 143; requeue on that code. A job script:
+# docs/reliability.md, "What to do on a cluster".
 set -euo pipefail
 
 if [ $# -lt 4 ]; then

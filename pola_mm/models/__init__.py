@@ -1,10 +1,10 @@
 """Models of pola_mm; importing this module registers them."""
-from .backbones import PolaPVT, PolaSwinTransformer
+from .backbones import PolaPP, PolaPVT, PolaSwinTransformer
 from .checkpoint import (CheckpointFileError, InertObject, backbone_state_dict,
                          convert_official_checkpoint, load_checkpoint_file)
 
 __all__ = [
-    'PolaSwinTransformer', 'PolaPVT', 'convert_official_checkpoint',
+    'PolaSwinTransformer', 'PolaPVT', 'PolaPP', 'convert_official_checkpoint',
     'backbone_state_dict', 'load_checkpoint_file', 'CheckpointFileError',
     'InertObject'
 ]

@@ -10,7 +10,9 @@ names as pola_mm's backbones, so conversion is a prefix rename:
 - Pola-PVT's final ``norm.*`` is dropped: the published classifier never
   applies it;
 - the recomputed buffers ``relative_position_index`` and ``attn_mask`` are
-  dropped.
+  dropped;
+- PolaPP (PolaFormer++) keeps every name; its recomputed rotary buffers
+  ``layers.i.RoPE.angle`` / ``RoPE_linear.angle`` are dropped.
 
 Every file pola_mm reads for weights goes through
 :func:`load_checkpoint_file`: ``torch.load(weights_only=True)`` first, and for
@@ -39,18 +41,20 @@ from torch import Tensor
 
 SWIN_SENTINEL = 'patch_embed.proj.weight'
 PVT_SENTINEL = 'patch_embed1.proj.weight'
+POLAPP_SENTINEL = 'patch_embed.proj.0.weight'  # PolaPP's conv stem
+_POLAPP_ROPE = re.compile(r'^layers\.\d+\.(RoPE|RoPE_linear)\.angle$')
 _DROPPED_BUFFERS = ('relative_position_index', 'attn_mask')
 _POLA_ONLY = re.compile(r'^norm[0-3]\.')
 
 
 def official_family(state_dict: Mapping[str, Tensor]) -> Optional[str]:
-    """``'swin'`` / ``'pvt'`` for a state dict in the authors' layout, else
-    ``None``.
+    """``'swin'`` / ``'pvt'`` / ``'polapp'`` for a state dict in the
+    authors' layout, else ``None``.
 
     The authors' layout is recognised by its sentinel key
     (``patch_embed.proj.weight`` for Swin, ``patch_embed1.proj.weight`` for
-    PVT), no ``backbone.`` prefix and none of pola_mm's output norms
-    ``norm0..3``.
+    PVT, ``patch_embed.proj.0.weight`` for PolaPP), no ``backbone.`` prefix
+    and none of pola_mm's output norms ``norm0..3``.
     """
     keys = list(state_dict.keys())
     if any(k.startswith('backbone.') for k in keys):
@@ -61,6 +65,8 @@ def official_family(state_dict: Mapping[str, Tensor]) -> Optional[str]:
         return 'swin'
     if PVT_SENTINEL in state_dict:
         return 'pvt'
+    if POLAPP_SENTINEL in state_dict:
+        return 'polapp'
     return None
 
 
@@ -82,7 +88,8 @@ def convert_official_checkpoint(
         return OrderedDict(state_dict)
     out: 'OrderedDict[str, Tensor]' = OrderedDict()
     for key, value in state_dict.items():
-        if key.rsplit('.', 1)[-1] in _DROPPED_BUFFERS:
+        if key.rsplit('.', 1)[-1] in _DROPPED_BUFFERS or (
+                family == 'polapp' and _POLAPP_ROPE.match(key)):
             continue
         if key.startswith('head.'):
             out['head.fc.' + key[len('head.'):]] = value
@@ -530,7 +537,8 @@ def _inert_names(obj: Any, limit: int = 100000) -> List[str]:
 
 
 def load_checkpoint_file(filename: str,
-                         map_location: Any = 'cpu') -> Dict[str, Any]:
+                         map_location: Any = 'cpu',
+                         allow_inert: bool = True) -> Dict[str, Any]:
     """Load a checkpoint file without ever running code from it.
 
     First ``torch.load(weights_only=True)``. If torch refuses the file (e.g.
@@ -546,6 +554,10 @@ def load_checkpoint_file(filename: str,
         filename: a local path, an http(s) URL (cached in torch's hub
             directory) or another mmengine file-backend URI.
         map_location: as for ``torch.load``.
+        allow_inert: if False, a file that ``torch.load(weights_only=True)``
+            refuses is refused (:class:`CheckpointFileError`) instead of
+            being read inertly (``tools/train.py``: a checkpoint to resume
+            from must be a Runner checkpoint, which loads weights-only).
 
     Returns:
         The checkpoint mapping; take the weights with
@@ -558,13 +570,14 @@ def load_checkpoint_file(filename: str,
     """
     path, cleanup = _local_path(filename)
     try:
-        return _load_file(path, str(filename), map_location)
+        return _load_file(path, str(filename), map_location, allow_inert)
     finally:
         if cleanup is not None:
             cleanup()
 
 
-def _load_file(path: str, filename: str, map_location: Any) -> Dict[str, Any]:
+def _load_file(path: str, filename: str, map_location: Any,
+               allow_inert: bool = True) -> Dict[str, Any]:
     """:func:`load_checkpoint_file` of a local ``path``."""
     if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint {filename}: no such file')
@@ -593,7 +606,9 @@ def _load_file(path: str, filename: str, map_location: Any) -> Dict[str, Any]:
                 filename, None)
         except CheckpointFileError:
             raise
-        except Exception:  # refused by the weights-only unpickler
+        except Exception as err:  # refused by the weights-only unpickler
+            if not allow_inert:
+                _refuse_weights_only(filename, err)
             f.seek(0)
         record: Dict[str, int] = {}
         try:
@@ -611,6 +626,26 @@ def _load_file(path: str, filename: str, map_location: Any) -> Dict[str, Any]:
                 f'({type(err).__name__}: {_first_line(err)}); is it '
                 'truncated, corrupt or not a PyTorch checkpoint?') from None
     return _checked(checkpoint, filename, record)
+
+
+def _refuse_weights_only(filename: str, err: BaseException) -> NoReturn:
+    """The error for a file that weights-only loading cannot read, when
+    the inert fallback is not allowed."""
+    if isinstance(err, pickle.UnpicklingError):
+        # torch's message: "Weights only load failed ... Unsupported global:
+        # GLOBAL module.name ..."; keep the global it names
+        found = re.search(r'(?:Unsupported global|GLOBAL)[:\s]+(?:GLOBAL\s+)?'
+                          r'([\w.]+)', str(err))
+        what = f'it pickles {found.group(1)}' if found else _first_line(err)
+        raise CheckpointFileError(
+            f'checkpoint {filename}: refused: {what}, which weights-only '
+            'loading does not allow (nothing in the file was run); a Runner '
+            'checkpoint written by tools/train.py holds only tensors, numbers '
+            'and mmengine log buffers') from None
+    raise CheckpointFileError(
+        f'checkpoint {filename}: cannot be read ({type(err).__name__}: '
+        f'{_first_line(err)}); is it truncated, corrupt or not a PyTorch '
+        'checkpoint?') from None
 
 
 def _checked(checkpoint: Any, filename: str,

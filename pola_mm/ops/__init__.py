@@ -7,6 +7,8 @@ each applies and holds the switch (``POLA_MM_FAST_PATHS=0`` or
 
 - :mod:`~pola_mm.ops.polarity_kernel`: the polarity attention kernel
   (shared key-value product, recomputation in backward, CPU runs);
+- :mod:`~pola_mm.ops.pacs_kernel`: the PaCS attention kernel of
+  PolaFormer++ (one key-value product, recomputation in backward);
 - :mod:`~pola_mm.ops.cpu_ext` and ``csrc/``: its fused C++ CPU loops;
 - :mod:`~pola_mm.ops.depthwise_conv`: depth-wise conv with a fast backward;
 - :mod:`~pola_mm.ops.token_runs`: CPU training of MLPs and projections in
@@ -15,10 +17,12 @@ each applies and holds the switch (``POLA_MM_FAST_PATHS=0`` or
 """
 from .dispatch import (FAST_PATHS_ENV, fast_paths_enabled, plain_paths,
                        set_fast_paths)
+from .pacs_kernel import pacs_attention_kernel
 from .polarity_kernel import (polarity_attention_kernel, polarity_key_state,
                               polarity_query_apply)
 
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'plain_paths', 'set_fast_paths',
-    'polarity_attention_kernel', 'polarity_key_state', 'polarity_query_apply'
+    'polarity_attention_kernel', 'polarity_key_state', 'polarity_query_apply',
+    'pacs_attention_kernel'
 ]

@@ -12,13 +12,24 @@ the kernel keeps its pure-torch path, which computes the same values; a
 one-line message says why. ``POLA_MM_CPU_EXT=0`` turns the extension off.
 
 The build is tuned for the CPU it runs on (``-march=native``); its name
-carries a hash of that CPU's model and flags, so machines that share a home
-directory never load each other's builds.
+carries a hash of that CPU's model and flags, of torch's version and of the
+source (its path and content), so machines that share a home directory never
+load each other's builds, and two checkouts or versions of pola_mm sharing one
+cache each keep their own build instead of rebuilding in turn.
+
+Many processes starting together (the ranks of a distributed job) build it
+once: :func:`torch.utils.cpp_extension.load` holds a lock file in the build
+folder while one of them compiles, and the others wait and load the result
+(tested with four processes and an empty cache). A cache folder that cannot
+be written (read-only file system, no permission) cannot hold that lock or a
+build: the loops are then skipped with one warning that names the folder, and
+the pure-torch kernel runs.
 """
 import hashlib
 import logging
 import os
 import platform
+import tempfile
 import threading
 import time
 from typing import Any, Optional
@@ -44,8 +55,13 @@ def cpu_ext_enabled() -> bool:
     return dispatch._env_enabled(CPU_EXT_ENV)
 
 
+class CacheNotWritable(OSError):
+    """The extension cache folder cannot be written (:func:`_build_dir`)."""
+
+
 def _cpu_tag() -> str:
-    """A short hash of this CPU's model and flags and of torch's version."""
+    """A short hash of this CPU's model and flags, of torch's version and of
+    the source file (path and content)."""
     info = platform.machine()
     try:
         with open('/proc/cpuinfo') as f:
@@ -56,8 +72,44 @@ def _cpu_tag() -> str:
                     break
     except OSError:
         info += platform.processor()
-    info += torch.__version__
-    return hashlib.sha1(info.encode()).hexdigest()[:10]
+    info += torch.__version__ + os.path.abspath(_SOURCE)
+    digest = hashlib.sha1(info.encode())
+    try:
+        with open(_SOURCE, 'rb') as f:
+            digest.update(f.read())
+    except OSError:
+        pass  # a missing source is reported by cpu_ext()
+    return digest.hexdigest()[:10]
+
+
+def _build_dir(name: str) -> str:
+    """The folder torch builds the extension ``name`` in, created if
+    needed and checked to be writable (the build and its lock file go
+    there): ``$TORCH_EXTENSIONS_DIR/name``, else under torch's default root
+    (``~/.cache/torch_extensions/<python>_<accelerator>/name``).
+
+    Raises:
+        CacheNotWritable: naming the folder, when it cannot be created or
+            written.
+    """
+    from torch.utils import cpp_extension
+    find = getattr(cpp_extension, '_get_build_directory', None)
+    root = (os.environ.get('TORCH_EXTENSIONS_DIR')
+            or cpp_extension.get_default_build_root())
+    path = os.path.join(root, name)
+    try:
+        if find is not None:  # torch's own choice (it also makes the folder)
+            path = find(name, False)
+        else:
+            os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix='.pola_mm_probe_', dir=path)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise CacheNotWritable(
+            f'the extension cache folder {path} cannot be written '
+            f'({type(e).__name__}: {e.strerror or e})') from e
+    return path
 
 
 def _build() -> Any:
@@ -77,8 +129,9 @@ def _build() -> Any:
     # OpenMP so that at::parallel_for uses torch's thread pool (the same
     # libgomp.so.1 torch has loaded)
     flags.append('-fopenmp')
-    return load(name=f'pola_mm_cpu_{_cpu_tag()}', sources=[_SOURCE],
-                extra_cflags=flags, extra_ldflags=['-fopenmp'],
+    name = f'pola_mm_cpu_{_cpu_tag()}'
+    return load(name=name, sources=[_SOURCE], extra_cflags=flags,
+                extra_ldflags=['-fopenmp'], build_directory=_build_dir(name),
                 verbose=False)
 
 
@@ -116,9 +169,18 @@ def cpu_ext() -> Optional[Any]:
                             f'{took:.0f} s (once per machine and torch '
                             'version; cached by torch.utils.cpp_extension)',
                             logger='current', level=logging.INFO)
+                except CacheNotWritable as e:
+                    reason = ''
+                    print_log(
+                        f'pola_mm: {e}, so the fused CPU polarity loops '
+                        'cannot be built or loaded there; using the '
+                        'pure-torch kernel (same results, slower on CPU). '
+                        'Set TORCH_EXTENSIONS_DIR to a writable folder to '
+                        f'enable them, or {CPU_EXT_ENV}=0 to silence this.',
+                        logger='current', level=logging.WARNING)
                 except Exception as e:  # noqa: BLE001 (any build failure)
                     reason = f'{type(e).__name__}: {str(e)[:300]}'
-            if mod is None:
+            if mod is None and reason:
                 print_log(
                     'pola_mm: the fused CPU polarity loops are unavailable '
                     f'({reason}); using the pure-torch kernel (same results, '

@@ -66,9 +66,9 @@ def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                      padding: Tuple[int, int]) -> Tensor:
     """Depth-wise 2-D conv (stride 1, ``groups = channels``) of ``x``
     ``(B, C, H, W)`` with ``weight`` ``(C, 1, kh, kw)``; in CPU training
-    (fast paths on) through :class:`_DepthwiseConv2d`."""
+    (fast paths on, not exporting) through :class:`_DepthwiseConv2d`."""
     if (dispatch.fast_paths_enabled() and torch.is_grad_enabled()
-            and x.device.type == 'cpu' and any(
+            and x.device.type == 'cpu' and not dispatch.exporting() and any(
                 t is not None and t.requires_grad
                 for t in (x, weight, bias))):
         return _DepthwiseConv2d.apply(x, weight, bias, tuple(padding))

@@ -32,8 +32,8 @@ from torch import Tensor
 
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'set_fast_paths', 'plain_paths',
-    'is_compiling', 'cpu_autocast_enabled', 'cpu_inference', 'cpu_training',
-    'train_in_runs'
+    'is_compiling', 'exporting', 'capturing', 'cpu_autocast_enabled',
+    'cpu_inference', 'cpu_training', 'train_in_runs'
 ]
 
 #: Environment variable: ``0`` (or ``false``/``off``/``no``) turns every fast
@@ -114,16 +114,35 @@ def cpu_autocast_enabled() -> bool:
         return bool(torch.is_autocast_cpu_enabled())
 
 
-def _traced() -> bool:
-    return is_compiling() or torch.jit.is_tracing()
+_is_exporting = getattr(getattr(torch, 'compiler', None), 'is_exporting',
+                        None)  # torch >= 2.5
+
+
+def exporting() -> bool:
+    """Whether a graph is being captured for export: ``torch.jit.trace``,
+    ``torch.export`` or ``torch.onnx.export`` (its TorchScript exporter
+    traces, its dynamo exporter runs ``torch.export``). The captured graph
+    must then hold only standard operations: no fused C++ loops, no custom
+    autograd functions, no runs sized for one input. (Cheap: about 1 us.)"""
+    if torch.jit.is_tracing():
+        return True
+    return bool(_is_exporting()) if _is_exporting is not None else False
+
+
+def capturing() -> bool:
+    """Whether any graph is being captured (:func:`is_compiling` or
+    :func:`exporting`): code then runs on whole tensors, without runs,
+    scratch buffers or ``out=`` writes into views (which ``torch.jit.trace``
+    mistranslates)."""
+    return is_compiling() or exporting()
 
 
 def cpu_inference(x: Tensor, *modules: nn.Module) -> bool:
     """Where the CPU inference paths apply: fast paths on, ``x`` on the
-    CPU, outside ``torch.compile`` and ``torch.jit.trace`` (whose graphs
-    would fix the runs to the traced size), and autograd recording nothing
-    computed from ``x`` by ``modules``."""
-    if not _enabled or x.device.type != 'cpu' or _traced():
+    CPU, no graph captured (:func:`capturing`: the graph would fix the
+    runs to the traced size), and autograd recording nothing computed from
+    ``x`` by ``modules``."""
+    if not _enabled or x.device.type != 'cpu' or capturing():
         return False
     return not (torch.is_grad_enabled() and (x.requires_grad or any(
         p.requires_grad for m in modules for p in m.parameters())))
@@ -133,7 +152,7 @@ def cpu_training(x: Tensor, *modules: nn.Module) -> bool:
     """Where the CPU training paths apply: fast paths on, ``x`` on the CPU
     in float32 or float64 with every parameter of ``modules`` in the same
     dtype, autograd recording something computed from them, and no
-    autocast, ``torch.compile`` or ``torch.jit.trace``."""
+    autocast, ``torch.compile``, ``torch.jit.trace`` or export."""
     if (not _enabled or x.device.type != 'cpu'
             or x.dtype not in (torch.float32, torch.float64)):
         return False
@@ -143,13 +162,15 @@ def cpu_training(x: Tensor, *modules: nn.Module) -> bool:
     if not torch.is_grad_enabled() or not (
             x.requires_grad or any(p.requires_grad for p in params)):
         return False
-    return not (cpu_autocast_enabled() or _traced())
+    return not (cpu_autocast_enabled() or capturing())
 
 
 def train_in_runs(x: Tensor, width: int, *modules: nn.Module) -> bool:
     """Whether a layer of ``modules`` mapping ``x`` ``(..., C)`` to
     ``width`` channels should train in runs of tokens: :func:`cpu_training`
     holds and its widest tensor spans at least ``TRAIN_MIN_RUNS`` runs."""
+    if capturing():  # (and no guard on a symbolic size while exporting)
+        return False
     tokens = x.numel() // max(x.shape[-1], 1)
     return (tokens * width >= TRAIN_MIN_RUNS * TRAIN_RUN_ELEMENTS
             and cpu_training(x, *modules))

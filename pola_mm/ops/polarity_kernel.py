@@ -31,7 +31,11 @@ stream a stage without holding any full-size intermediate.
 
 Everything is whole-tensor torch operations without host synchronisation or
 data-dependent Python control flow; on GPUs and under ``torch.compile`` the
-whole input is one run, which traces into a single graph.
+whole input is one run, which traces into a single graph. While a graph is
+captured for export (``torch.jit.trace``, ``torch.export``, ONNX; see
+:func:`~.dispatch.exporting`) the forward runs as plain operations that every
+exporter translates: one run, no fused loops or buffers written through
+``out=``, no ``copysign`` (ONNX has no ``signbit``), no autograd function.
 """
 from typing import Any, List, Optional, Tuple, Union
 
@@ -41,7 +45,7 @@ from torch import Tensor
 
 from . import dispatch
 from .cpu_ext import cpu_ext
-from .dispatch import is_compiling
+from .dispatch import capturing
 
 __all__ = [
     'polarity_attention_kernel', 'PolarityAttentionFunction',
@@ -54,14 +58,15 @@ _EPS = 1e-6
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
     """Runs for ``x`` ``(B, h, N, d)``: slices of B, and a token step.
 
-    One run on GPUs, under ``torch.compile`` and when everything fits.
+    One run on GPUs, while a graph is captured (``torch.compile``,
+    tracing, export) and when everything fits.
     Otherwise seq_runs of ``b`` sequences (as many as fit with at least
     ``min(N, _MIN_TOKENS)`` tokens each), each walked in equal runs of
     tokens that fit.
     """
     B, h, N, d = x.shape
     budget = dispatch.KERNEL_RUN_ELEMENTS
-    if (x.device.type != 'cpu' or is_compiling()
+    if (x.device.type != 'cpu' or capturing()
             or not dispatch.fast_paths_enabled()
             or B * h * N * d <= budget):
         return [slice(0, B)], N
@@ -144,12 +149,11 @@ class _Params:
 
     def fused_for(self, x: Tensor) -> bool:
         """Whether the runs of ``x`` ``(B, h, N, d)`` take the fused CPU
-        loops (:mod:`.cpu_ext`): float32 on CPU, not compiling or tracing
-        (the loops are invisible to ``torch.jit.trace`` and ONNX export),
+        loops (:mod:`.cpu_ext`): float32 on CPU, no graph captured (the
+        loops are invisible to ``torch.jit.trace`` and export),
         built. Prepares their ``(h, d)`` constants."""
         if (x.device.type != 'cpu' or x.dtype != torch.float32
-                or x.stride(-1) != 1 or is_compiling()
-                or torch.jit.is_tracing()):
+                or x.stride(-1) != 1 or capturing()):
             return False
         if self.ext is None:
             self.ext = cpu_ext()
@@ -187,25 +191,39 @@ def _features(xs: Tensor, p: Tensor, mask: Optional[Tensor],
     ``buf`` (``(B, h, >= n, 2d)``), when given, is reused for the features
     instead of a fresh allocation per run.
 
+    While a graph is captured (see :func:`~.dispatch.capturing`) the split
+    is ``where(xs > 0, |xs|^p, 0)`` and ``where(xs < 0, |xs|^p, 0)``,
+    out of place: the same features (exactly 0 at ``xs = 0``), in
+    operations every exporter translates.
+
     Returns:
         ``[f+, f-]`` (times ``mask`` when given) and, when ``with_log``,
         ``xs`` with ``|xs|`` clamped (the divisor of the derivative) and
         ``log|xs|``.
     """
+    if capturing():  # out of place, no copysign, no out= into views
+        ax = xs.abs().clamp_min(torch.finfo(xs.dtype).tiny)
+        la = ax.log()
+        t = (la * p).exp()
+        if mask is not None:
+            t = t * mask
+        zero = torch.zeros((), dtype=t.dtype, device=t.device)
+        f = torch.cat([torch.where(xs > 0, t, zero),
+                       torch.where(xs < 0, t, zero)], dim=-1)
+        if with_log:
+            return f, torch.where(xs < 0, -ax, ax), la
+        return f, None, None
     ax = xs.abs().clamp_min_(torch.finfo(xs.dtype).tiny)
     la = ax.log()
     t = (la * p).exp_()
     if mask is not None:
         t = t.mul_(mask)
     t = t.copysign_(xs)
-    if is_compiling():  # no out= into views while tracing
-        pos = torch.relu(t)
-        f = torch.cat([pos, pos - t], dim=-1)
-    else:  # written straight into the halves of one buffer
-        d = xs.shape[-1]
-        f = _feature_buffer(xs, buf)
-        pos = torch.clamp_min(t, 0, out=f[..., :d])
-        torch.sub(pos, t, out=f[..., d:])
+    # written straight into the halves of one buffer
+    d = xs.shape[-1]
+    f = _feature_buffer(xs, buf)
+    pos = torch.clamp_min(t, 0, out=f[..., :d])
+    torch.sub(pos, t, out=f[..., d:])
     if with_log:
         return f, ax.copysign_(xs), la
     return f, None, None
@@ -223,7 +241,7 @@ def _scratch(x: Tensor, step: int) -> Optional[Tensor]:
     """A feature buffer ``(B, h, step, 2d)`` reused by every run of a
     walk over tokens (None when there is one run)."""
     B, h, N, d = x.shape
-    if step >= N or is_compiling():
+    if step >= N or capturing():
         return None
     return x.new_empty(B, h, step, 2 * d)
 
@@ -402,7 +420,7 @@ def _power_grads(df: Tensor, f: Tensor, xsafe: Tensor, la: Tensor,
     """
     d = la.shape[-1]
     prod = df * f
-    if is_compiling():
+    if capturing():
         g = prod[..., :d] + prod[..., d:]
         w = torch.cat([g, g * la], dim=-1)
     else:
@@ -480,7 +498,7 @@ def _backward_run(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
         else:
             dxh = dx_c.unflatten(-1, (2, half))
             dz = (dx_c * x[:, :, c]).unflatten(-1, (2, half)).sum(-1)
-            if is_compiling():
+            if capturing():
                 du = torch.cat([(dxh * rz_c.unsqueeze(-1)).flatten(-2),
                                 dz * rz_c], dim=-1)
             else:
@@ -667,9 +685,11 @@ def polarity_attention_kernel(q: Tensor,
     else:
         mask = valid[:, None, :, None].to(q.dtype)  # (B, 1, N, 1)
         n = mask.sum(dim=-2, keepdim=True).clamp(min=1.0)  # (B, 1, 1, 1)
-    if torch.is_grad_enabled() and any(
+    if torch.is_grad_enabled() and not dispatch.exporting() and any(
             t is not None and t.requires_grad
             for t in (q, k, v, scale, power, k_bias)):
+        # (exporters capture the forward only, and cannot see inside an
+        # autograd function)
         return PolarityAttentionFunction.apply(q, k, v, scale, power, alpha,
                                                mask, n, eps, k_bias)
     prm = _Params(scale, power, alpha, k_bias)

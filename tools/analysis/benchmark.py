@@ -10,9 +10,16 @@ Each model runs in its own process. Examples::
     python tools/analysis/benchmark.py --models pola_swin_t swin_t \\
         --mode train --size 224 --batch 8
 
+    # PolaPP-b2 (PolaFormer++): PaCS kernel vs plain formula vs Pola-Swin-T
+    python tools/analysis/benchmark.py --preset polapp
+
     # a sweep over resolutions with a plot
     python tools/analysis/benchmark.py --models pola_pvt_t pvt_t \\
         --size 256 512 800x1344 --plot pvt_sweep.png
+
+    # the attention alone against sequence length (log-log plot, slopes)
+    python tools/analysis/benchmark.py --seqlen 4096 16384 65536 200704 \\
+        --device cuda --heads 1 --head-dims 64 --plot seqlen.png
 """
 import argparse
 import json
@@ -26,8 +33,9 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
 from pola_mm.analysis.benchmark import (  # noqa: E402
-    MODEL_ZOO, PRESETS, BenchmarkCase, check_goals, format_table,
-    parse_size, plot_results, run_benchmarks, size_str)
+    MODEL_ZOO, PRESETS, SEQ_METHODS, SEQ_MODES, BenchmarkCase, check_goals,
+    format_seqlen_table, format_table, parse_size, plot_results,
+    plot_seqlen, run_benchmarks, run_seqlen, size_str)
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,11 +68,59 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--plot', metavar='PNG',
                         help='write time and memory against resolution')
     parser.add_argument('--json', metavar='FILE', help='write raw results')
+    seq = parser.add_argument_group(
+        'sequence-length mode (the attention alone: polarity kernel + '
+        'depth-wise conv, scaled_dot_product_attention, naive softmax)')
+    seq.add_argument('--seqlen', nargs='+', type=int, metavar='N',
+                     help='sequence lengths in tokens; selects this mode')
+    seq.add_argument('--methods', nargs='+', default=list(SEQ_METHODS),
+                     choices=SEQ_METHODS)
+    seq.add_argument('--seq-modes', nargs='+', default=list(SEQ_MODES),
+                     choices=SEQ_MODES)
+    seq.add_argument('--heads', type=int, default=1)
+    seq.add_argument('--head-dims', type=int, default=32)
+    seq.add_argument('--mem-cap', type=float, default=8192, metavar='MIB',
+                     help='skip naive softmax where its N x N matrices '
+                     'need more (default 8192 MiB)')
+    seq.add_argument('--time-cap', type=float, default=60, metavar='S',
+                     help='stop a method after a step slower than this '
+                     '(default 60 s)')
     return parser.parse_args()
+
+
+def main_seqlen(args: argparse.Namespace) -> None:
+    """The sequence-length mode: run, print the table, write JSON/plot."""
+    import torch
+    load0 = os.getloadavg()
+    t0 = time.time()
+    results = run_seqlen(
+        args.seqlen, args.methods, args.seq_modes, batch=args.batch,
+        heads=args.heads, head_dims=args.head_dims, device=args.device,
+        warmup=args.warmup, repeats=args.repeats, threads=args.threads,
+        mem_cap_mb=args.mem_cap, time_cap_s=args.time_cap,
+        log=lambda m: print(m, flush=True))
+    load1 = os.getloadavg()
+    threads = sorted({r.threads for r in results if r.threads})
+    print()
+    print(f'torch {torch.__version__}, {os.cpu_count()} CPUs, threads '
+          f'{threads}, device {args.device}, float32, batch {args.batch}, '
+          f'{args.heads} head(s) of {args.head_dims}, median of '
+          f'{args.repeats}; load average {load0[0]:.2f} at start, '
+          f'{load1[0]:.2f} at end; {time.time() - t0:.0f} s in all')
+    print()
+    print(format_seqlen_table(results))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump([r.to_dict() for r in results], f, indent=1)
+    if args.plot:
+        plot_seqlen(results, args.plot)
+        print(f'plot written to {args.plot}')
 
 
 def main() -> None:
     args = parse_args()
+    if args.seqlen:
+        return main_seqlen(args)
     if args.preset:
         cases = PRESETS[args.preset]
     else:

@@ -3,7 +3,8 @@
 
     python tools/model_converters/pola_official_to_mm.py SRC DST
 
-SRC: the authors' file, Pola-Swin or Pola-PVT: ``{'model': state_dict}`` or
+SRC: the authors' file, Pola-Swin, Pola-PVT or PolaPP (PolaFormer++):
+``{'model': state_dict}`` (or a plain state dict) or
 a full training checkpoint of their code (``model``, ``optimizer``,
 ``lr_scheduler``, ``max_accuracy``, ``epoch``, ``config``: a yacs
 ``CfgNode``). It is read by ``pola_mm.models.load_checkpoint_file``, which
@@ -26,7 +27,7 @@ import torch
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Convert an authors' PolaFormer checkpoint (Pola-Swin / "
-        'Pola-PVT) to the mmpretrain classifier layout of pola_mm.')
+        'Pola-PVT / PolaPP) to the mmpretrain classifier layout of pola_mm.')
     parser.add_argument('src', help="the authors' checkpoint (.pth)")
     parser.add_argument('dst', help='where to write the converted checkpoint')
     return parser.parse_args(argv)
@@ -59,7 +60,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if family is None:
         print(f"error: {args.src} is not an authors' PolaFormer checkpoint "
               "(expected {'model': state_dict} with 'patch_embed.proj.weight' "
-              "(Pola-Swin) or 'patch_embed1.proj.weight' (Pola-PVT) and no "
+              "(Pola-Swin), 'patch_embed1.proj.weight' (Pola-PVT) or "
+              "'patch_embed.proj.0.weight' (PolaPP) and no "
               "'backbone.' prefix)", file=sys.stderr)
         return 1
     converted = convert_official_checkpoint(sd)
@@ -68,13 +70,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     dropped = sorted(set(sd) - {k.split('.', 1)[1] if k.startswith(
         'backbone.') else k for k in converted} - {
             k for k in sd if k.startswith('head.') or k.startswith('norm.')})
-    meta = dict(source=osp.basename(args.src), family=f'pola_{family}',
+    meta = dict(source=osp.basename(args.src),
+                family='polapp' if family == 'polapp' else f'pola_{family}',
                 converter='pola_mm.models.checkpoint.'
                 'convert_official_checkpoint')
     os.makedirs(osp.dirname(osp.abspath(args.dst)), exist_ok=True)
     torch.save({'state_dict': state_dict, 'meta': meta}, args.dst)
     n_back = sum(k.startswith('backbone.') for k in state_dict)
-    print(f'{args.src} (Pola-{family.upper() if family == "pvt" else "Swin"})'
+    name = {'pvt': 'Pola-PVT', 'swin': 'Pola-Swin', 'polapp': 'PolaPP'}
+    print(f'{args.src} ({name[family]})'
           f' -> {args.dst}: {n_back} backbone + '
           f'{len(state_dict) - n_back} head tensors'
           + (f'; dropped {len(dropped)} recomputed buffers' if dropped else '')

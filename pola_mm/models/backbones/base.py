@@ -4,8 +4,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
 import torch.utils.checkpoint as cp
-from mmcv.cnn import build_norm_layer
-from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
@@ -15,6 +13,7 @@ from ...ops.inference_runs import block_forward_in_runs
 from ...typing import Size2
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
+from ..layers.bricks import DropPath, build_norm_layer
 
 
 def pair(x: Union[int, Sequence[int]]) -> Size2:
@@ -84,7 +83,9 @@ def init_module(m: nn.Module) -> None:
         if m.bias is not None:
             nn.init.zeros_(m.bias)
     elif isinstance(m, PolarityAttention):
-        nn.init.zeros_(m.power)
+        for name in ('power', 's1', 's2'):  # by feature_map
+            if hasattr(m, name):
+                nn.init.zeros_(getattr(m, name))
         nn.init.zeros_(m.scale)
         nn.init.zeros_(m.positional_encoding)
     elif isinstance(m, WindowMSA):
@@ -92,7 +93,8 @@ def init_module(m: nn.Module) -> None:
 
 
 def check_input(x: Tensor, in_channels: int, name: str) -> None:
-    """Raise a clear error unless ``x`` is an image batch ``(B, Cin, H, W)``.
+    """Raise a clear error unless ``x`` is a non-empty image batch
+    ``(B, Cin, H, W)`` (``B, H, W >= 1``).
 
     Args:
         x: the backbone input.
@@ -104,6 +106,14 @@ def check_input(x: Tensor, in_channels: int, name: str) -> None:
             f'{name} expects images of shape (B, {in_channels}, H, W), got '
             f'{tuple(x.shape)}; add a batch dimension, or build the backbone '
             f'with in_channels={x.shape[1] if x.dim() == 4 else "C"}')
+    if x.numel() == 0:
+        # any H, W >= 1 works (inputs are padded to the patch size); an
+        # empty batch or image would fail deep inside a conv or reshape
+        raise ValueError(
+            f'{name} got an empty input of shape {tuple(x.shape)}; it needs '
+            'at least one image of at least 1x1 pixels (every size from 1x1 '
+            'up works: see docs/inputs.md); drop empty images before the '
+            'model')
 
 
 class PolaBackbone(BaseModule):

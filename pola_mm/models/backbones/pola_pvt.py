@@ -40,6 +40,7 @@ class PolaPVTBlock(PreNormBlock):
                  act_cfg: dict = dict(type='GELU'),
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
                  with_cp: bool = False,
+                 feature_map: str = 'power',
                  init_cfg: Optional[dict] = None) -> None:
         if attn_type not in ('L', 'S'):
             raise ValueError(
@@ -48,7 +49,8 @@ class PolaPVTBlock(PreNormBlock):
             attn = PolarityAttention(
                 embed_dims, num_heads, ref_hw, fused_qkvg=False,
                 qkv_bias=qkv_bias, alpha=alpha, kernel_size=kernel_size,
-                attn_drop=attn_drop_rate, proj_drop=drop_rate)
+                attn_drop=attn_drop_rate, proj_drop=drop_rate,
+                feature_map=feature_map)
         else:
             attn = SpatialReductionAttention(
                 embed_dims, num_heads, sr_ratio, qkv_bias=qkv_bias,
@@ -95,6 +97,9 @@ class PolaPVT(PolaBackbone):
         norm_cfg: norm of the blocks (LayerNorm eps 1e-6); the patch
             embeddings use LayerNorm with the default eps.
         act_cfg: MLP activation.
+        feature_map: of the polarity stages, ``'power'`` (PolaFormer) or
+            ``'pacs'`` (PolaFormer++'s PaCS, see
+            :class:`~pola_mm.models.layers.PolarityAttention`).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])``.
 
     Output: tuple of ``(B, embed_dims[i], ceil(H / s_i), ceil(W / s_i))`` with
@@ -129,6 +134,7 @@ class PolaPVT(PolaBackbone):
                  with_cp: bool = False,
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
                  act_cfg: dict = dict(type='GELU'),
+                 feature_map: str = 'power',
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         self.in_channels = in_channels
@@ -179,7 +185,8 @@ class PolaPVT(PolaBackbone):
                     kernel_size=kernel_size, drop_rate=drop_rate,
                     attn_drop_rate=attn_drop_rate,
                     drop_path_rate=dpr[start + j], act_cfg=act_cfg,
-                    norm_cfg=norm_cfg, with_cp=with_cp)
+                    norm_cfg=norm_cfg, with_cp=with_cp,
+                    feature_map=feature_map)
                 for j in range(depths[i])
             ]))
         self._freeze_stages()

@@ -2,13 +2,13 @@
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
-from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...registry import register_model
 from ...typing import Size2
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, WindowMSA
+from ..layers.bricks import build_norm_layer
 from ..layers.window import (crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
                              pad_map, shift_region_mask, valid_token_map,
@@ -63,6 +63,7 @@ class PolaSwinBlock(PreNormBlock):
                  act_cfg: dict = dict(type='GELU'),
                  norm_cfg: dict = dict(type='LN'),
                  with_cp: bool = False,
+                 feature_map: str = 'power',
                  init_cfg: Optional[dict] = None) -> None:
         if attn_type not in ('L', 'S'):
             raise ValueError(
@@ -72,7 +73,8 @@ class PolaSwinBlock(PreNormBlock):
             attn = PolarityAttention(
                 embed_dims, num_heads, window_size, fused_qkvg=True,
                 qkv_bias=qkv_bias, alpha=alpha, kernel_size=kernel_size,
-                attn_drop=attn_drop_rate, proj_drop=drop_rate)
+                attn_drop=attn_drop_rate, proj_drop=drop_rate,
+                feature_map=feature_map)
         else:
             attn = WindowMSA(
                 embed_dims, num_heads, window_size, qkv_bias=qkv_bias,
@@ -188,6 +190,10 @@ class PolaSwinTransformer(PolaBackbone):
             merging) and their output norms. Frozen parts stay in eval mode.
         with_cp: gradient checkpointing per block.
         norm_cfg, act_cfg: norm and activation configs.
+        feature_map: of the polarity stages, ``'power'`` (PolaFormer) or
+            ``'pacs'`` (PolaFormer++'s PaCS, see
+            :class:`~pola_mm.models.layers.PolarityAttention`; parameters
+            ``s1``, ``s2`` instead of ``power``).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])``
             accepts an authors' checkpoint, a converted one, or a backbone
             state dict.
@@ -226,6 +232,7 @@ class PolaSwinTransformer(PolaBackbone):
                  with_cp: bool = False,
                  norm_cfg: dict = dict(type='LN'),
                  act_cfg: dict = dict(type='GELU'),
+                 feature_map: str = 'power',
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         self.in_channels = in_channels
@@ -258,7 +265,7 @@ class PolaSwinTransformer(PolaBackbone):
         block_cfg = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, alpha=alpha,
                          kernel_size=kernel_size, drop_rate=drop_rate,
                          attn_drop_rate=attn_drop_rate, act_cfg=act_cfg,
-                         with_cp=with_cp)
+                         with_cp=with_cp, feature_map=feature_map)
         self.window_sizes: List[Size2] = []
         self.layers = nn.ModuleList()
         for i in range(self.num_built):

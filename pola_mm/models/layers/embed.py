@@ -4,13 +4,13 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...ops import dispatch
 from ...ops.inference_runs import norm_in_place
 from ...typing import Size2
+from .bricks import build_norm_layer
 
 
 class PatchEmbed(BaseModule):

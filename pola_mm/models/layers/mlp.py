@@ -2,12 +2,12 @@
 from typing import Optional
 
 import torch.nn as nn
-from mmcv.cnn import build_activation_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...ops import dispatch
 from ...ops.token_runs import mlp_in_runs
+from .bricks import build_activation_layer
 
 
 class Mlp(BaseModule):

@@ -14,10 +14,14 @@ from torch import Tensor
 
 from ...ops import dispatch
 from ...ops.depthwise_conv import depthwise_conv2d
+from ...ops.pacs_kernel import pacs_attention_kernel
 from ...ops.polarity_kernel import polarity_attention_kernel
 from ...ops.token_runs import split_linear_in_runs
 from ...typing import Size2
+from .pacs_attention import pacs_linear_attention
 from .position import resize_pos_table
+
+FEATURE_MAPS = ('power', 'pacs')
 
 
 def polarity_linear_attention(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
@@ -118,6 +122,17 @@ class PolarityAttention(BaseModule):
             ignored).
         proj_drop: dropout after ``proj``.
         impl: ``'kernel'`` or ``'reference'`` (see above).
+        feature_map: ``'power'`` (PolaFormer, the default: ``relu(+-t)^p``
+            with the learned ``power``) or ``'pacs'`` (PolaFormer++'s PaCS:
+            the same-signed and opposite-signed query flows take
+            ``exp(t_s x) - 1`` and ``exp(t_o x) - 1`` of ``[relu(q),
+            relu(-q)]`` (halves swapped for the opposite flow) with
+            per-channel temperatures ``t = sigmoid(s1)``, ``sigmoid(s2)``
+            (parameters ``s1``, ``s2`` of shape ``(1, h, 1, 2d)``,
+            zero-initialised as the authors'), the keys ``exp(.) - 1``
+            without temperature; no ``power``, ``alpha`` unused). Scale,
+            positional table, depth-wise conv, gate and projections are the
+            same for both.
     """
 
     def __init__(self,
@@ -131,8 +146,13 @@ class PolarityAttention(BaseModule):
                  attn_drop: float = 0.,
                  proj_drop: float = 0.,
                  impl: str = 'kernel',
+                 feature_map: str = 'power',
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f'feature_map must be one of {FEATURE_MAPS} '
+                             f"('power': PolaFormer, 'pacs': PolaFormer++), "
+                             f'got {feature_map!r}')
         if attn_drop:
             raise ValueError(
                 f'attn_drop={attn_drop}: polarity attention has no attention '
@@ -155,6 +175,7 @@ class PolarityAttention(BaseModule):
         self.fused_qkvg = fused_qkvg
         self.alpha = alpha
         self.impl = impl
+        self.feature_map = feature_map
         if fused_qkvg:
             self.qkvg = nn.Linear(embed_dims, embed_dims * 4, bias=qkv_bias)
         else:
@@ -164,14 +185,23 @@ class PolarityAttention(BaseModule):
         self.proj_drop = nn.Dropout(proj_drop)
         self.dwc = nn.Conv2d(head_dims, head_dims, kernel_size,
                              padding=kernel_size // 2, groups=head_dims)
-        self.power = nn.Parameter(torch.zeros(1, num_heads, 1, head_dims))
+        if feature_map == 'power':
+            self.power = nn.Parameter(
+                torch.zeros(1, num_heads, 1, head_dims))
+        else:
+            self.s1 = nn.Parameter(
+                torch.zeros(1, num_heads, 1, 2 * head_dims))
+            self.s2 = nn.Parameter(
+                torch.zeros(1, num_heads, 1, 2 * head_dims))
         self.scale = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.positional_encoding = nn.Parameter(
             torch.zeros(1, self.ref_hw[0] * self.ref_hw[1], embed_dims))
 
     def extra_repr(self) -> str:
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
-                f'ref_hw={self.ref_hw}, alpha={self.alpha}')
+                f'ref_hw={self.ref_hw}, alpha={self.alpha}' +
+                (f', feature_map={self.feature_map!r}'
+                 if self.feature_map != 'power' else ''))
 
     # -- step 1 ------------------------------------------------------------
     def project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -241,13 +271,16 @@ class PolarityAttention(BaseModule):
             q, k, v = heads(q), heads(k), heads(v)
             pos = heads(self.positional_table(hw))  # (1, h, N, d)
             scale = self.scale.to(dt).reshape(1, h, 1, d)
-            power = self.power.to(dt)
-            if self.impl == 'kernel' and dispatch.fast_paths_enabled():
-                x = polarity_attention_kernel(q, k, v, scale, power,
-                                              self.alpha, k_bias=pos)
+            fast = self.impl == 'kernel' and dispatch.fast_paths_enabled()
+            if self.feature_map == 'pacs':
+                x = self._pacs(q, k + pos, v, scale, dt, fast)
+            elif fast:
+                x = polarity_attention_kernel(q, k, v, scale,
+                                              self.power.to(dt), self.alpha,
+                                              k_bias=pos)
             else:
-                x = polarity_linear_attention(q, k + pos, v, scale, power,
-                                              self.alpha)
+                x = polarity_linear_attention(q, k + pos, v, scale,
+                                              self.power.to(dt), self.alpha)
             # depth-wise conv on v: the per-head kernel repeated over the
             # heads, on the channels-last (B, C, H, W) map, so its output is
             # token-major like the attention's
@@ -258,6 +291,15 @@ class PolarityAttention(BaseModule):
             x = torch.add(x.transpose(1, 2).reshape(B, N, C),
                           conv.permute(0, 2, 3, 1).reshape(B, N, C))
         return x.to(out_dtype)
+
+    def _pacs(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
+              dt: torch.dtype, fast: bool) -> Tensor:
+        """``feature_map='pacs'``: PaCS attention of ``q / s``,
+        ``k / s`` (``s = softplus(scale)``, ``k`` with the positional table)
+        and ``v``, all ``(B, h, N, d)``; no rotary encoding."""
+        s = F.softplus(scale)
+        fn = pacs_attention_kernel if fast else pacs_linear_attention
+        return fn(q / s, k / s, v, self.s1.to(dt), self.s2.to(dt))
 
     def dwc_params(self, dt: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
         """The depth-wise conv's per-head kernel and bias repeated over the

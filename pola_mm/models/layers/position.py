@@ -19,9 +19,12 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
     """
     if tuple(hw) == tuple(ref_hw):
         return table
+    # never while a graph is captured: a traced graph would hold the cached
+    # table as a constant of one size (and torch.export's fake tensors must
+    # not be cached on the real table)
     cache = (dispatch.fast_paths_enabled()
              and not (torch.is_grad_enabled() and table.requires_grad)
-             and not dispatch.is_compiling())
+             and not dispatch.capturing())
     if cache:
         key = (tuple(int(i) for i in hw), tuple(ref_hw), table._version,
                table.data_ptr(), table.dtype, table.device)

@@ -3,11 +3,11 @@ from typing import Optional
 
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...typing import Size2
+from .bricks import build_norm_layer
 
 
 class SpatialReductionAttention(BaseModule):

@@ -116,6 +116,14 @@ inline float safe_abs(float xs) {
   return a < kTiny ? kTiny : a;
 }
 
+// |xs|^p from a = safe_abs(xs) and l2 = log2_pos(a); a non-finite a (NaN or
+// Inf) is returned as it is (exp2_ would clamp it to a finite 2^127), so
+// non-finite inputs give non-finite features like the torch kernel's.
+inline float abs_pow(float a, float l2, float p) {
+  const float t = exp2_(p * l2);
+  return a <= 3.40282347e38f ? t : a;
+}
+
 // One row of features: t = sign(xs)|xs|^p (masked), split by sign.
 inline void feature_row(const float* __restrict xsr,
                         const float* __restrict p, float m, int64_t d,
@@ -123,7 +131,8 @@ inline void feature_row(const float* __restrict xsr,
 #pragma omp simd
   for (int64_t c = 0; c < d; ++c) {
     const float xs = xsr[c];
-    const float t = exp2_(p[c] * log2_pos(safe_abs(xs))) * m;
+    const float a = safe_abs(xs);
+    const float t = abs_pow(a, log2_pos(a), p[c]) * m;
     const bool pos = xs > 0.f;
     fpos[c] = pos ? t : 0.f;
     fneg[c] = pos ? 0.f : t;
@@ -144,7 +153,7 @@ inline void grad_row(const float* __restrict xsr, const float* __restrict df,
     const float xs = xsr[c];
     const float a = safe_abs(xs);
     const float l2 = log2_pos(a);
-    const float t = exp2_(p[c] * l2) * m;
+    const float t = abs_pow(a, l2, p[c]) * m;
     const bool pos = xs > 0.f;
     const float g = (pos ? df[c] : df[c + d]) * t;
     acc[c] += g;

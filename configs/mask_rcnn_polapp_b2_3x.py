@@ -1,0 +1,24 @@
+# Mask R-CNN, PolaFormer++ PolaPP-b2 backbone, COCO instance segmentation,
+# 3x schedule.
+# 36 epochs (lr x0.1 after 27, 33; 500-iter linear warm-up), multi-scale
+# training (short side 480-800) with random crop, AdamW lr 1e-4, weight decay
+# 0.05 (none on ``norm`` parameters), drop path 0.1, fp16 (static loss
+# scale 512), backbone BatchNorms in training mode, 2 images per GPU x 8 GPUs
+# (16 per iteration).
+# Reference: ZacharyMeng/PolaFormerPP downstream/detection/configs/PolaPP/
+#   maskrcnn_b2_3x.py
+_base_ = [
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
+    './_base_/datasets/coco_instance_ms_crop.py',
+    'mmdet::_base_/default_runtime.py',
+    './_base_/schedules/polapp_det_adamw_3x.py',
+    './_base_/models/polapp_b2_fpn.py',
+]
+custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
+
+model = dict(
+    backbone=dict(
+        _base_.pola_backbone, drop_path_rate=0.1, norm_eval=False),
+    neck=_base_.pola_neck)
+
+train_dataloader = dict(batch_size=2, num_workers=2)

@@ -1,0 +1,36 @@
+# RetinaNet, PolaFormer++ PolaPP-b2 backbone, COCO detection, 1x schedule.
+# 12 epochs (lr x0.1 after 8, 11; 500-iter linear warm-up), single scale
+# 1333x800 with flip, AdamW lr 1e-4, weight decay 1e-4 on every parameter,
+# drop path 0.1, fp16 (static loss scale 512), backbone BatchNorms in
+# training mode, 2 images per GPU x 8 GPUs (16 per iteration).
+# FPN from stage 2 with extra convs on the input, as the authors' (their
+# backbone returns stage 1 too and the FPN skips it, hence their
+# find_unused_parameters; here stage 1 is not returned, which computes the
+# same and leaves no parameter without a gradient).
+# Reference: ZacharyMeng/PolaFormerPP downstream/detection/configs/PolaPP/
+#   retinanet_b2_1x.py
+_base_ = [
+    'mmdet::_base_/models/retinanet_r50_fpn.py',
+    'mmdet::_base_/datasets/coco_detection.py',
+    'mmdet::_base_/default_runtime.py',
+    './_base_/schedules/polapp_det_adamw_1x.py',
+    './_base_/models/polapp_b2_fpn.py',
+]
+custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
+
+model = dict(
+    backbone=dict(
+        _base_.pola_backbone,
+        drop_path_rate=0.1,
+        norm_eval=False,
+        out_indices=(1, 2, 3)),
+    neck=dict(in_channels=_base_.pola_channels[1:], start_level=0))
+
+train_dataloader = dict(batch_size=2, num_workers=2)
+# the authors' RetinaNet optimiser: no paramwise settings
+optim_wrapper = dict(
+    _delete_=True,
+    type='AmpOptimWrapper',
+    loss_scale=512.,
+    optimizer=dict(
+        type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4))

@@ -1,0 +1,471 @@
+"""Parameters and FLOPs of pola_mm models, the polarity attention included.
+
+Convention (mmengine's ``get_model_complexity_info`` / fvcore, and the
+tables of Swin, PVT and PolaFormer): **one multiply-add is one FLOP**, so a
+``(m, k) @ (k, n)`` product costs ``m k n`` and a conv ``out_elements *
+in_channels / groups * kernel_area``. Normalisation layers cost what
+mmengine charges (LayerNorm / GroupNorm 5 per element with an affine
+transform, 4 without; BatchNorm in eval 2 per element with affine, 1
+without), bilinear upsampling 4 per output element, nearest 1, adaptive
+average pooling 1 per input element. Other elementwise work (activations,
+residual adds, softmax) is not counted, as in mmengine.
+
+How it counts: a :class:`~torch.utils._python_dispatch.TorchDispatchMode`
+sees every aten operation of one forward on a synthetic input, with
+pola_mm's fast paths off (:func:`pola_mm.ops.plain_paths`: they compute the
+same model, partly in fused loops no dispatcher can see into). Two kinds of
+work are charged by formula instead of by what the dispatcher sees:
+
+- :meth:`PolarityAttention.mix <pola_mm.models.layers.PolarityAttention.mix>`
+  (the attention core and its depth-wise conv) by
+  :func:`polarity_attention_flops`: its matrix products, the conv and the
+  elementwise work of the published formula (feature maps with the learned
+  power, the scalings, the normalisers), whatever implementation runs and
+  whether or not gradients are on (PolaFormer's power feature map;
+  PolaFormer++'s PaCS feature map is counted by the dispatcher on the plain
+  path, products and convs only);
+- every ``scaled_dot_product_attention`` kernel (fused softmax attention,
+  which :class:`torch.utils.flop_counter.FlopCounterMode` counts as 0 on
+  the CPU) by :func:`softmax_attention_flops`: its two products, the same
+  as the explicit ``q @ k^T`` and ``attn @ v``.
+
+mmengine's counter (``get_model_complexity_info``, used by the upstream
+``get_flops.py`` tools) traces the model with ``torch.jit.trace``: it cannot
+see into custom autograd functions or C++ loops and has no handler for
+``scaled_dot_product_attention``.
+"""
+import contextlib
+from dataclasses import dataclass, field
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
+                    Tuple)
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..ops.dispatch import plain_paths
+
+__all__ = [
+    'FlopReport', 'polarity_attention_flops', 'softmax_attention_flops',
+    'count_flops', 'count_params', 'model_complexity', 'format_report'
+]
+
+aten = torch.ops.aten
+
+Shape = Sequence[int]
+
+
+def _prod(shape: Shape) -> int:
+    out = 1
+    for s in shape:
+        out *= int(s)
+    return out
+
+
+# -- formulas ------------------------------------------------------------
+def polarity_attention_flops(batch: int, tokens: int, embed_dims: int,
+                             num_heads: int,
+                             kernel_size: int = 5) -> Dict[str, int]:
+    """FLOPs of :meth:`PolarityAttention.mix` (the published computation).
+
+    With ``B`` = ``batch``, ``N`` = ``tokens`` (the whole stage map),
+    ``C`` = ``embed_dims``, ``h`` heads of width ``d = C / h``, ``k`` the
+    depth-wise kernel (1 multiply-add = 1 FLOP):
+
+    - ``products``: key-value state ``k'^T v1`` and ``k'^T v2``
+      (``(2d, N) @ (N, d/2)`` per head, twice: ``2 B N C d``), query
+      application ``q_sim @ kv1`` and ``q_opp @ kv2`` (``2 B N C d``),
+      normalisers ``q_sim . mean(k')`` and ``q_opp . mean(k')``
+      (``(N, 2d) @ (2d, 1)`` per head, twice: ``4 B N C``);
+    - ``conv``: the depth-wise conv on v, ``B N C k^2``;
+    - ``elementwise`` (one FLOP per output element of each arithmetic
+      step): ``k + positional_encoding`` (``B N C``), ``q / s`` and
+      ``k / s`` (``2 B N C``), the powers ``relu(t)^p`` and ``relu(-t)^p`` of
+      q and k (``4 B N C``; the relu is free), the mean of ``k'`` over the
+      tokens (``2 B N C``), the authors' ``N^-1/2`` scalings of ``k'`` and
+      ``v`` (``3 B N C``), the normalisers ``1 / (z + eps)`` (``4 B h N``)
+      and their products with the outputs (``B N C``), and the sum of
+      attention and conv (``B N C``): ``14 B N C + 4 B h N``.
+
+    The projections (``qkvg`` or ``qg`` + ``kv``, ``proj``) are linears
+    counted as such, outside this formula.
+
+    Returns:
+        dict with ``products``, ``conv``, ``elementwise`` and ``total``.
+    """
+    B, N, C, h = int(batch), int(tokens), int(embed_dims), int(num_heads)
+    d = C // h
+    products = 4 * B * N * C * d + 4 * B * N * C
+    conv = B * N * C * kernel_size * kernel_size
+    elementwise = 14 * B * N * C + 4 * B * h * N
+    return dict(products=products, conv=conv, elementwise=elementwise,
+                total=products + conv + elementwise)
+
+
+def softmax_attention_flops(batch: int, num_heads: int, q_tokens: int,
+                            k_tokens: int, head_dims: int,
+                            v_head_dims: Optional[int] = None) -> int:
+    """FLOPs of softmax attention ``softmax(q k^T) v``: its two products,
+    ``B h Nq Nk d + B h Nq Nk dv`` (``batch`` counts windows for windowed
+    attention). The softmax, scaling, bias and masks are elementwise and
+    not counted (mmengine's convention)."""
+    dv = head_dims if v_head_dims is None else v_head_dims
+    return int(batch) * int(num_heads) * int(q_tokens) * int(k_tokens) * (
+        int(head_dims) + int(dv))
+
+
+# -- per-operation handlers (shapes -> FLOPs) ----------------------------
+def _mm(args: tuple, out: Any) -> int:
+    a, b = args[0], args[1]
+    return _prod(a.shape) * b.shape[-1]
+
+
+def _addmm(args: tuple, out: Any) -> int:
+    return _mm(args[1:], out)
+
+
+def _bmm(args: tuple, out: Any) -> int:
+    a, b = args[0], args[1]
+    return _prod(a.shape) * b.shape[-1]
+
+
+def _baddbmm(args: tuple, out: Any) -> int:
+    return _bmm(args[1:], out)
+
+
+def _conv(args: tuple, out: Any) -> int:
+    # aten.convolution(input, weight, bias, stride, padding, dilation,
+    #                  transposed, output_padding, groups)
+    x, w = args[0], args[1]
+    transposed = bool(args[6]) if len(args) > 6 else False
+    if transposed:  # every input element meets a full kernel
+        return _prod(x.shape) * _prod(w.shape[1:])
+    return _prod(out.shape) * _prod(w.shape[1:])
+
+
+def _sdpa(args: tuple, out: Any) -> int:
+    q, k, v = args[0], args[1], args[2]
+    *lead, nq, d = q.shape
+    return softmax_attention_flops(_prod(lead), 1, nq, k.shape[-2], d,
+                                   v.shape[-1])
+
+
+def _norm(affine_index: int) -> Callable[[tuple, Any], int]:
+    def handler(args: tuple, out: Any) -> int:
+        w = args[affine_index] if len(args) > affine_index else None
+        return _prod(args[0].shape) * (5 if w is not None else 4)
+    return handler
+
+
+def _batch_norm(weight_index: int, training: Optional[int]) -> Callable:
+    def handler(args: tuple, out: Any) -> int:
+        train = bool(args[training]) if training is not None else False
+        has_affine = args[weight_index] is not None
+        if train:
+            return _prod(args[0].shape) * (5 if has_affine else 4)
+        return _prod(args[0].shape) * (2 if has_affine else 1)
+    return handler
+
+
+def _first_out(out: Any) -> Tensor:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _per_output(scale: int) -> Callable[[tuple, Any], int]:
+    return lambda args, out: scale * _first_out(out).numel()
+
+
+def _per_input(scale: int) -> Callable[[tuple, Any], int]:
+    return lambda args, out: scale * args[0].numel()
+
+
+def _handlers() -> Dict[Any, Callable[[tuple, Any], int]]:
+    table: Dict[str, Callable[[tuple, Any], int]] = {
+        'mm': _mm, 'addmm': _addmm, 'bmm': _bmm, 'baddbmm': _baddbmm,
+        'convolution': _conv, '_convolution': _conv,
+        '_scaled_dot_product_flash_attention_for_cpu': _sdpa,
+        '_scaled_dot_product_flash_attention': _sdpa,
+        '_scaled_dot_product_efficient_attention': _sdpa,
+        '_scaled_dot_product_cudnn_attention': _sdpa,
+        '_scaled_dot_product_fused_attention_overrideable': _sdpa,
+        'native_layer_norm': _norm(2),
+        'native_group_norm': _norm(1),
+        'native_batch_norm': _batch_norm(1, 5),
+        '_native_batch_norm_legit': _batch_norm(1, 5),
+        '_native_batch_norm_legit_no_training': _batch_norm(1, None),
+        'upsample_nearest2d': _per_output(1),
+        'upsample_bilinear2d': _per_output(4),
+        '_adaptive_avg_pool2d': _per_input(1),
+        'mean': _per_input(1),  # global average pooling
+        'grid_sampler_2d': _per_output(4),
+    }
+    return {getattr(aten, name): fn for name, fn in table.items()
+            if hasattr(aten, name)}
+
+
+# -- the counter -----------------------------------------------------------
+@dataclass
+class FlopReport:
+    """What one counted forward found.
+
+    Attributes:
+        total: FLOPs of the whole forward.
+        by_module: FLOPs per module name (``''`` is the root), each
+            including its submodules. An operation is charged to the
+            innermost module whose ``__call__`` is running, so work done in a
+            method called directly (mmdet's ``roi_head.forward``) outside
+            any submodule goes to the nearest caller module.
+        by_op: FLOPs per operation (aten op names, ``'polarity_attention'``
+            for the formula of :func:`polarity_attention_flops`).
+        params: parameters per module name, each including its submodules.
+        uncounted: aten ops seen but not charged (elementwise and
+            data-movement ops, by convention) with how often they ran.
+    """
+    total: int = 0
+    by_module: Dict[str, int] = field(default_factory=dict)
+    by_op: Dict[str, int] = field(default_factory=dict)
+    params: Dict[str, int] = field(default_factory=dict)
+    uncounted: Dict[str, int] = field(default_factory=dict)
+
+
+class _Counter(TorchDispatchMode):
+    """Charges each aten op to the modules on the current call stack."""
+
+    def __init__(self, report: FlopReport) -> None:
+        super().__init__()
+        self.report = report
+        self.stack: List[str] = ['']  # the root, however it is called
+        self.own: Dict[str, int] = {}
+        self.suppress = 0
+        self.handlers = _handlers()
+
+    def add(self, op: str, flops: int) -> None:
+        r = self.report
+        r.total += flops
+        r.by_op[op] = r.by_op.get(op, 0) + flops
+        # the innermost module called through __call__; totals including
+        # submodules are summed by name afterwards (methods such as
+        # ``roi_head.forward`` called directly still count for their parent)
+        name = self.stack[-1]
+        self.own[name] = self.own.get(name, 0) + flops
+
+    def finish(self, names: Sequence[str]) -> None:
+        """Fill ``report.by_module``: each module's FLOPs including those
+        of its submodules."""
+        by_module = dict.fromkeys(names, 0)
+        for name, flops in self.own.items():
+            parts = name.split('.') if name else []
+            for i in range(len(parts) + 1):
+                key = '.'.join(parts[:i])
+                by_module[key] = by_module.get(key, 0) + flops
+        self.report.by_module = by_module
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.suppress:
+            return out
+        handler = self.handlers.get(func.overloadpacket)
+        if handler is None:
+            name = func.overloadpacket.__name__
+            self.report.uncounted[name] = self.report.uncounted.get(
+                name, 0) + 1
+        else:
+            self.add(func.overloadpacket.__name__, int(handler(args, out)))
+        return out
+
+
+@contextlib.contextmanager
+def _tracked(model: nn.Module, counter: _Counter) -> Iterator[None]:
+    """Module-stack hooks on every submodule, and the formula for every
+    :class:`PolarityAttention`'s ``mix``."""
+    from ..models.layers import PolarityAttention
+    handles = []
+    patched: List[nn.Module] = []
+    for name, module in model.named_modules():
+        # the formula is PolaFormer's power feature map; another feature map
+        # (PolaFormer++'s 'pacs') is counted by the dispatcher on the plain
+        # path (products and conv; its elementwise work is not counted)
+        if (isinstance(module, PolarityAttention)
+                and getattr(module, 'feature_map', 'power') == 'power'):
+            patched.append(module)
+            module.mix = _formula_mix(module, counter, name)
+        if not name:  # the root is always on the stack
+            continue
+
+        def pre(m, a, name=name):
+            counter.stack.append(name)
+
+        def post(m, a, o, name=name):
+            if counter.stack and counter.stack[-1] == name:
+                counter.stack.pop()
+
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post, always_call=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for module in patched:
+            del module.mix  # back to the class's method
+
+
+def _formula_mix(module: nn.Module, counter: _Counter,
+                 name: str) -> Callable[..., Tensor]:
+    original = type(module).mix.__get__(module)
+
+    def mix(q: Tensor, k: Tensor, v: Tensor, hw: Sequence[int]) -> Tensor:
+        counter.suppress += 1
+        try:
+            out = original(q, k, v, hw)
+        finally:
+            counter.suppress -= 1
+        flops = polarity_attention_flops(
+            q.shape[0], q.shape[1], module.embed_dims, module.num_heads,
+            module.dwc.kernel_size[0])
+        counter.add('polarity_attention', flops['total'])
+        return out
+
+    return mix
+
+
+def count_params(model: nn.Module) -> Dict[str, int]:
+    """Parameters per module name (``''`` the root), each including its
+    submodules; shared parameters are counted once."""
+    out: Dict[str, int] = {}
+    for name, module in model.named_modules():
+        seen = {id(p): p.numel() for p in module.parameters()}
+        out[name] = sum(seen.values())
+    return out
+
+
+def count_flops(model: nn.Module, forward: Callable[[], Any],
+                fast_paths: bool = False) -> FlopReport:
+    """Count the FLOPs of ``forward()``, a call that runs ``model`` (or a
+    part of it) once; see the module docstring for the convention.
+
+    Args:
+        model: the module whose submodules are attributed (names as in
+            ``model.named_modules()``).
+        forward: runs the forward pass, e.g. ``lambda: model(x)``.
+        fast_paths: leave pola_mm's fast paths as they are (default: off
+            while counting; the polarity attention is charged by formula
+            either way, but the fast CPU inference paths of whole blocks
+            bypass the modules the counter attributes to).
+
+    Returns:
+        a :class:`FlopReport` (``params`` filled from ``model``).
+    """
+    report = FlopReport(params=count_params(model))
+    counter = _Counter(report)
+    paths = contextlib.nullcontext() if fast_paths else plain_paths()
+    with paths, _tracked(model, counter), counter:
+        forward()
+    counter.finish([name for name, _ in model.named_modules()])
+    return report
+
+
+# -- whole models from configs ----------------------------------------------
+def _scope_of(cfg: Any) -> str:
+    return cfg.get('default_scope') or 'mmengine'
+
+
+def _fake_sample(scope: str, shape: Tuple[int, int]) -> Any:
+    meta = dict(img_shape=shape, ori_shape=shape, pad_shape=shape,
+                batch_input_shape=shape, scale_factor=(1.0, 1.0),
+                flip=False, flip_direction=None)
+    if scope == 'mmdet':
+        from mmdet.structures import DetDataSample
+        return DetDataSample(metainfo=meta)
+    if scope == 'mmseg':
+        from mmseg.structures import SegDataSample
+        return SegDataSample(metainfo=meta)
+    return None
+
+
+def model_complexity(cfg: Any, shape: Tuple[int, int],
+                     batch: int = 1) -> Tuple[nn.Module, FlopReport, str]:
+    """Build the model of an mmdet / mmseg / mmpretrain config and count one
+    forward on a synthetic ``(batch, 3, H, W)`` input (no dataset, no
+    weights loaded, eval mode).
+
+    What runs is what mmdet's, mmseg's and mmpretrain's ``get_flops.py``
+    run: a classifier's ``mode='tensor'`` forward (backbone, neck, head
+    logits); a detector's ``_forward`` with a synthetic data sample (RPN
+    proposals, box and mask heads as in its test pass, without
+    post-processing); a segmentor's ``_forward`` (backbone, neck, decode
+    head; the auxiliary head, unused at test time, is not run). The input
+    is used as given, no padding by the data preprocessor.
+
+    Args:
+        cfg: an :class:`mmengine.config.Config` with ``model`` and
+            ``default_scope``.
+        shape: ``(H, W)``.
+        batch: images in the synthetic batch.
+
+    Returns:
+        the model, its :class:`FlopReport`, and the kind of forward run
+        (``'classifier'``, ``'detector'``, ``'segmentor'`` or
+        ``'backbone'``).
+    """
+    from mmengine.registry import MODELS
+    H, W = int(shape[0]), int(shape[1])
+    if H <= 0 or W <= 0 or batch <= 0:
+        raise ValueError(f'shape {shape} and batch {batch} must be positive '
+                         '(e.g. --shape 224 224)')
+    scope = _scope_of(cfg)
+    model_cfg = cfg.get('model')
+    if model_cfg is None:
+        raise ValueError('the config has no `model` to count')
+    with MODELS.switch_scope_and_registry(scope) as registry:
+        model = registry.build(model_cfg)
+    model.eval()
+    x = torch.randn(batch, 3, H, W)
+    from mmengine.model import BaseModel
+    if isinstance(model, BaseModel) and scope in ('mmdet', 'mmseg'):
+        kind = 'detector' if scope == 'mmdet' else 'segmentor'
+        samples = [_fake_sample(scope, (H, W)) for _ in range(batch)]
+
+        def forward():
+            return model._forward(x, samples)
+    elif isinstance(model, BaseModel):
+        kind = 'classifier' if scope == 'mmpretrain' else 'model'
+
+        def forward():
+            return model(x, mode='tensor')
+    else:
+        kind = 'backbone'
+
+        def forward():
+            return model(x)
+
+    with torch.no_grad():
+        report = count_flops(model, forward)
+    return model, report, kind
+
+
+def _fmt(n: float, unit: str) -> str:
+    return f'{n / 1e9:.2f} G' if unit == 'G' else f'{n / 1e6:.2f} M'
+
+
+def format_report(report: FlopReport, kind: str, shape: Tuple[int, int],
+                  parts: Sequence[str] = ('backbone', 'neck', 'rpn_head',
+                                          'roi_head', 'decode_head', 'head',
+                                          'bbox_head')) -> str:
+    """A short table: whole model and its top-level parts, FLOPs (G, 1
+    multiply-add = 1 FLOP) and parameters (M)."""
+    H, W = shape
+    lines = [f'input: 1 x 3 x {H} x {W} ({kind}; 1 FLOP = 1 multiply-add)',
+             f'{"module":<14} {"FLOPs":>11} {"params":>10}']
+    rows = [('model', '')] + [(p, p) for p in parts
+                              if p in report.params]
+    for label, name in rows:
+        flops = _fmt(report.by_module.get(name, 0), 'G')
+        params = _fmt(report.params.get(name, 0), 'M')
+        lines.append(f'{label:<14} {flops:>11} {params:>10}')
+    attn = report.by_op.get('polarity_attention', 0)
+    if attn:
+        lines.append('of which polarity attention (formula): '
+                     f'{_fmt(attn, "G")}')
+    return '\n'.join(lines)

@@ -1,0 +1,425 @@
+"""PolaPP: the hierarchical backbone of PolaFormer++ (b1-b5).
+
+Parameter names are the authors' (``patch_embed.proj.*``,
+``layers.i.blocks.j.{pos,norm1,attn,norm2,ffn,gamma_1,gamma_2}``,
+``layers.i.downsample.{reduction,norm}``, ``extra_norms.i``), so their
+checkpoints load as they are.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ...registry import register_model
+from ...typing import Size2
+from ..layers.pacs_attention import PaCSAttention
+from ..layers.rotary import rotary_tables, theta_shift
+from .base import (PolaBackbone, check_out_indices, freeze, linspace,
+                   resolve_arch)
+
+
+class TokenLayerNorm(nn.Module):
+    """LayerNorm over channels of tokens ``(B, N, C)``; the authors'
+    ``LayerNorm2d`` (eps 1e-6), whose parameters sit in ``.norm``."""
+
+    def __init__(self, embed_dims: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(embed_dims, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(x)
+
+
+def to_map(x: Tensor, hw: Size2) -> Tensor:
+    """Tokens ``(B, H * W, C)`` -> map ``(B, C, H, W)``."""
+    return x.transpose(1, 2).unflatten(-1, (hw[0], hw[1]))
+
+
+def to_tokens(x: Tensor) -> Tensor:
+    """Map ``(B, C, H, W)`` -> tokens ``(B, H * W, C)``."""
+    return x.flatten(2).transpose(1, 2)
+
+
+class RotarySelfAttention(BaseModule):
+    """Global softmax attention with rotary q, k (the authors'
+    ``VanillaSelfAttention``): ``qkvo`` Linear(C, 4C) -> q, k, v, o;
+    ``softmax(d^-0.5 R(q) R(k)^T) v + lepe(v)``, then ``proj(x * o)``;
+    ``lepe`` a depth-wise 5x5 conv of v. ``d`` must be divisible by 4.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int,
+                 kernel_size: int = 5,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if embed_dims % num_heads or (embed_dims // num_heads) % 4:
+            raise ValueError(
+                f'embed_dims {embed_dims} / num_heads {num_heads} must give '
+                'a head width divisible by 4 (rotary encoding)')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = embed_dims // num_heads
+        self.qkvo = nn.Linear(embed_dims, embed_dims * 4)
+        self.lepe = nn.Conv2d(embed_dims, embed_dims, kernel_size,
+                              padding=kernel_size // 2, groups=embed_dims)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """``(B, N, C)`` tokens on the grid ``hw`` -> ``(B, N, C)``."""
+        B, N, C = x.shape
+        h, d = self.num_heads, self.head_dims
+        q, k, v, o = self.qkvo(x).unflatten(-1, (4, C)).unbind(-2)
+        lepe = to_tokens(self.lepe(to_map(v, hw)))
+        sin, cos = rotary_tables(hw, d, device=x.device, dtype=x.dtype)
+        q, k, v = (t.unflatten(-1, (h, d)).transpose(1, 2) for t in (q, k, v))
+        q, k = theta_shift(q, sin, cos), theta_shift(k, sin, cos)
+        out = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
+        out = out.transpose(1, 2).reshape(B, N, C) + lepe
+        return self.proj(out * o)
+
+
+class ConvFFN(BaseModule):
+    """``fc1``, GELU, ``h + dwconv3x3(h)`` on the map, ``fc2`` (the
+    authors' ``FeedForwardNetwork``)."""
+
+    def __init__(self, embed_dims: int, hidden_dims: int,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.fc1 = nn.Linear(embed_dims, hidden_dims)
+        self.fc2 = nn.Linear(hidden_dims, embed_dims)
+        self.dwconv = nn.Conv2d(hidden_dims, hidden_dims, 3, 1, 1,
+                                groups=hidden_dims)
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """``(B, N, C)`` -> ``(B, N, C)``."""
+        x = F.gelu(self.fc1(x))
+        x = x + to_tokens(self.dwconv(to_map(x, hw)))
+        return self.fc2(x)
+
+
+class PolaPPBlock(BaseModule):
+    """``x + pos(x)`` (depth-wise 3x3 conv), then
+    ``x + gamma_1 * attn(norm1(x))``, ``x + gamma_2 * ffn(norm2(x))`` with
+    stochastic depth; ``gamma_*`` ``(1, C, 1, 1)`` only with layer scale.
+
+    Args:
+        attn_type: ``'L'`` PaCS linear attention, ``'S'`` rotary softmax.
+        layer_scale_init: initial ``gamma`` (None: no layer scale).
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, attn_type: str,
+                 mlp_ratio: float, drop_path_rate: float = 0.,
+                 layer_scale_init: Optional[float] = None,
+                 with_cp: bool = False,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if attn_type not in ('L', 'S'):
+            raise ValueError(
+                f"attn_type must be 'L' or 'S', got {attn_type!r}")
+        self.with_cp = with_cp
+        self.layer_scale = layer_scale_init is not None
+        self.norm1 = TokenLayerNorm(embed_dims)
+        self.attn: nn.Module = (PaCSAttention(embed_dims, num_heads)
+                                if attn_type == 'L' else RotarySelfAttention(
+                                    embed_dims, num_heads))
+        self.drop_path_rate = drop_path_rate
+        self.norm2 = TokenLayerNorm(embed_dims)
+        self.ffn = ConvFFN(embed_dims, int(mlp_ratio * embed_dims))
+        self.pos = nn.Conv2d(embed_dims, embed_dims, 3, 1, 1,
+                             groups=embed_dims)
+        if self.layer_scale:
+            self.gamma_1 = nn.Parameter(
+                torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
+            self.gamma_2 = nn.Parameter(
+                torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
+
+    def _residual(self, x: Tensor, gamma: Optional[Tensor]) -> Tensor:
+        if gamma is not None:
+            x = x * gamma.flatten(1).unsqueeze(1)  # (1, 1, C) on tokens
+        if self.training and self.drop_path_rate > 0:
+            keep = 1 - self.drop_path_rate
+            mask = x.new_empty(x.shape[0], 1, 1).bernoulli_(keep)
+            x = x * mask / keep
+        return x
+
+    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
+        x = x + to_tokens(self.pos(to_map(x, hw)))
+        g1 = self.gamma_1 if self.layer_scale else None
+        g2 = self.gamma_2 if self.layer_scale else None
+        x = x + self._residual(self.attn(self.norm1(x), hw), g1)
+        return x + self._residual(self.ffn(self.norm2(x), hw), g2)
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
+        return self._forward(x, hw)
+
+
+class Downsample(BaseModule):
+    """conv3x3 stride 2 (padding 1) then BatchNorm (the authors'
+    ``PatchMerging``): ``(B, C, H, W)`` -> ``(B, C', ceil(H/2),
+    ceil(W/2))``."""
+
+    def __init__(self, in_dims: int, out_dims: int,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.reduction = nn.Conv2d(in_dims, out_dims, 3, 2, 1)
+        self.norm = nn.BatchNorm2d(out_dims)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(self.reduction(x))
+
+
+class PolaPPStage(BaseModule):
+    """The blocks of one stage, then (unless last) the downsampling. The
+    authors' ``BasicLayer``."""
+
+    def __init__(self, embed_dims: int, depth: int, num_heads: int,
+                 attn_type: str, mlp_ratio: float,
+                 drop_path_rates: List[float],
+                 layer_scale_init: Optional[float],
+                 out_dims: Optional[int], with_cp: bool = False,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.blocks = nn.ModuleList([
+            PolaPPBlock(embed_dims, num_heads, attn_type, mlp_ratio,
+                        drop_path_rates[j], layer_scale_init, with_cp)
+            for j in range(depth)
+        ])
+        self.downsample = (Downsample(embed_dims, out_dims)
+                           if out_dims is not None else None)
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """Tokens ``(B, H * W, C)`` -> tokens after the blocks."""
+        for block in self.blocks:
+            x = block(x, hw)
+        return x
+
+
+def stem(in_channels: int, embed_dims: int) -> nn.Sequential:
+    """The authors' ``patch_embed.proj``: four 3x3 convs (strides 2, 1, 1,
+    2) with BatchNorm, GELU between them; stride 4."""
+    c = embed_dims // 2
+    return nn.Sequential(
+        nn.Conv2d(in_channels, c, 3, 2, 1), nn.BatchNorm2d(c), nn.GELU(),
+        nn.Conv2d(c, c, 3, 1, 1), nn.BatchNorm2d(c), nn.GELU(),
+        nn.Conv2d(c, c, 3, 1, 1), nn.BatchNorm2d(c), nn.GELU(),
+        nn.Conv2d(c, embed_dims, 3, 2, 1), nn.BatchNorm2d(embed_dims))
+
+
+class PatchEmbedStem(nn.Module):
+    """Holds :func:`stem` as ``proj`` (the authors' names)."""
+
+    def __init__(self, in_channels: int, embed_dims: int) -> None:
+        super().__init__()
+        self.proj = stem(in_channels, embed_dims)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x)
+
+
+@register_model
+class PolaPP(PolaBackbone):
+    """PolaPP backbone (PolaFormer++), b1-b5, for any input size.
+
+    A convolutional stem (stride 4), four stages of blocks (stages 1-2 PaCS
+    polarity linear attention, stages 3-4 softmax attention, both global
+    over the stage map with 2-D rotary encoding), stride-2 conv + BN
+    downsampling between stages; each returned stage output is normalised by
+    ``extra_norms[i]`` (LayerNorm, eps 1e-6). There are no learned tables
+    tied to an input size, so every size runs the published computation.
+
+    Output sizes: every stride-2 conv (kernel 3, padding 1) maps a side
+    ``s`` to ``ceil(s / 2)``, so stage ``i`` gives
+    ``ceil(ceil(H / 2) / 2) ... = ceil(H / 2**(i + 2))`` (e.g. 160x248 ->
+    40x62, 20x31, 10x16, 5x8; odd sides round up, as with padding).
+
+    Args:
+        arch: ``'b1'``..``'b5'`` or a dict with ``embed_dims``, ``depths``,
+            ``num_heads`` (one entry per stage) and optionally
+            ``mlp_ratios`` (default 3.5 each), ``layer_scale_init`` (a value
+            per stage, None for no layer scale; default none),
+            ``attn_layout`` (default ``'LLSS'``) and ``drop_path_rate``
+            (default 0.1).
+        in_channels: input channels.
+        drop_path_rate: stochastic depth over all blocks; None: the arch's
+            (the authors' value for b1-b5).
+        out_indices: stages returned; only stages up to ``max(out_indices)``
+            (and the output norms of ``out_indices``) are built, so every
+            parameter gets a gradient.
+        frozen_stages: mmdet's meaning: -1 nothing; 0 the stem
+            (``patch_embed``); ``k`` also stages 1..k (``layers[0..k-1]``
+            with their downsampling) and their ``extra_norms``. Frozen parts
+            stay in eval mode.
+        norm_eval: keep every BatchNorm (stem and downsampling) in eval mode
+            during training (running statistics and affine parameters used
+            as loaded; mmdet's convention for small detection batches).
+        with_cp: gradient checkpointing per block.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])``:
+            the authors' backbone or detector file, an mmpretrain/mmdet/
+            mmseg checkpoint or a backbone state dict; a checkpoint of
+            another arch raises before any weight is copied.
+
+    Output: tuple of ``(B, embed_dims[i], ceil(H / 2**(i+2)),
+    ceil(W / 2**(i+2)))`` maps for ``i`` in ``out_indices``.
+    """
+    arch_zoo: Dict[str, dict] = {
+        'b1': dict(embed_dims=(32, 64, 192, 384), depths=(2, 2, 4, 2),
+                   num_heads=(1, 2, 6, 12), layer_scale_init=(1, 1, 1, 1),
+                   drop_path_rate=0.1),
+        'b2': dict(embed_dims=(64, 128, 256, 512), depths=(2, 2, 6, 2),
+                   num_heads=(1, 2, 4, 8), layer_scale_init=(1, 1, 1, 1),
+                   drop_path_rate=0.1),
+        'b3': dict(embed_dims=(64, 128, 320, 512), depths=(3, 5, 9, 3),
+                   num_heads=(1, 2, 5, 8), layer_scale_init=(1, 1, 1, 1),
+                   drop_path_rate=0.15),
+        'b4': dict(embed_dims=(96, 192, 384, 512), depths=(4, 6, 12, 6),
+                   num_heads=(1, 2, 6, 8),
+                   layer_scale_init=(1, 1, 1e-6, 1e-6), drop_path_rate=0.4),
+        'b5': dict(embed_dims=(96, 192, 448, 640), depths=(4, 7, 19, 8),
+                   num_heads=(1, 2, 7, 10),
+                   layer_scale_init=(1e-6, 1e-6, 1e-6, 1e-6),
+                   drop_path_rate=0.55),
+    }
+    _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    family = 'PolaPP'
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'b2',
+                 in_channels: int = 3,
+                 drop_path_rate: Optional[float] = None,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.in_channels = in_channels
+        arch = resolve_arch(arch, self.arch_zoo, self._arch_keys, type(self))
+        dims = tuple(int(c) for c in arch['embed_dims'])
+        depths = tuple(int(d) for d in arch['depths'])
+        heads = tuple(int(h) for h in arch['num_heads'])
+        n = len(depths)
+        mlp_ratios = tuple(arch.get('mlp_ratios', (3.5, ) * n))
+        ls_init = tuple(arch.get('layer_scale_init', (None, ) * n))
+        layout = str(arch.get('attn_layout', 'LLSS'))
+        if not all(len(t) == n for t in (dims, heads, mlp_ratios, ls_init,
+                                         layout)):
+            raise ValueError(
+                f'PolaPP arch: embed_dims {dims}, depths {depths}, num_heads '
+                f'{heads}, mlp_ratios {mlp_ratios}, layer_scale_init '
+                f'{ls_init} and attn_layout {layout!r} need one entry per '
+                'stage')
+        if drop_path_rate is None:
+            drop_path_rate = float(arch.get('drop_path_rate', 0.1))
+        self.out_indices = check_out_indices(out_indices, n)
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.num_stages = n
+        self.num_built = max(self.out_indices) + 1
+        self.num_features = list(dims)
+        self.arch = dict(embed_dims=dims, depths=depths, num_heads=heads,
+                         mlp_ratios=mlp_ratios, layer_scale_init=ls_init,
+                         attn_layout=layout)
+        self.drop_path_rate = drop_path_rate
+
+        self.patch_embed = PatchEmbedStem(in_channels, dims[0])
+        dpr = linspace(drop_path_rate, sum(depths))
+        self.layers = nn.ModuleList()
+        for i in range(self.num_built):
+            start = sum(depths[:i])
+            self.layers.append(PolaPPStage(
+                dims[i], depths[i], heads[i], layout[i], mlp_ratios[i],
+                dpr[start:start + depths[i]], ls_init[i],
+                dims[i + 1] if i + 1 < self.num_built else None, with_cp))
+        # indexed like the authors' ModuleList, built for out_indices only
+        self.extra_norms = nn.ModuleDict(
+            {str(i): TokenLayerNorm(dims[i]) for i in self.out_indices})
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------
+    def _init_extra(self) -> None:
+        """The authors' init: trunc-normal (std .02) conv weights, zero
+        conv biases; Linear layers keep PyTorch's default, temperatures
+        ``s1``/``s2`` start at zero (``gamma`` keeps its layer-scale
+        value)."""
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                m.reset_parameters()
+            elif isinstance(m, PaCSAttention):
+                nn.init.zeros_(m.s1)
+                nn.init.zeros_(m.s2)
+
+    def _expected_unexpected(self, key: str) -> bool:
+        parts = key.split('.')
+        if parts[0] == 'layers' and len(parts) > 2 and parts[1].isdigit():
+            i = int(parts[1])
+            if parts[2] in ('RoPE', 'RoPE_linear'):  # recomputed tables
+                return True
+            return i >= self.num_built or (i == self.num_built - 1 and
+                                           parts[2] == 'downsample')
+        if parts[0] == 'extra_norms' and len(parts) > 1 and \
+                parts[1].isdigit():
+            return int(parts[1]) not in self.out_indices
+        return False
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages >= 0:
+            freeze(self.patch_embed)
+        for i in range(1, self.frozen_stages + 1):
+            if i - 1 < self.num_built:
+                freeze(self.layers[i - 1])
+            if str(i - 1) in self.extra_norms:
+                freeze(self.extra_norms[str(i - 1)])
+
+    def train(self, mode: bool = True) -> 'PolaPP':
+        """Set the mode; frozen stages, and with ``norm_eval`` every
+        BatchNorm, stay in eval mode."""
+        super().train(mode)
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    def _check_batchnorm_input(self, x: Tensor) -> None:
+        """In training, the smallest BatchNorm map (after the last built
+        downsampling, else the stem) must hold more than one value per
+        channel; raise a clear error instead of BatchNorm's."""
+        if not self.training or self.norm_eval or x.shape[0] > 1:
+            return
+        s = 2**(self.num_built + 1) if self.num_built > 1 else 4
+        if -(-x.shape[2] // s) * -(-x.shape[3] // s) == 1:
+            raise ValueError(
+                f'PolaPP: a training batch of one {x.shape[2]}x{x.shape[3]} '
+                f'image gives a 1x1 map to a BatchNorm (stride {s}), which '
+                'cannot train on one value per channel; use a batch of 2 or '
+                f'more, images larger than {s}x{s} pixels on one side, '
+                'norm_eval=True, or eval mode')
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
+        self.check_input(x)
+        self._check_batchnorm_input(x)
+        x = self.patch_embed(x)
+        outs = []
+        for i, layer in enumerate(self.layers):
+            hw = (x.shape[2], x.shape[3])
+            t = layer(to_tokens(x), hw)
+            x = to_map(t, hw)
+            if i in self.out_indices:
+                outs.append(to_map(self.extra_norms[str(i)](t),
+                                   hw).contiguous())
+            if layer.downsample is not None:
+                x = layer.downsample(x)
+        return tuple(outs)

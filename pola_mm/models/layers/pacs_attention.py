@@ -1,0 +1,176 @@
+"""PaCS polarity attention of PolaFormer++ (the authors'
+``AddLinearAttention``).
+
+PaCS, the polarity-aware feature map with channel-wise spikiness, replaces
+PolaFormer's learned power by ``phi(x; t) = exp(t * x) - 1`` with learned
+per-channel temperatures ``t = sigmoid(s)``, one for the same-signed and one
+for the opposite-signed flow; the keys take ``exp(x) - 1``. In PolaPP the
+products (not the normalisers) carry a 2-D rotary encoding.
+"""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+from torch import Tensor
+
+from ...ops import dispatch
+from ...ops.pacs_kernel import pacs_attention_kernel
+from ...typing import Size2
+from .rotary import rotary_tables, theta_shift
+
+
+def pacs_features(x: Tensor, t: Optional[Tensor] = None,
+                  swap: bool = False) -> Tensor:
+    """``exp([relu(x), relu(-x)] * t) - 1`` (halves swapped with ``swap``).
+
+    Args:
+        x: ``(..., d)``.
+        t: temperatures broadcastable to ``(..., 2d)``; None for ``t = 1``.
+
+    Returns:
+        ``(..., 2d)``.
+    """
+    pos, neg = F.relu(x), F.relu(-x)
+    c = torch.cat([neg, pos] if swap else [pos, neg], dim=-1)
+    return torch.expm1(c if t is None else c * t)
+
+
+def pacs_linear_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
+                          s2: Tensor, sin: Optional[Tensor] = None,
+                          cos: Optional[Tensor] = None,
+                          eps: float = 1e-6) -> Tensor:
+    """PaCS polarity attention, the formula as written (float32 or float64).
+
+    With ``h`` heads of width ``d``, ``t1 = sigmoid(s1)``,
+    ``t2 = sigmoid(s2)``:
+
+    - ``q_sim = exp([relu(q), relu(-q)] * t1) - 1``,
+      ``q_opp = exp([relu(-q), relu(q)] * t2) - 1``,
+      ``k' = exp([relu(k), relu(-k)]) - 1`` (``(B, h, N, 2d)``);
+    - normalisers on the maps as they are:
+      ``z_sim = q_sim . mean_N(k')``, ``z_opp = q_opp . mean_N(k')``;
+    - products on the rotary-encoded maps ``R(.)`` (:func:`theta_shift`,
+      when ``sin``/``cos`` are given, else the identity):
+      ``x_sim = R(q_sim) (R(k')^T v1 / N) / (z_sim + eps)``, ``x_opp`` the
+      same with ``q_opp`` and ``v2`` (``v = [v1, v2]`` split per head);
+    - output per head ``[x_sim, x_opp]``.
+
+    Like the authors, ``R(k')`` and ``v`` are each scaled by ``N^-1/2``
+    before their product.
+
+    Args:
+        q, k: ``(B, h, N, d)``.
+        v: ``(B, h, N, d)``, ``d`` even.
+        s1, s2: raw temperatures broadcastable to ``(1, h, 1, 2d)``.
+        sin, cos: optional ``(N, 2d)`` rotary tables.
+        eps: added to the normalisers.
+
+    Returns:
+        ``(B, h, N, d)``.
+    """
+    N = q.shape[-2]
+    q_sim = pacs_features(q, torch.sigmoid(s1))
+    q_opp = pacs_features(q, torch.sigmoid(s2), swap=True)
+    kk = pacs_features(k)
+    k_mean = kk.mean(dim=-2, keepdim=True).transpose(-2, -1)  # (B,h,2d,1)
+    z_sim = q_sim @ k_mean
+    z_opp = q_opp @ k_mean
+    if sin is not None and cos is not None:
+        q_sim = theta_shift(q_sim, sin, cos)
+        q_opp = theta_shift(q_opp, sin, cos)
+        kk = theta_shift(kk, sin, cos)
+    v1, v2 = torch.chunk(v, 2, dim=-1)
+    kt = kk.transpose(-2, -1) * N**-0.5
+    x_sim = q_sim @ (kt @ (v1 * N**-0.5)) * (1 / (z_sim + eps))
+    x_opp = q_opp @ (kt @ (v2 * N**-0.5)) * (1 / (z_opp + eps))
+    return torch.cat([x_sim, x_opp], dim=-1)
+
+
+class PaCSAttention(BaseModule):
+    """PolaFormer++'s linear attention block part (the authors'
+    ``AddLinearAttention``), on tokens of a stage map.
+
+    ``qkvg`` Linear(C, 4C) -> q, k, v, g; :func:`pacs_linear_attention`
+    with the rotary encoding of width ``2d`` over the whole map; plus
+    ``lepe``, a depth-wise 5x5 conv of v over all C channels; then
+    ``proj(x * g)``. Under fp16/bf16 autocast the attention and ``lepe``
+    compute in float32 (``exp`` of fp16 overflows above 11) and return the
+    input dtype.
+
+    Args:
+        embed_dims: channels ``C``.
+        num_heads: heads ``h``; ``d = C / h`` must be even.
+        kernel_size: kernel of ``lepe``.
+        impl: ``'kernel'`` (the fast kernel of :mod:`pola_mm.ops.pacs_kernel`
+            when the fast paths are on) or ``'reference'`` (the formula as
+            written).
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int,
+                 kernel_size: int = 5, impl: str = 'kernel',
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if impl not in ('kernel', 'reference'):
+            raise ValueError(
+                f"impl must be 'kernel' or 'reference', got {impl!r}")
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims {embed_dims} is not divisible by '
+                             f'num_heads {num_heads}')
+        head_dims = embed_dims // num_heads
+        if head_dims % 2:
+            raise ValueError(f'head width {head_dims} must be even (v is '
+                             'split into two halves per head)')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = head_dims
+        self.impl = impl
+        self.qkvg = nn.Linear(embed_dims, embed_dims * 4)
+        self.lepe = nn.Conv2d(embed_dims, embed_dims, kernel_size,
+                              padding=kernel_size // 2, groups=embed_dims)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.s1 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * head_dims))
+        self.s2 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * head_dims))
+
+    def extra_repr(self) -> str:
+        return f'embed_dims={self.embed_dims}, num_heads={self.num_heads}'
+
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2) -> Tensor:
+        """Attention plus ``lepe`` (before the gate), float32 at least.
+
+        Args:
+            q, k, v: ``(B, N, C)``, ``N = H * W`` row-major on ``hw``.
+
+        Returns:
+            ``(B, N, C)`` in the dtype of ``q``.
+        """
+        out_dtype = q.dtype
+        dt = torch.promote_types(out_dtype, torch.float32)
+        B, N, C = q.shape
+        h, d = self.num_heads, self.head_dims
+
+        def heads(t: Tensor) -> Tensor:  # (B, N, C) -> (B, h, N, d)
+            return t.to(dt).unflatten(-1, (h, d)).transpose(1, 2)
+
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            sin, cos = rotary_tables(hw, 2 * d, device=q.device, dtype=dt)
+            s1, s2 = self.s1.to(dt), self.s2.to(dt)
+            qh, kh, vh = heads(q), heads(k), heads(v)
+            if self.impl == 'kernel' and dispatch.fast_paths_enabled():
+                x = pacs_attention_kernel(qh, kh, vh, s1, s2, sin, cos)
+            else:
+                x = pacs_linear_attention(qh, kh, vh, s1, s2, sin, cos)
+            vmap = v.to(dt).reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)
+            lepe = F.conv2d(vmap, self.lepe.weight.to(dt),
+                            self.lepe.bias.to(dt), padding=self.lepe.padding,
+                            groups=C)
+            x = x.transpose(1, 2).reshape(B, N, C) + \
+                lepe.flatten(2).transpose(1, 2)
+        return x.to(out_dtype)
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """``(B, N, C)`` tokens on the grid ``hw`` -> ``(B, N, C)``."""
+        q, k, v, g = self.qkvg(x).unflatten(-1, (4, self.embed_dims)) \
+            .unbind(-2)
+        return self.proj(self.mix(q, k, v, hw) * g)

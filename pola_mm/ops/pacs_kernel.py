@@ -1,0 +1,169 @@
+"""A memory-lean kernel of the PaCS polarity attention (PolaFormer++).
+
+Computes exactly
+:func:`~pola_mm.models.layers.pacs_attention.pacs_linear_attention`,
+rearranged:
+
+- One key-value product for both flows: the rotary-encoded key features
+  ``R(k')`` ``(N, 2d)`` times all of ``v`` ``(N, d)`` gives ``M = [M1, M2]``;
+  the same-signed flow uses ``M1``, the opposite-signed one ``M2``, and both
+  normalisers share ``mean_N(k')``. (Unlike PolaFormer's power, the two
+  flows have their own temperatures, so the query features cannot be shared
+  by swapping halves.)
+- Recomputation. A custom autograd function saves ``q``, ``k``, ``v``, the
+  output, the normalisers ``1 / z`` ``(B, h, N, 2)``, ``M`` and ``mean(k')``,
+  never an ``(N, 2d)`` feature map; backward recomputes the features
+  elementwise (``exp`` is its own derivative: ``d(e^c - 1) = e^c dc``) and
+  applies the adjoint of the rotary encoding, with no matrix product of the
+  forward repeated.
+
+Callers compute in float32 at least (the layers disable autocast around
+it: ``exp`` overflows fp16 above 11).
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ['pacs_attention_kernel', 'PaCSAttentionFunction']
+
+_EPS = 1e-6
+
+
+def _pair_rotate(x: Tensor) -> Tensor:
+    """Each channel pair ``(x0, x1)`` -> ``(-x1, x0)``."""
+    return torch.stack([-x[..., 1::2], x[..., ::2]], -1).flatten(-2)
+
+
+def _rot(x: Tensor, sin: Optional[Tensor], cos: Optional[Tensor]) -> Tensor:
+    """The rotary encoding (identity without tables)."""
+    if sin is None or cos is None:
+        return x
+    return x * cos + _pair_rotate(x) * sin
+
+
+def _rot_t(y: Tensor, sin: Optional[Tensor], cos: Optional[Tensor]) -> Tensor:
+    """Adjoint of :func:`_rot`."""
+    if sin is None or cos is None:
+        return y
+    return y * cos - _pair_rotate(y * sin)
+
+
+def _expm1_features(x: Tensor, t: Optional[Tensor], swap: bool) -> Tensor:
+    """``exp([relu(x), relu(-x)] * t) - 1`` (halves swapped with ``swap``):
+    ``(..., d)`` -> ``(..., 2d)``."""
+    pos, neg = torch.relu(x), torch.relu(-x)
+    c = torch.cat([neg, pos] if swap else [pos, neg], dim=-1)
+    return torch.expm1(c if t is None else c.mul_(t))
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
+             sin: Optional[Tensor], cos: Optional[Tensor], eps: float
+             ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Output ``(B, h, N, d)``, ``M`` ``(B, h, 2d, d)``, ``mean(k')``
+    ``(B, h, 2d, 1)`` and ``1 / z`` ``(B, h, N, 2)``."""
+    N, d = q.shape[-2], q.shape[-1]
+    half = d // 2
+    kf = _expm1_features(k, None, False)
+    k_mean = kf.mean(dim=-2, keepdim=True).transpose(-2, -1)
+    M = _rot(kf, sin, cos).transpose(-2, -1) @ v / N
+    del kf
+    outs, rzs = [], []
+    for t, swap, Mc in ((t1, False, M[..., :half]), (t2, True, M[..., half:])):
+        qf = _expm1_features(q, t, swap)
+        rz = (qf @ k_mean).add_(eps).reciprocal_()  # (B, h, N, 1)
+        outs.append((_rot(qf, sin, cos) @ Mc).mul_(rz))
+        rzs.append(rz)
+    return torch.cat(outs, -1), M, k_mean, torch.cat(rzs, -1)
+
+
+class PaCSAttentionFunction(torch.autograd.Function):
+    """PaCS attention with feature maps recomputed in backward (see the
+    module docstring and :func:`pacs_attention_kernel`)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
+                s2: Tensor, sin: Optional[Tensor], cos: Optional[Tensor],
+                eps: float) -> Tensor:
+        t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
+        x, M, k_mean, rz = _forward(q, k, v, t1, t2, sin, cos, eps)
+        ctx.save_for_backward(q, k, v, s1, s2, sin, cos, x, M, k_mean, rz)
+        return x
+
+    @staticmethod
+    def backward(ctx, dx: Tensor):
+        q, k, v, s1, s2, sin, cos, x, M, k_mean, rz = ctx.saved_tensors
+        N, d = q.shape[-2], q.shape[-1]
+        half = d // 2
+        t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
+        pos_q, neg_q = q > 0, q < 0
+        relu_pos, relu_neg = torch.relu(q), torch.relu(-q)
+        dq = torch.zeros_like(q)
+        dk_mean = None
+        dM = []
+        dts = []
+        flows = ((t1, False, slice(0, half), 0),
+                 (t2, True, slice(half, d), 1))
+        for t, swap, cols, j in flows:
+            # the flow's features, recomputed: qf = exp(c t) - 1
+            c = torch.cat([relu_neg, relu_pos] if swap else
+                          [relu_pos, relu_neg], dim=-1)
+            qf = torch.expm1(c * t)
+            rz_j = rz[..., j:j + 1]
+            dxj = dx[..., cols]
+            da = dxj * rz_j  # d(numerator)
+            dz = -(dxj * x[..., cols]).sum(-1, keepdim=True) * rz_j
+            dM.append(_rot(qf, sin, cos).transpose(-2, -1) @ da)
+            dqf = _rot_t(da @ M[..., cols].transpose(-2, -1), sin, cos)
+            dqf = dqf.add_(dz * k_mean.transpose(-2, -1))
+            part = qf.transpose(-2, -1) @ dz  # (B, h, 2d, 1)
+            dk_mean = part if dk_mean is None else dk_mean.add_(part)
+            dpre = dqf.mul_(qf.add_(1))  # d(c * t)
+            dts.append((dpre * c).sum(dim=(0, 2), keepdim=True))
+            dc = dpre.mul_(t)
+            first, second = dc[..., :d], dc[..., d:]
+            if swap:  # c = [relu(-q), relu(q)]
+                first, second = second, first
+            dq += first * pos_q - second * neg_q
+        assert dk_mean is not None
+        dMc = torch.cat(dM, -1) / N  # (B, h, 2d, d)
+        kf = _expm1_features(k, None, False)  # recomputed
+        dv = None
+        if ctx.needs_input_grad[2]:
+            dv = _rot(kf, sin, cos) @ dMc
+        dkf = _rot_t(v @ dMc.transpose(-2, -1), sin, cos)
+        dkf = dkf.add_(dk_mean.transpose(-2, -1) / N).mul_(kf.add_(1))
+        dk = dkf[..., :d] * (k > 0) - dkf[..., d:] * (k < 0)
+
+        def dparam(dt: Tensor, t: Tensor, s: Tensor) -> Tensor:
+            g = dt * t * (1 - t)
+            dims = [i for i, n in enumerate(s.shape) if n == 1
+                    and g.shape[i] != 1]
+            return g.sum(dim=dims, keepdim=True) if dims else g
+
+        ds1 = dparam(dts[0], t1, s1) if ctx.needs_input_grad[3] else None
+        ds2 = dparam(dts[1], t2, s2) if ctx.needs_input_grad[4] else None
+        return dq, dk, dv, ds1, ds2, None, None, None
+
+
+def pacs_attention_kernel(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
+                          s2: Tensor, sin: Optional[Tensor] = None,
+                          cos: Optional[Tensor] = None,
+                          eps: float = _EPS) -> Tensor:
+    """PaCS polarity attention (the published formula, see
+    :func:`~pola_mm.models.layers.pacs_attention.pacs_linear_attention`).
+
+    Args:
+        q, k, v: ``(B, h, N, d)``, ``d`` even.
+        s1, s2: raw temperatures, ``(1, h, 1, 2d)``.
+        sin, cos: optional ``(N, 2d)`` rotary tables of the products.
+        eps: added to the normalisers.
+
+    Returns:
+        ``(B, h, N, d)``.
+    """
+    if torch.is_grad_enabled() and any(
+            t.requires_grad for t in (q, k, v, s1, s2)):
+        return PaCSAttentionFunction.apply(q, k, v, s1, s2, sin, cos, eps)
+    t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
+    return _forward(q, k, v, t1, t2, sin, cos, eps)[0]

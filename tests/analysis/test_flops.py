@@ -1,0 +1,241 @@
+"""FLOPs and parameters: the polarity attention's formula against
+``torch.utils.flop_counter.FlopCounterMode`` on the plain path, softmax
+attention (explicit and ``scaled_dot_product_attention``), and
+``tools/analysis/get_flops.py`` on tiny classifier, detector and segmentor
+configs."""
+import importlib.util
+import json
+import os.path as osp
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import pola_mm  # noqa: F401
+from pola_mm.analysis.flops import (count_flops, polarity_attention_flops,
+                                    softmax_attention_flops)
+from pola_mm.models.backbones import PolaPVT, PolaSwinTransformer
+from pola_mm.models.layers import PolarityAttention, WindowMSA
+from pola_mm.ops import plain_paths
+from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1, randomise_attention
+
+
+def _attention(C: int, h: int, hw, fused: bool, kernel: int = 5):
+    attn = PolarityAttention(C, h, hw, fused_qkvg=fused, kernel_size=kernel)
+    randomise_attention(attn)
+    return attn
+
+
+def test_formula_by_hand():
+    # B=1, N=4, C=4, h=2 (d=2), kernel 3, from the docstring's terms
+    f = polarity_attention_flops(1, 4, 4, 2, kernel_size=3)
+    assert f['products'] == 4 * 4 * 4 * 2 + 4 * 4 * 4  # 2BNCd*2 + 4BNC
+    assert f['conv'] == 4 * 4 * 9
+    assert f['elementwise'] == 14 * 4 * 4 + 4 * 2 * 4
+    assert f['total'] == f['products'] + f['conv'] + f['elementwise']
+    assert softmax_attention_flops(2, 3, 49, 49, 32) == 2 * 3 * 49 * 49 * 64
+
+
+@pytest.mark.parametrize('C,h,hw,fused,kernel', [
+    (16, 1, (5, 7), True, 5), (32, 4, (6, 6), False, 3),
+    (24, 3, (1, 9), True, 5)])
+def test_formula_matches_flop_counter_mode_on_plain_path(
+        C, h, hw, fused, kernel):
+    """The formula's products and conv are what torch's own counter sees in
+    the published formula (2 FLOPs per multiply-add there)."""
+    attn = _attention(C, h, hw, fused, kernel)
+    B, N = 2, hw[0] * hw[1]
+    q, k, v = (torch.randn(B, N, C) for _ in range(3))
+    with plain_paths(), torch.no_grad(), FlopCounterMode(display=False) as m:
+        attn.mix(q, k, v, hw)
+    f = polarity_attention_flops(B, N, C, h, kernel)
+    assert m.get_total_flops() == 2 * (f['products'] + f['conv'])
+
+
+@pytest.mark.parametrize('grad', [False, True])
+@pytest.mark.parametrize('fast_paths', [False, True])
+def test_polarity_attention_counted_with_grad_on_and_off(grad, fast_paths):
+    """The count is the formula plus the projections, whichever
+    implementation runs (the fast kernel's autograd function included) and
+    whether or not gradients are on."""
+    C, h, hw, B = 32, 2, (7, 9), 2
+    N = hw[0] * hw[1]
+    attn = _attention(C, h, hw, fused=True)
+    x = torch.randn(B, N, C, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        report = count_flops(attn, lambda: attn(x, hw),
+                             fast_paths=fast_paths)
+    f = polarity_attention_flops(B, N, C, h)
+    assert f['total'] > 0
+    assert report.by_op['polarity_attention'] == f['total']
+    linears = B * N * C * 4 * C + B * N * C * C  # qkvg, proj
+    assert report.total == f['total'] + linears
+    assert report.by_module['qkvg'] == B * N * C * 4 * C
+    assert report.params[''] == sum(p.numel() for p in attn.parameters())
+    # the module's mix is its own again
+    assert 'mix' not in vars(attn)
+
+
+def _window_msa_flops(monkeypatch, fused: bool) -> int:
+    C, h, win, nW = 24, 3, (7, 7), 4
+    msa = WindowMSA(C, h, win)
+    monkeypatch.setattr(WindowMSA, 'use_fused', lambda self, x: fused)
+    x = torch.randn(nW, win[0] * win[1], C)
+    mask = torch.zeros(nW, 49, 49)
+    with torch.no_grad():
+        report = count_flops(msa, lambda: msa(x, win, mask))
+    if fused:
+        assert report.by_op['_scaled_dot_product_flash_attention_for_cpu'] \
+            == softmax_attention_flops(nW, h, 49, 49, C // h)
+    return report.total
+
+
+def test_softmax_window_attention_sdpa_counted(monkeypatch):
+    """Swin's softmax windows cost the same whether computed explicitly
+    (CPU training) or by scaled_dot_product_attention (GPUs, CPU
+    inference): two products plus the qkv and output linears."""
+    explicit = _window_msa_flops(monkeypatch, fused=False)
+    fused = _window_msa_flops(monkeypatch, fused=True)
+    nW, N, C, h = 4, 49, 24, 3
+    expected = (softmax_attention_flops(nW, h, N, N, C // h)
+                + nW * N * C * 3 * C + nW * N * C * C)
+    assert explicit == fused == expected
+
+
+def test_sdpa_call_counted():
+    q = torch.randn(2, 4, 10, 8)
+    k = torch.randn(2, 4, 6, 8)
+    v = torch.randn(2, 4, 6, 16)
+    mod = torch.nn.Identity()
+    report = count_flops(mod, lambda: F.scaled_dot_product_attention(q, k, v))
+    assert report.total == 2 * 4 * 10 * 6 * (8 + 16)
+
+
+@pytest.mark.parametrize('family', ['swin', 'pvt'])
+def test_backbone_agrees_with_flop_counter_mode(family):
+    """Whole tiny backbones: our count minus the norms and the formula's
+    elementwise terms is torch's count on the plain path (halved)."""
+    H, W = 64, 96
+    if family == 'swin':
+        model = PolaSwinTransformer(arch=SWIN_TINY_DEPTH1)
+    else:
+        model = PolaPVT(arch=PVT_TINY)
+    model.eval()
+    randomise_attention(model)
+    x = torch.randn(1, 3, H, W)
+    with torch.no_grad():
+        report = count_flops(model, lambda: model(x))
+        with plain_paths(), FlopCounterMode(display=False) as m:
+            model(x)
+    elementwise = 0
+    attn_names = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, PolarityAttention):
+            attn_names.append(name)
+    assert attn_names
+    # the stage maps of polarity stages: strides 4, 8, 16, 32
+    for name in attn_names:
+        mod = model.get_submodule(name)
+        # 'layers.{i}.blocks.{j}.attn' (Swin), 'block{i+1}.{j}.attn' (PVT)
+        stage = (int(name.split('.')[1]) if family == 'swin' else
+                 int(name.split('.')[0][len('block'):]) - 1)
+        s = 4 * 2 ** stage
+        N = -(-H // s) * -(-W // s)
+        f = polarity_attention_flops(1, N, mod.embed_dims, mod.num_heads)
+        elementwise += f['elementwise']
+        # per module: the attention's count is the formula plus linears
+        torch_count = sum(m.get_flop_counts().get(
+            f'{type(model).__name__}.{name}', {}).values())
+        assert report.by_module[name] - f['elementwise'] == torch_count // 2
+    norms = report.by_op.get('native_layer_norm', 0)
+    assert report.total - norms - elementwise == m.get_total_flops() // 2
+    assert report.by_op['polarity_attention'] > 0
+
+
+def _get_flops_tool():
+    path = osp.join(REPO, 'tools', 'analysis', 'get_flops.py')
+    spec = importlib.util.spec_from_file_location('get_flops_tool', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _arch_options(dims, depths, heads, mlp=None):
+    opts = ['model.backbone.arch._delete_=True',
+            f'model.backbone.arch.embed_dims={dims}',
+            f'model.backbone.arch.depths={list(depths)}',
+            f'model.backbone.arch.num_heads={list(heads)}']
+    if mlp is not None:
+        opts.append(f'model.backbone.arch.mlp_ratios={list(mlp)}')
+    return [o.replace(' ', '') for o in opts]
+
+
+SWIN_OPTS = _arch_options(16, SWIN_TINY_DEPTH1['depths'],
+                          SWIN_TINY_DEPTH1['num_heads'])
+PVT_OPTS = _arch_options(list(PVT_TINY['embed_dims']), PVT_TINY['depths'],
+                         PVT_TINY['num_heads'], PVT_TINY['mlp_ratios'])
+
+
+@pytest.mark.parametrize('config,opts,shape,kind,backbone', [
+    ('pola_swin_t_in1k.py', SWIN_OPTS + ['model.head.in_channels=128'],
+     (64, 64), 'classifier', ('swin', SWIN_TINY_DEPTH1)),
+    ('pola_pvt_t_in1k.py', PVT_OPTS + ['model.head.in_channels=64'],
+     (64, 96), 'classifier', ('pvt', PVT_TINY)),
+    ('mask_rcnn_pola_swin_t.py',
+     SWIN_OPTS + ['model.neck.in_channels=[16,32,64,128]',
+                  # fewer proposals: the box and mask heads run on them
+                  'model.test_cfg.rpn.max_per_img=20'], (96, 128),
+     'detector', None),
+    ('sem_fpn_pola_pvt_t_ade20k.py',
+     PVT_OPTS + ['model.neck.in_channels=[16,32,32,64]'], (64, 64),
+     'segmentor', None),
+])
+def test_get_flops_tool(tmp_path, capsys, config, opts, shape, kind,
+                        backbone):
+    tool = _get_flops_tool()
+    out = tmp_path / 'flops.json'
+    rc = tool.main([osp.join(REPO, 'configs', config), '--shape',
+                    str(shape[0]), str(shape[1]), '--json', str(out),
+                    '--cfg-options', *opts])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert f'({kind};' in text and 'backbone' in text
+    assert 'polarity attention (formula)' in text
+    res = json.loads(out.read_text())
+    assert res['kind'] == kind and res['shape'] == list(shape)
+    by_module = res['by_module']
+    assert res['flops'] == by_module[''] > by_module['backbone'] > 0
+    assert res['by_op']['polarity_attention'] > 0
+    assert res['params'][''] > res['params']['backbone'] > 0
+    parts = [p for p in ('backbone', 'neck', 'head', 'rpn_head', 'roi_head',
+                         'decode_head') if p in by_module]
+    assert sum(by_module[p] for p in parts) <= res['flops']
+    if kind == 'detector':
+        assert by_module['roi_head'] > 0 and by_module['rpn_head'] > 0
+    if kind == 'segmentor':
+        assert by_module['decode_head'] > 0
+    if backbone is not None:
+        # the backbone inside the classifier counts as the bare backbone
+        family, arch = backbone
+        cls = PolaSwinTransformer if family == 'swin' else PolaPVT
+        bare = cls(arch=arch, out_indices=(3,)).eval()
+        x = torch.randn(1, 3, *shape)
+        with torch.no_grad():
+            expected = count_flops(bare, lambda: bare(x))
+        assert by_module['backbone'] == expected.total
+        assert res['params']['backbone'] == expected.params['']
+
+
+def test_get_flops_tool_bad_input(tmp_path, capsys):
+    tool = _get_flops_tool()
+    # configs of installed packages by their mim names
+    path = tool.resolve_config(
+        'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py')
+    assert osp.isfile(path) and path.endswith('fpn_1x_coco.py')
+    assert tool.resolve_config('configs/x.py') == 'configs/x.py'
+    rc = tool.main([str(tmp_path / 'missing.py')])
+    assert rc == 2 and 'config file not found' in capsys.readouterr().err
+    rc = tool.main([osp.join(REPO, 'configs', 'pola_swin_t_in1k.py'),
+                    '--shape', '1', '2', '3'])
+    assert rc == 2 and '--shape takes H W' in capsys.readouterr().err

@@ -1,0 +1,290 @@
+"""PolaPP (PolaFormer++): the authors' reference minis, archs, loading,
+sizes, freezing, BatchNorm eval, checkpointing, registration."""
+import os.path as osp
+
+import pytest
+import torch
+
+from pola_mm.models.backbones import PolaPP
+from pola_mm.models.layers import PaCSAttention
+from pola_mm.ops import plain_paths
+from conftest import reference_root
+from helpers import REPO
+
+#: A tiny arch (two blocks in stage 1, layer scale on stages 3-4).
+TINY = dict(embed_dims=(16, 32, 32, 64), depths=(2, 1, 1, 1),
+            num_heads=(2, 2, 2, 4), layer_scale_init=(None, None, 1., 1.))
+MINIS = ['official_polapp_mini', 'official_polapp_mini_nols']
+
+
+def mini_arch(io: dict) -> dict:
+    """PolaPP's arch dict from the authors' kwargs in an ``_io.pth``."""
+    a = io['arch']
+    return dict(embed_dims=a['embed_dims'], depths=a['depths'],
+                num_heads=a['num_heads'], mlp_ratios=a['mlp_ratios'],
+                layer_scale_init=[v if on else None for v, on in zip(
+                    a['layer_init_values'], a['layerscales'])])
+
+
+@pytest.fixture(scope='module')
+def polapp_dir() -> str:
+    return reference_root('official_polapp_mini_nols_io.pth')
+
+
+@pytest.mark.parametrize('name', MINIS)
+def test_reproduces_the_authors_minis(polapp_dir, name):
+    """The authors' file loaded through init_cfg reproduces their four
+    outputs at 224x224 and 160x248, fast paths on and off."""
+    io = torch.load(osp.join(polapp_dir, f'{name}_io.pth'),
+                    map_location='cpu', weights_only=True)
+    model = PolaPP(arch=mini_arch(io), init_cfg=dict(
+        type='Pretrained', checkpoint=osp.join(polapp_dir, f'{name}.pth')))
+    model.init_weights()
+    model.eval()
+    assert set(io['inputs']) == {'224x224', '160x248'}
+    for size, x in io['inputs'].items():
+        for plain in (False, True):
+            with torch.no_grad():
+                if plain:
+                    with plain_paths():
+                        outs = model(x)
+                else:
+                    outs = model(x)
+            assert len(outs) == 4
+            for i, (got, want) in enumerate(zip(outs, io['outputs'][size])):
+                assert got.shape == want.shape, (size, i)
+                err = (got - want).abs().max().item()
+                assert err <= 1e-4, (name, size, plain, i, err)
+
+
+def test_refuses_a_checkpoint_of_another_arch(polapp_dir):
+    model = PolaPP(arch=TINY, init_cfg=dict(
+        type='Pretrained',
+        checkpoint=osp.join(polapp_dir, 'official_polapp_mini.pth')))
+    with pytest.raises(ValueError, match='does not fit this backbone'):
+        model.init_weights()
+    # nothing was copied, not even the stem whose shapes fit
+    ckpt = torch.load(osp.join(polapp_dir, 'official_polapp_mini.pth'),
+                      map_location='cpu', weights_only=True)['model']
+    stem = 'patch_embed.proj.0.weight'
+    assert ckpt[stem].shape == model.state_dict()[stem].shape
+    assert not torch.equal(ckpt[stem], model.state_dict()[stem])
+
+
+def test_loads_a_detector_checkpoint_and_partial_builds(polapp_dir,
+                                                        tmp_path):
+    """A ``backbone.*`` file (what mmdet saves) loads; a backbone built up
+    to stage 2 ignores the later stages' keys."""
+    sd = torch.load(osp.join(polapp_dir, 'official_polapp_mini.pth'),
+                    map_location='cpu', weights_only=True)['model']
+    io = torch.load(osp.join(polapp_dir, 'official_polapp_mini_io.pth'),
+                    map_location='cpu', weights_only=True)
+    path = str(tmp_path / 'det.pth')
+    torch.save({'state_dict': {**{'backbone.' + k: v for k, v in sd.items()},
+                               'neck.w': torch.zeros(1)}}, path)
+    model = PolaPP(arch=mini_arch(io), out_indices=(1, ),
+                   init_cfg=dict(type='Pretrained', checkpoint=path)).eval()
+    model.init_weights()
+    assert len(model.layers) == 2 and model.layers[1].downsample is None
+    assert list(model.extra_norms) == ['1']
+    with torch.no_grad():
+        out, = model(io['inputs']['160x248'])
+    want = io['outputs']['160x248'][1]
+    assert (out - want).abs().max() <= 1e-4
+
+
+def test_converter_output_loads(polapp_dir, tmp_path, capsys):
+    """tools/model_converters/pola_official_to_mm.py writes backbone.*
+    keys without the recomputed rotary buffers; the result loads through
+    init_cfg and gives the authors' outputs."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        'pola_official_to_mm', osp.join(REPO, 'tools', 'model_converters',
+                                        'pola_official_to_mm.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    dst = str(tmp_path / 'polapp_mini_mm.pth')
+    src = osp.join(polapp_dir, 'official_polapp_mini_nols.pth')
+    assert tool.main([src, dst]) == 0
+    assert '(PolaPP)' in capsys.readouterr().out
+    ckpt = torch.load(dst, map_location='cpu', weights_only=True)
+    keys = list(ckpt['state_dict'])
+    assert keys and all(k.startswith('backbone.') for k in keys)
+    assert not any('RoPE' in k for k in keys)
+    io = torch.load(osp.join(polapp_dir, 'official_polapp_mini_nols_io.pth'),
+                    map_location='cpu', weights_only=True)
+    model = PolaPP(arch=mini_arch(io), out_indices=(0, ), init_cfg=dict(
+        type='Pretrained', checkpoint=dst)).eval()
+    model.init_weights()
+    with torch.no_grad():
+        out, = model(io['inputs']['160x248'])
+    assert (out - io['outputs']['160x248'][0]).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize('arch', ['b1', 'b2', 'b3', 'b4', 'b5'])
+def test_published_archs(arch):
+    """b1-b5 build with the authors' definitions (reference README table):
+    stage channels = embed dims, blocks, heads, FFN width 3.5 C, layer-scale
+    init, drop path; PaCS in stages 1-2, softmax in 3-4."""
+    spec = PolaPP.arch_zoo[arch]
+    with torch.device('meta'):
+        model = PolaPP(arch=arch)
+    assert model.num_features == list(spec['embed_dims'])
+    assert model.drop_path_rate == spec['drop_path_rate']
+    for i, stage in enumerate(model.layers):
+        C = spec['embed_dims'][i]
+        assert len(stage.blocks) == spec['depths'][i]
+        for blk in stage.blocks:
+            assert type(blk.attn).__name__ == (
+                'PaCSAttention' if i < 2 else 'RotarySelfAttention')
+            assert blk.attn.num_heads == spec['num_heads'][i]
+            assert blk.ffn.fc1.out_features == int(3.5 * C)
+            assert blk.gamma_1.shape == (1, C, 1, 1)
+        assert (stage.downsample is None) == (i == 3)
+    with torch.device('cpu'):
+        blk = PolaPP(arch=arch, out_indices=(0, )).layers[0].blocks[0]
+    assert (blk.gamma_1 == spec['layer_scale_init'][0]).all()
+
+
+def test_bad_arguments_say_what_is_valid():
+    with pytest.raises(ValueError, match="valid names are \\['b1'"):
+        PolaPP(arch='b9')
+    with pytest.raises(KeyError, match='num_heads'):
+        PolaPP(arch=dict(embed_dims=(16, ) * 4, depths=(1, ) * 4))
+    with pytest.raises(ValueError, match='one entry per stage'):
+        PolaPP(arch=dict(TINY, mlp_ratios=(2, 2)))
+    with pytest.raises(ValueError, match='must lie in'):
+        PolaPP(arch=TINY, out_indices=(4, ))
+    with pytest.raises(ValueError, match=r'\(B, 3, H, W\)'):
+        PolaPP(arch=TINY)(torch.zeros(3, 32, 32))
+    # one 32x32 image in training: 1x1 into the last BatchNorm
+    with pytest.raises(ValueError, match='batch of 2 or more'):
+        PolaPP(arch=TINY).train()(torch.zeros(1, 3, 32, 32))
+    PolaPP(arch=TINY, norm_eval=True).train()(torch.zeros(1, 3, 32, 32))
+    PolaPP(arch=TINY).train()(torch.zeros(1, 3, 33, 32))
+
+
+@pytest.mark.parametrize('hw', [(64, 64), (33, 47), (5, 3), (1, 1)])
+def test_any_size_gives_ceil_strides(hw):
+    model = PolaPP(arch=TINY)
+    model.init_weights()
+    outs = model(torch.randn(2, 3, *hw))
+    for i, o in enumerate(outs):
+        s = 2**(i + 2)
+        assert o.shape == (2, TINY['embed_dims'][i], -(-hw[0] // s),
+                           -(-hw[1] // s))
+    sum(o.square().mean() for o in outs).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert missing == []
+
+
+def test_out_indices_build_only_what_is_used():
+    model = PolaPP(arch=TINY, out_indices=(0, 2))
+    assert len(model.layers) == 3
+    assert sorted(model.extra_norms) == ['0', '2']
+    outs = model(torch.randn(1, 3, 32, 40))
+    assert [o.shape[1] for o in outs] == [16, 32]
+    sum(o.sum() for o in outs).backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+
+
+def test_frozen_stages_and_norm_eval():
+    model = PolaPP(arch=TINY, frozen_stages=1, norm_eval=True)
+    model.train()
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert frozen and all(
+        n.startswith(('patch_embed.', 'layers.0.', 'extra_norms.0.'))
+        for n in frozen)
+    assert all(p.requires_grad for n, p in model.named_parameters()
+               if n.startswith('layers.1.'))
+    assert not model.patch_embed.training
+    assert not model.layers[0].training and model.layers[1].training
+    bns = [m for m in model.modules()
+           if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bns and not any(m.training for m in bns)
+    stats = model.layers[1].downsample.norm.running_mean.clone()
+    model(torch.randn(2, 3, 32, 32))
+    assert torch.equal(stats, model.layers[1].downsample.norm.running_mean)
+    # without norm_eval the unfrozen BatchNorms train
+    model = PolaPP(arch=TINY, frozen_stages=0).train()
+    assert not model.patch_embed.proj[1].training
+    assert model.layers[0].downsample.norm.training
+
+
+def test_with_cp_same_gradients_and_drop_path():
+    torch.manual_seed(0)
+    a = PolaPP(arch=TINY, drop_path_rate=0.)
+    b = PolaPP(arch=TINY, drop_path_rate=0., with_cp=True)
+    b.load_state_dict(a.state_dict())
+    a.eval(), b.eval()  # BatchNorm statistics fixed, no drop path
+    x = torch.randn(1, 3, 32, 32, requires_grad=True)
+    for m in (a, b):
+        sum(o.sum() for o in m(x)).backward()
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=n)
+    # drop path: random in training, off in eval
+    c = PolaPP(arch=TINY, drop_path_rate=0.9).train()
+    y = torch.randn(2, 3, 32, 32)
+    torch.manual_seed(1)
+    o1 = c(y)[0]
+    torch.manual_seed(2)
+    o2 = c(y)[0]
+    assert not torch.equal(o1, o2)
+
+
+def test_init_matches_the_authors():
+    model = PolaPP(arch=TINY)
+    model.init_weights()
+    for m in model.modules():
+        if isinstance(m, PaCSAttention):
+            assert (m.s1 == 0).all() and (m.s2 == 0).all()
+    assert (model.layers[2].blocks[0].gamma_1 == 1).all()
+    assert not hasattr(model.layers[0].blocks[0], 'gamma_1')
+    conv = model.patch_embed.proj[3]  # trunc-normal, std .02, zero bias
+    assert 0.015 < conv.weight.std() < 0.025 and (conv.bias == 0).all()
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg', 'mmpretrain'])
+def test_builds_from_each_scope(scope):
+    import importlib
+
+    from mmengine.registry import DefaultScope
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    with DefaultScope.overwrite_default_scope(scope):
+        for type_ in ('PolaPP', 'pola_mm.PolaPP'):
+            model = registry.build(dict(type=type_, arch=TINY,
+                                        out_indices=(3, )))
+            assert isinstance(model, PolaPP)
+
+
+def test_benchmark_knows_polapp_b2():
+    """The benchmark compares polapp_b2 with its plain formula and with
+    Pola-Swin-T; the plain variant builds with the fast paths off."""
+    from pola_mm.analysis import benchmark as bm
+    from pola_mm.ops import dispatch
+    assert bm.baseline_of('polapp_b2') == 'pola_swin_t'
+    assert bm.baseline_of('polapp_b2_plain') == 'polapp_b2'
+    models = {m for case in bm.PRESETS['polapp'] for m in case.models}
+    assert models == {'polapp_b2', 'polapp_b2_plain', 'pola_swin_t'}
+    assert dispatch.fast_paths_enabled()
+    try:
+        with torch.device('meta'):
+            model = bm.build_with_plain_paths(dict(bm.MODEL_ZOO[
+                'polapp_b2_plain'])['model'])
+        assert isinstance(model, PolaPP) and not dispatch.fast_paths_enabled()
+    finally:
+        dispatch.set_fast_paths(True)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_autocast_trains(dtype):
+    """Under CPU autocast the whole backbone runs forward and backward (PaCS
+    in float32 inside) with finite outputs and gradients."""
+    model = PolaPP(arch=TINY)
+    model.init_weights()
+    with torch.autocast('cpu', dtype=dtype):
+        outs = model(torch.randn(2, 3, 16, 16))
+    assert all(torch.isfinite(o).all() for o in outs)
+    assert outs[0].dtype == dtype  # autocast reached the stem and stage 1
+    sum(o.float().square().mean() for o in outs).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
