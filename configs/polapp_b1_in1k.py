@@ -7,7 +7,7 @@ _base_ = ['./_base_/polapp_in1k.py']
 
 model = dict(
     backbone=dict(arch='b1', drop_path_rate=0.1),
-    head=dict(in_channels=384))
+    neck=dict(in_channels=384))
 
 train_dataloader = dict(batch_size=256)
 optim_wrapper = dict(optimizer=dict(lr=0.002))

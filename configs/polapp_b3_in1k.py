@@ -7,7 +7,7 @@ _base_ = ['./_base_/polapp_in1k.py']
 
 model = dict(
     backbone=dict(arch='b3', drop_path_rate=0.15),
-    head=dict(in_channels=512))
+    neck=dict(in_channels=512))
 
 train_dataloader = dict(batch_size=128)
 optim_wrapper = dict(optimizer=dict(lr=0.001))

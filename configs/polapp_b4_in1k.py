@@ -8,7 +8,7 @@ _base_ = ['./_base_/polapp_in1k.py']
 
 model = dict(
     backbone=dict(arch='b4', drop_path_rate=0.4),
-    head=dict(in_channels=512))
+    neck=dict(in_channels=512))
 
 train_dataloader = dict(batch_size=128)
 auto_scale_lr = dict(base_batch_size=1024)

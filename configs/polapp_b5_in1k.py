@@ -12,7 +12,8 @@ _base_ = ['./_base_/polapp_in1k.py']
 
 model = dict(
     backbone=dict(arch='b5', drop_path_rate=0.55),
-    head=dict(in_channels=640))
+    neck=dict(in_channels=640, out_channels=2560),
+    head=dict(in_channels=2560))
 
 train_dataloader = dict(batch_size=64)
 auto_scale_lr = dict(base_batch_size=512)

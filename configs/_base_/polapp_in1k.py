@@ -20,18 +20,22 @@
 # 1e-3 and 2e-4 of BASE_LR 5e-4; grad clip 5.0; weight decay 0.05); b4 and
 # b5 set their own. Batch, lr and drop path are set per model.
 #
-# The classifier: mmpretrain's global average pooling and linear head over
-# the backbone's normalised last stage. The authors' classifier instead
-# projects the last stage (without a norm) to 2048 channels (2560 for b5)
-# by a 1x1 conv, BatchNorm, Swish, then pools and applies a 1x1-conv head;
-# their ImageNet checkpoints need that head (see docs/protocol.md).
+# The classifier is the authors' (models/pola.py, POLA): the last stage's
+# raw output (no extra_norms: with_extra_norms=False), a 1x1 conv to 2048
+# channels (2560 for b5), BatchNorm, Swish, average pooling (pola_mm's
+# PolaPPClsNeck, parameters neck.proj / neck.norm) and a linear head (their
+# 1x1-conv head on the pooled map; head.fc). Their ImageNet files load after
+# tools/model_converters/pola_official_to_mm.py (load_from=...).
 _base_ = ['./pola_in1k_runtime.py']
 
 model = dict(
     backbone=dict(
         _delete_=True, type='PolaPP', arch='b2', out_indices=(3, ),
-        drop_path_rate=0.1),
-    head=dict(in_channels=512))
+        with_extra_norms=False, drop_path_rate=0.1),
+    neck=dict(
+        _delete_=True, type='PolaPPClsNeck', in_channels=512,
+        out_channels=2048),
+    head=dict(in_channels=2048))
 
 optim_wrapper = dict(clip_grad=dict(max_norm=5.0))
 

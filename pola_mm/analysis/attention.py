@@ -22,6 +22,11 @@ alpha * sigmoid(power)``, ``f+(t) = relu(t)^p``, ``f-(t) = relu(-t)^p``:
   It is how much each key contributes to the head's gated attention output
   (summed over channels, in magnitude) at query ``i`` when every channel of
   ``v`` carries the same non-negative value (the conv is not part of it);
+- with PolaFormer++'s PaCS feature map (``feature_map='pacs'``) the same
+  two flows with ``[f+, f-]`` replaced by ``exp(t_s [relu(q), relu(-q)]) -
+  1`` (same-signed), ``exp(t_o [relu(-q), relu(q)]) - 1`` (opposite-signed)
+  and ``exp([relu(k), relu(-k)]) - 1`` (``t_s = sigmoid(s1)``, ``t_o =
+  sigmoid(s2)`` per channel);
 - for comparison, plain ReLU linear attention with the same ``q, k``:
   ``S_relu[i, j] = relu(q_i) . relu(k_j)`` (``p = 1``, no opposite flow);
 - the depth-wise conv on ``v`` adds, for channel ``c``, the local matrix
@@ -196,7 +201,10 @@ def _kind(block: nn.Module) -> str:
     if isinstance(block.attn, WindowMSA):
         return 'softmax'
     raise TypeError(f'{type(block.attn).__name__} attention is not supported '
-                    '(polarity attention and Swin window attention are)')
+                    '(polarity attention, with either feature map, and Swin '
+                    'window attention are: Pola-Swin and Pola-PVT backbones, '
+                    "feature_map='power' or 'pacs'; PolaPP's rotary PaCS "
+                    'blocks are not analysed)')
 
 
 @torch.no_grad()
@@ -327,15 +335,21 @@ class PolarityQK:
         k: ``(B, h, N, d)`` ``(k + positional_encoding) / softplus(scale)``.
         v: ``(B, h, N, d)``.
         g: ``(B, h, N, d)`` gate.
-        p: ``(1, h, 1, d)`` exponent ``1 + alpha * sigmoid(power)``.
+        p: ``(1, h, 1, d)`` exponent ``1 + alpha * sigmoid(power)``
+            (``feature_map='power'``), else None.
         hw: the stage map.
+        t_same, t_opp: ``(1, h, 1, 2d)`` PaCS temperatures
+            ``sigmoid(s1)``, ``sigmoid(s2)`` (``feature_map='pacs'``), else
+            None.
     """
     q: Tensor
     k: Tensor
     v: Tensor
     g: Tensor
-    p: Tensor
+    p: Optional[Tensor]
     hw: Size2
+    t_same: Optional[Tensor] = None
+    t_opp: Optional[Tensor] = None
 
     @property
     def num_tokens(self) -> int:
@@ -359,9 +373,13 @@ def polarity_qk(attn: PolarityAttention, x: Tensor, hw: Size2) -> PolarityQK:
 
     s = F.softplus(attn.scale.double()).reshape(1, h, 1, d)
     pos = heads(attn.positional_table(hw))
+    args = (heads(q) / s, (heads(k) + pos) / s, heads(v), heads(g))
+    if getattr(attn, 'feature_map', 'power') == 'pacs':
+        return PolarityQK(*args, None, hw,
+                          torch.sigmoid(attn.s1.double()),
+                          torch.sigmoid(attn.s2.double()))
     p = 1 + attn.alpha * torch.sigmoid(attn.power.double())
-    return PolarityQK(heads(q) / s, (heads(k) + pos) / s, heads(v), heads(g),
-                      p, hw)
+    return PolarityQK(*args, p, hw)
 
 
 def _features(t: Tensor, p: Tensor) -> Tuple[Tensor, Tensor]:
@@ -380,13 +398,23 @@ def polarity_scores(qk: PolarityQK, rows: Tensor) -> Dict[str, Tensor]:
         ``(B, h, R, N)`` float64 (see the module docstring).
     """
     qr = qk.q[:, :, rows]
+    relu = F.relu(qr) @ F.relu(qk.k).transpose(-2, -1)
+    if qk.p is None:  # PaCS: exp(t [relu(x), relu(-x)]) - 1
+        def halves(t: Tensor, swap: bool = False) -> Tensor:
+            return torch.cat([F.relu(-t), F.relu(t)] if swap else
+                             [F.relu(t), F.relu(-t)], -1)
+
+        kk = torch.expm1(halves(qk.k)).transpose(-2, -1)  # (B, h, 2d, N)
+        return dict(same=torch.expm1(halves(qr) * qk.t_same) @ kk,
+                    opposite=torch.expm1(halves(qr, True) * qk.t_opp) @ kk,
+                    relu=relu)
     q_pos, q_neg = _features(qr, qk.p)
     k_pos, k_neg = _features(qk.k, qk.p)
     kk = torch.cat([k_pos, k_neg], -1).transpose(-2, -1)  # (B, h, 2d, N)
     return dict(
         same=torch.cat([q_pos, q_neg], -1) @ kk,
         opposite=torch.cat([q_neg, q_pos], -1) @ kk,
-        relu=F.relu(qr) @ F.relu(qk.k).transpose(-2, -1))
+        relu=relu)
 
 
 def normalise_rows(scores: Tensor) -> Tensor:
@@ -628,7 +656,8 @@ def block_statistics(cap: BlockCapture, num_rows: int = 128, seed: int = 0,
     Returns:
         one dict per head: ``stage, block, head, kind, tokens, rows,
         head_dims, max_entropy, entropy{...}, pse{...}, rank{...},
-        rank_dwc{...}, power_mean`` (the head's mean exponent ``p``).
+        rank_dwc{...}, power_mean`` (the head's mean exponent ``p``;
+        absent for ``feature_map='pacs'``, which has no power).
     """
     if num_rows < 1 or rank_channels < 1:
         raise ValueError(f'num_rows ({num_rows}) and rank_channels '
@@ -643,7 +672,7 @@ def block_statistics(cap: BlockCapture, num_rows: int = 128, seed: int = 0,
     if cap.kind == 'polarity':
         qk = polarity_qk(cap.attn, cap.x, cap.hw)
         extra = polarity_scores(qk, rows)
-        p_mean = qk.p.mean(dim=(0, 2, 3))
+        p_mean = None if qk.p is None else qk.p.mean(dim=(0, 2, 3))
         picked = {name: list(chans)[:rank_channels] for name, chans in (
             ('same', range(0, d // 2)), ('opposite', range(d // 2, d)))}
         dwc = {c: dwc_rows(cap.attn, cap.hw, rows, c)
@@ -661,7 +690,8 @@ def block_statistics(cap: BlockCapture, num_rows: int = 128, seed: int = 0,
             item['pse'][name] = float(
                 positive_sequence_entropy(s[0, head]).mean())
         if cap.kind == 'polarity':
-            item['power_mean'] = float(p_mean[head])
+            if p_mean is not None:
+                item['power_mean'] = float(p_mean[head])
             for name, chans in picked.items():
                 item['rank_dwc'][name] = float(np.mean([
                     numerical_rank(maps[name][0, head] + dwc[c], rtol)
@@ -797,7 +827,7 @@ def format_statistics(summary: Sequence[dict]) -> str:
             other = f"{e['relu']:.2f}"
             rank = f"{k['same']:.0f} / {k['relu']:.0f} ({r['rows']})"
             dwc = f"{r['rank_dwc']['same']:.0f}"
-            p = f"{r['power_mean']:.2f}"
+            p = f"{r['power_mean']:.2f}" if 'power_mean' in r else 'PaCS'
         else:
             ent, other = '-', f"{e['softmax']:.2f}"
             rank = f"{k['softmax']:.0f} ({r['rows']})"

@@ -21,9 +21,11 @@ work are charged by formula instead of by what the dispatcher sees:
   :func:`polarity_attention_flops`: its matrix products, the conv and the
   elementwise work of the published formula (feature maps with the learned
   power, the scalings, the normalisers), whatever implementation runs and
-  whether or not gradients are on (PolaFormer's power feature map;
-  PolaFormer++'s PaCS feature map is counted by the dispatcher on the plain
-  path, products and convs only);
+  whether or not gradients are on; with PolaFormer++'s PaCS feature map
+  (``feature_map='pacs'``) by :func:`pacs_attention_flops`;
+- :meth:`PaCSAttention.mix <pola_mm.models.layers.PaCSAttention.mix>`
+  (PolaPP's linear attention: PaCS features, rotary encoding, ``lepe``) by
+  :func:`pacs_attention_flops` with ``rotary=True``;
 - every ``scaled_dot_product_attention`` kernel (fused softmax attention,
   which :class:`torch.utils.flop_counter.FlopCounterMode` counts as 0 on
   the CPU) by :func:`softmax_attention_flops`: its two products, the same
@@ -47,7 +49,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..ops.dispatch import plain_paths
 
 __all__ = [
-    'FlopReport', 'polarity_attention_flops', 'softmax_attention_flops',
+    'FlopReport', 'polarity_attention_flops', 'pacs_attention_flops',
+    'softmax_attention_flops',
     'count_flops', 'count_params', 'model_complexity', 'format_report'
 ]
 
@@ -99,6 +102,49 @@ def polarity_attention_flops(batch: int, tokens: int, embed_dims: int,
     products = 4 * B * N * C * d + 4 * B * N * C
     conv = B * N * C * kernel_size * kernel_size
     elementwise = 14 * B * N * C + 4 * B * h * N
+    return dict(products=products, conv=conv, elementwise=elementwise,
+                total=products + conv + elementwise)
+
+
+def pacs_attention_flops(batch: int, tokens: int, embed_dims: int,
+                         num_heads: int, kernel_size: int = 5,
+                         rotary: bool = False,
+                         scaled_inputs: bool = False) -> Dict[str, int]:
+    """FLOPs of the PaCS attention (PolaFormer++) plus its depth-wise conv.
+
+    :meth:`PaCSAttention.mix <pola_mm.models.layers.PaCSAttention.mix>`
+    (PolaPP: ``rotary=True``) and :meth:`PolarityAttention.mix` with
+    ``feature_map='pacs'`` (``scaled_inputs=True``: the positional table and
+    ``softplus(scale)`` of PolaFormer). ``B``, ``N``, ``C``, ``h``, ``d``,
+    ``k`` as in :func:`polarity_attention_flops`:
+
+    - ``products``: the same shapes as PolaFormer's: key-value states
+      ``R(k')^T v1``, ``R(k')^T v2`` (``2 B N C d``), query application
+      (``2 B N C d``) and the normalisers ``q_sim . mean(k')``,
+      ``q_opp . mean(k')`` (``4 B N C``);
+    - ``conv``: the depth-wise conv on v (``dwc`` / ``lepe``), ``B N C k^2``;
+    - ``elementwise``: the features ``exp(t c) - 1`` of both query flows
+      (temperature product and ``expm1`` on ``2C`` channels each:
+      ``8 B N C``) and ``exp(c) - 1`` of the keys (``2 B N C``; ``relu``
+      and concatenation free), the mean of ``k'`` (``2 B N C``), the
+      ``N^-1/2`` scalings of ``k'`` and ``v`` (``3 B N C``), the
+      normalisers ``1 / (z + eps)`` (``4 B h N``), their products with the
+      outputs (``B N C``) and the sum of attention and conv (``B N C``):
+      ``17 B N C + 4 B h N``; with ``rotary``, ``x cos + rot(x) sin`` on
+      ``q_sim``, ``q_opp`` and ``k'`` (``3 x 3 x 2 B N C = 18 B N C``; the
+      tables depend only on the map and are not counted); with
+      ``scaled_inputs``, ``k + positional_encoding``, ``q / s``, ``k / s``
+      (``3 B N C``).
+
+    Returns:
+        dict with ``products``, ``conv``, ``elementwise`` and ``total``.
+    """
+    B, N, C, h = int(batch), int(tokens), int(embed_dims), int(num_heads)
+    d = C // h
+    products = 4 * B * N * C * d + 4 * B * N * C
+    conv = B * N * C * kernel_size * kernel_size
+    per_token = 17 + (18 if rotary else 0) + (3 if scaled_inputs else 0)
+    elementwise = per_token * B * N * C + 4 * B * h * N
     return dict(products=products, conv=conv, elementwise=elementwise,
                 total=products + conv + elementwise)
 
@@ -217,7 +263,8 @@ class FlopReport:
             method called directly (mmdet's ``roi_head.forward``) outside
             any submodule goes to the nearest caller module.
         by_op: FLOPs per operation (aten op names, ``'polarity_attention'``
-            for the formula of :func:`polarity_attention_flops`).
+            for the formula of :func:`polarity_attention_flops`,
+            ``'pacs_attention'`` for :func:`pacs_attention_flops`).
         params: parameters per module name, each including its submodules.
         uncounted: aten ops seen but not charged (elementwise and
             data-movement ops, by convention) with how often they ran.
@@ -278,16 +325,12 @@ class _Counter(TorchDispatchMode):
 @contextlib.contextmanager
 def _tracked(model: nn.Module, counter: _Counter) -> Iterator[None]:
     """Module-stack hooks on every submodule, and the formula for every
-    :class:`PolarityAttention`'s ``mix``."""
-    from ..models.layers import PolarityAttention
+    :class:`PolarityAttention`'s and :class:`PaCSAttention`'s ``mix``."""
+    from ..models.layers import PaCSAttention, PolarityAttention
     handles = []
     patched: List[nn.Module] = []
     for name, module in model.named_modules():
-        # the formula is PolaFormer's power feature map; another feature map
-        # (PolaFormer++'s 'pacs') is counted by the dispatcher on the plain
-        # path (products and conv; its elementwise work is not counted)
-        if (isinstance(module, PolarityAttention)
-                and getattr(module, 'feature_map', 'power') == 'power'):
+        if isinstance(module, (PolarityAttention, PaCSAttention)):
             patched.append(module)
             module.mix = _formula_mix(module, counter, name)
         if not name:  # the root is always on the stack
@@ -321,10 +364,23 @@ def _formula_mix(module: nn.Module, counter: _Counter,
             out = original(q, k, v, hw)
         finally:
             counter.suppress -= 1
-        flops = polarity_attention_flops(
-            q.shape[0], q.shape[1], module.embed_dims, module.num_heads,
-            module.dwc.kernel_size[0])
-        counter.add('polarity_attention', flops['total'])
+        B, N = q.shape[0], q.shape[1]
+        C, h = module.embed_dims, module.num_heads
+        if not hasattr(module, 'feature_map'):  # PolaPP's PaCSAttention
+            op = 'pacs_attention'
+            flops = pacs_attention_flops(B, N, C, h,
+                                         module.lepe.kernel_size[0],
+                                         rotary=True)
+        elif module.feature_map == 'pacs':
+            op = 'pacs_attention'
+            flops = pacs_attention_flops(B, N, C, h,
+                                         module.dwc.kernel_size[0],
+                                         scaled_inputs=True)
+        else:
+            op = 'polarity_attention'
+            flops = polarity_attention_flops(B, N, C, h,
+                                             module.dwc.kernel_size[0])
+        counter.add(op, flops['total'])
         return out
 
     return mix

@@ -2,9 +2,11 @@
 from .backbones import PolaPP, PolaPVT, PolaSwinTransformer
 from .checkpoint import (CheckpointFileError, InertObject, backbone_state_dict,
                          convert_official_checkpoint, load_checkpoint_file)
+from .necks import PolaPPClsNeck
 
 __all__ = [
-    'PolaSwinTransformer', 'PolaPVT', 'PolaPP', 'convert_official_checkpoint',
+    'PolaSwinTransformer', 'PolaPVT', 'PolaPP', 'PolaPPClsNeck',
+    'convert_official_checkpoint',
     'backbone_state_dict', 'load_checkpoint_file', 'CheckpointFileError',
     'InertObject'
 ]

@@ -12,7 +12,14 @@ names as pola_mm's backbones, so conversion is a prefix rename:
 - the recomputed buffers ``relative_position_index`` and ``attn_mask`` are
   dropped;
 - PolaPP (PolaFormer++) keeps every name; its recomputed rotary buffers
-  ``layers.i.RoPE.angle`` / ``RoPE_linear.angle`` are dropped.
+  ``layers.i.RoPE.angle`` / ``RoPE_linear.angle`` are dropped. The authors'
+  ImageNet classifier (``POLA_b*``) ends in ``proj`` (1x1 conv), ``norm``
+  (BatchNorm) and a 1x1-conv ``head``: ``proj.*`` / ``norm.*`` become
+  ``neck.proj.*`` / ``neck.norm.*`` (pola_mm's ``PolaPPClsNeck``) and the
+  head's ``(classes, P, 1, 1)`` weight becomes
+  ``head.fc.weight`` ``(classes, P)``. A backbone loading such a file keeps
+  only ``backbone.*`` (the classifier's ``extra_norms`` do not exist and
+  start fresh, as in the authors' downstream code).
 
 Every file pola_mm reads for weights goes through
 :func:`load_checkpoint_file`: ``torch.load(weights_only=True)`` first, and for
@@ -70,6 +77,14 @@ def official_family(state_dict: Mapping[str, Tensor]) -> Optional[str]:
     return None
 
 
+def is_polapp_classifier(state_dict: Mapping[str, Tensor]) -> bool:
+    """Whether ``state_dict`` is the authors' PolaPP ImageNet classifier
+    (``POLA_b*``: the PolaPP layout with its ``proj`` 1x1 conv and ``head``)
+    rather than their detection / segmentation backbone."""
+    return official_family(state_dict) == 'polapp' and \
+        'proj.weight' in state_dict and 'head.weight' in state_dict
+
+
 def convert_official_checkpoint(
         state_dict: Mapping[str, Tensor]) -> 'OrderedDict[str, Tensor]':
     """Convert the authors' state dict to mmpretrain's classifier layout.
@@ -81,7 +96,9 @@ def convert_official_checkpoint(
         state_dict: the authors' ``checkpoint['model']``.
 
     Returns:
-        ``backbone.*`` + ``head.fc.*`` keys, tensors unchanged.
+        ``backbone.*`` + ``head.fc.*`` keys (PolaPP classifiers also
+        ``neck.*``), tensors unchanged but for the PolaPP 1x1-conv head
+        weight, flattened to ``(classes, P)``.
     """
     family = official_family(state_dict)
     if family is None:
@@ -92,7 +109,11 @@ def convert_official_checkpoint(
                 family == 'polapp' and _POLAPP_ROPE.match(key)):
             continue
         if key.startswith('head.'):
+            if family == 'polapp' and value.dim() == 4:  # 1x1 conv head
+                value = value.flatten(1)
             out['head.fc.' + key[len('head.'):]] = value
+        elif family == 'polapp' and key.startswith(('proj.', 'norm.')):
+            out['neck.' + key] = value  # the classifier's PolaPPClsNeck
         elif key.startswith('norm.'):
             if family == 'swin':
                 out['backbone.norm3.' + key[len('norm.'):]] = value
@@ -746,6 +767,7 @@ def load_pretrained(module: torch.nn.Module,
         sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items()
                          if k.startswith(prefix))
     family = official_family(sd)
+    classifier = is_polapp_classifier(sd)
     converted = convert_official_checkpoint(sd)
     others = ([k for k in converted if not k.startswith('backbone.')]
               if any(k.startswith('backbone.') for k in converted) else [])
@@ -792,6 +814,17 @@ def load_pretrained(module: torch.nn.Module,
     if family == 'pvt':
         notes.append("the authors' final PVT norm is unused by the published "
                      'forward and was dropped')
+    if classifier:
+        new = [k for k in missing if k.startswith('extra_norms.')]
+        notes.append(
+            "the authors' PolaPP ImageNet classifier: its classification-only "
+            'proj / norm / head were dropped' +
+            (' and the output norms extra_norms.* start fresh'
+             if new else '') + " (as the authors' downstream code loads it)")
+    if isinstance(ckpt, Mapping) and 'state_dict_ema' in ckpt and \
+            _weights_key(ckpt) == 'model':
+        notes.append("weights from 'model' (the raw weights, as the authors' "
+                     "downstream code), not 'state_dict_ema'")
     print_log(
         f'{type(module).__name__}: loaded {len(own) - len(missing)}/{len(own)}'
         f' tensors from {checkpoint}' +

@@ -16,18 +16,40 @@ rearranged:
   elementwise (``exp`` is its own derivative: ``d(e^c - 1) = e^c dc``) and
   applies the adjoint of the rotary encoding, with no matrix product of the
   forward repeated.
+- Fewer passes over ``(N, 2d)`` tensors: ``[relu(x), relu(-x)]`` is one
+  clamped concatenation, the temperature and ``expm1`` apply in place, and
+  the rotary encoding (and its adjoint) is one complex product per channel
+  pair, ``(x0 + i x1)(cos + i sin)``, since the tables of
+  :func:`~pola_mm.models.layers.rotary.rotary_tables` give both channels of
+  a pair the same angle (other tables take the plain formula).
 
 Callers compute in float32 at least (the layers disable autocast around
 it: ``exp`` overflows fp16 above 11).
+
+While a graph is captured for export (:func:`~pola_mm.ops.dispatch.exporting`)
+the kernel runs its forward without the autograd function (exporters cannot
+see inside one), and :func:`expm1` writes ``exp(x) - 1``, which every ONNX
+exporter knows (the TorchScript exporter has no ``aten::expm1``).
 """
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ['pacs_attention_kernel', 'PaCSAttentionFunction']
+from . import dispatch
+
+__all__ = ['pacs_attention_kernel', 'PaCSAttentionFunction', 'expm1']
 
 _EPS = 1e-6
+
+
+def expm1(x: Tensor) -> Tensor:
+    """``exp(x) - 1``: ``torch.expm1``, or the two operations written out
+    while a graph is exported (the TorchScript ONNX exporter cannot export
+    ``aten::expm1``; the difference is float rounding near 0)."""
+    if dispatch.exporting():
+        return torch.exp(x) - 1
+    return torch.expm1(x)
 
 
 def _pair_rotate(x: Tensor) -> Tensor:
@@ -35,26 +57,73 @@ def _pair_rotate(x: Tensor) -> Tensor:
     return torch.stack([-x[..., 1::2], x[..., ::2]], -1).flatten(-2)
 
 
-def _rot(x: Tensor, sin: Optional[Tensor], cos: Optional[Tensor]) -> Tensor:
-    """The rotary encoding (identity without tables)."""
+def _phasor(sin: Tensor, cos: Tensor) -> Optional[Tensor]:
+    """``(N, w)`` tables -> ``(N, w / 2)`` complex ``cos + i sin`` when each
+    channel pair shares its angle (as :func:`rotary_tables` makes them), so
+    that the rotary encoding is one complex product per pair; else None."""
+    s0, s1 = sin[..., 0::2].contiguous(), sin[..., 1::2].contiguous()
+    c0, c1 = cos[..., 0::2].contiguous(), cos[..., 1::2].contiguous()
+    if not (torch.equal(s0, s1) and torch.equal(c0, c1)):
+        return None
+    return torch.complex(c0, s0)
+
+
+def _complex_mul(x: Tensor, e: Tensor) -> Tensor:
+    """Pairs of ``x`` ``(..., N, w)`` as complex numbers times ``e``."""
+    xc = torch.view_as_complex(x.contiguous().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(xc * e).flatten(-2)
+
+
+#: Rotary tables ``sin``, ``cos`` ``(N, w)`` and, when usable, their
+#: complex phasor (:func:`_phasor`); all None without rotary encoding.
+_Rotary = Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]
+
+
+def _rotary(sin: Optional[Tensor], cos: Optional[Tensor]) -> _Rotary:
+    """The tables with their phasor (none while a graph is captured: plain
+    operations for exporters)."""
+    if sin is None or cos is None:
+        return None, None, None
+    e = None if dispatch.capturing() else _phasor(sin, cos)
+    return sin, cos, e
+
+
+def _rot(x: Tensor, r: _Rotary) -> Tensor:
+    """The rotary encoding ``x cos + pair_rotate(x) sin`` (identity without
+    tables); pairs as complex numbers times ``cos + i sin`` when the
+    tables allow."""
+    sin, cos, e = r
     if sin is None or cos is None:
         return x
-    return x * cos + _pair_rotate(x) * sin
+    if e is None:
+        return x * cos + _pair_rotate(x) * sin
+    return _complex_mul(x, e)
 
 
-def _rot_t(y: Tensor, sin: Optional[Tensor], cos: Optional[Tensor]) -> Tensor:
-    """Adjoint of :func:`_rot`."""
+def _rot_t(y: Tensor, r: _Rotary) -> Tensor:
+    """Adjoint of :func:`_rot`: ``y cos - pair_rotate(y sin)`` (times
+    ``cos - i sin`` as complex pairs)."""
+    sin, cos, e = r
     if sin is None or cos is None:
         return y
-    return y * cos - _pair_rotate(y * sin)
+    if e is None:
+        return y * cos - _pair_rotate(y * sin)
+    return _complex_mul(y, e.conj())
+
+
+def _cat_relu(x: Tensor, swap: bool) -> Tensor:
+    """``[relu(x), relu(-x)]`` (halves swapped with ``swap``):
+    ``(..., d)`` -> ``(..., 2d)``."""
+    return torch.cat([-x, x] if swap else [x, -x], dim=-1).clamp_(min=0)
 
 
 def _expm1_features(x: Tensor, t: Optional[Tensor], swap: bool) -> Tensor:
     """``exp([relu(x), relu(-x)] * t) - 1`` (halves swapped with ``swap``):
     ``(..., d)`` -> ``(..., 2d)``."""
-    pos, neg = torch.relu(x), torch.relu(-x)
-    c = torch.cat([neg, pos] if swap else [pos, neg], dim=-1)
-    return torch.expm1(c if t is None else c.mul_(t))
+    c = _cat_relu(x, swap)
+    if t is not None:
+        c = c.mul_(t)
+    return expm1(c) if dispatch.exporting() else c.expm1_()
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
@@ -64,15 +133,16 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
     ``(B, h, 2d, 1)`` and ``1 / z`` ``(B, h, N, 2)``."""
     N, d = q.shape[-2], q.shape[-1]
     half = d // 2
+    r = _rotary(sin, cos)
     kf = _expm1_features(k, None, False)
     k_mean = kf.mean(dim=-2, keepdim=True).transpose(-2, -1)
-    M = _rot(kf, sin, cos).transpose(-2, -1) @ v / N
+    M = _rot(kf, r).transpose(-2, -1) @ v / N
     del kf
     outs, rzs = [], []
     for t, swap, Mc in ((t1, False, M[..., :half]), (t2, True, M[..., half:])):
         qf = _expm1_features(q, t, swap)
         rz = (qf @ k_mean).add_(eps).reciprocal_()  # (B, h, N, 1)
-        outs.append((_rot(qf, sin, cos) @ Mc).mul_(rz))
+        outs.append((_rot(qf, r) @ Mc).mul_(rz))
         rzs.append(rz)
     return torch.cat(outs, -1), M, k_mean, torch.cat(rzs, -1)
 
@@ -96,8 +166,8 @@ class PaCSAttentionFunction(torch.autograd.Function):
         N, d = q.shape[-2], q.shape[-1]
         half = d // 2
         t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
+        r = _rotary(sin, cos)
         pos_q, neg_q = q > 0, q < 0
-        relu_pos, relu_neg = torch.relu(q), torch.relu(-q)
         dq = torch.zeros_like(q)
         dk_mean = None
         dM = []
@@ -106,15 +176,14 @@ class PaCSAttentionFunction(torch.autograd.Function):
                  (t2, True, slice(half, d), 1))
         for t, swap, cols, j in flows:
             # the flow's features, recomputed: qf = exp(c t) - 1
-            c = torch.cat([relu_neg, relu_pos] if swap else
-                          [relu_pos, relu_neg], dim=-1)
+            c = _cat_relu(q, swap)
             qf = torch.expm1(c * t)
             rz_j = rz[..., j:j + 1]
             dxj = dx[..., cols]
             da = dxj * rz_j  # d(numerator)
             dz = -(dxj * x[..., cols]).sum(-1, keepdim=True) * rz_j
-            dM.append(_rot(qf, sin, cos).transpose(-2, -1) @ da)
-            dqf = _rot_t(da @ M[..., cols].transpose(-2, -1), sin, cos)
+            dM.append(_rot(qf, r).transpose(-2, -1) @ da)
+            dqf = _rot_t(da @ M[..., cols].transpose(-2, -1), r)
             dqf = dqf.add_(dz * k_mean.transpose(-2, -1))
             part = qf.transpose(-2, -1) @ dz  # (B, h, 2d, 1)
             dk_mean = part if dk_mean is None else dk_mean.add_(part)
@@ -130,8 +199,8 @@ class PaCSAttentionFunction(torch.autograd.Function):
         kf = _expm1_features(k, None, False)  # recomputed
         dv = None
         if ctx.needs_input_grad[2]:
-            dv = _rot(kf, sin, cos) @ dMc
-        dkf = _rot_t(v @ dMc.transpose(-2, -1), sin, cos)
+            dv = _rot(kf, r) @ dMc
+        dkf = _rot_t(v @ dMc.transpose(-2, -1), r)
         dkf = dkf.add_(dk_mean.transpose(-2, -1) / N).mul_(kf.add_(1))
         dk = dkf[..., :d] * (k > 0) - dkf[..., d:] * (k < 0)
 
@@ -162,8 +231,10 @@ def pacs_attention_kernel(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
     Returns:
         ``(B, h, N, d)``.
     """
-    if torch.is_grad_enabled() and any(
+    if torch.is_grad_enabled() and not dispatch.exporting() and any(
             t.requires_grad for t in (q, k, v, s1, s2)):
+        # (exporters capture the forward only, and cannot see inside an
+        # autograd function)
         return PaCSAttentionFunction.apply(q, k, v, s1, s2, sin, cos, eps)
     t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
     return _forward(q, k, v, t1, t2, sin, cos, eps)[0]

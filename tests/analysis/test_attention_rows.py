@@ -191,3 +191,49 @@ def test_block_statistics_ranges_and_rank_bounds(swin_caps):
 def test_query_outside_the_image_is_refused():
     with pytest.raises(ValueError, match='outside'):
         query_tokens([(100, 10)], (64, 96), (16, 24))
+
+
+def test_pacs_rows_reproduce_the_module_output(photo):
+    """``feature_map='pacs'`` (PolaFormer++'s exp(t x) - 1 features): the
+    flows' rows times v1 / v2 equal the PaCS formula on the same q, k, v,
+    and rows, conv, gate and projection give the module's own output."""
+    from pola_mm.analysis.attention import format_statistics, \
+        summarise_statistics
+    from pola_mm.models.layers.pacs_attention import pacs_linear_attention
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type='PolaSwinTransformer', arch=SWIN_TINY_DEPTH2,
+                          feature_map='pacs'))
+    m.init_weights()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # non-zero temperatures, tables, scales, convs
+        for name, p in m.named_parameters():
+            if name.endswith(('attn.s1', 'attn.s2', 'positional_encoding',
+                              'attn.scale', 'dwc.weight')):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    cap = capture_blocks(m.eval(), photo[1], [(1, 1)])[(1, 1)]
+    attn = cap.attn
+    N, d = cap.hw[0] * cap.hw[1], attn.head_dims
+    rows = torch.arange(N)
+    qk = polarity_qk(attn, cap.x, cap.hw)
+    assert qk.p is None and qk.t_same.shape == (1, attn.num_heads, 1, 2 * d)
+    sc = polarity_scores(qk, rows)
+    assert all((s >= 0).all() for s in sc.values())
+    assert not torch.allclose(sc['same'], sc['opposite'])
+    x = torch.cat([
+        sc[f] / (sc[f].sum(-1, keepdim=True) + N * 1e-6) @ v
+        for f, v in (('same', qk.v[..., :d // 2]),
+                     ('opposite', qk.v[..., d // 2:]))], -1)
+    ref = pacs_linear_attention(qk.q, qk.k, qk.v, attn.s1.detach().double(),
+                                attn.s2.detach().double())
+    assert torch.allclose(x, ref, atol=1e-9)
+    conv = torch.cat([dwc_rows(attn, cap.hw, rows, c) @ qk.v[..., c:c + 1]
+                      for c in range(d)], -1) + attn.dwc.bias.double()
+    mixed = (x + conv).transpose(1, 2).reshape(1, N, attn.embed_dims)
+    gate = qk.g.transpose(1, 2).reshape(1, N, attn.embed_dims)
+    out = F.linear(mixed * gate, attn.proj.weight.double(),
+                   attn.proj.bias.double())
+    assert torch.allclose(out.float(), cap.out, atol=2e-5, rtol=1e-4)
+    stats = block_statistics(cap, num_rows=16)
+    assert 'power_mean' not in stats[0]
+    assert all(0 <= s['entropy']['same'] <= s['max_entropy'] for s in stats)
+    assert '| PaCS |' in format_statistics(summarise_statistics(stats))

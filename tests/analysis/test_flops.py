@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import pola_mm  # noqa: F401
-from pola_mm.analysis.flops import (count_flops, polarity_attention_flops,
+from pola_mm.analysis.flops import (count_flops, pacs_attention_flops,
+                                    polarity_attention_flops,
                                     softmax_attention_flops)
 from pola_mm.models.backbones import PolaPVT, PolaSwinTransformer
 from pola_mm.models.layers import PolarityAttention, WindowMSA
@@ -239,3 +240,68 @@ def test_get_flops_tool_bad_input(tmp_path, capsys):
     rc = tool.main([osp.join(REPO, 'configs', 'pola_swin_t_in1k.py'),
                     '--shape', '1', '2', '3'])
     assert rc == 2 and '--shape takes H W' in capsys.readouterr().err
+
+
+def _pacs_module(kind: str, C: int, h: int, hw, kernel: int):
+    """PolaPP's PaCSAttention or PolarityAttention(feature_map='pacs'),
+    with non-zero temperatures."""
+    from pola_mm.models.layers import PaCSAttention
+    if kind == 'polapp':
+        attn = PaCSAttention(C, h, kernel_size=kernel)
+    else:
+        attn = PolarityAttention(C, h, hw, kernel_size=kernel,
+                                 feature_map='pacs')
+    with torch.no_grad():
+        attn.s1.normal_()
+        attn.s2.normal_()
+    return attn
+
+
+def test_pacs_formula_by_hand():
+    # B=1, N=4, C=4, h=2 (d=2), kernel 3
+    f = polarity_attention_flops(1, 4, 4, 2, kernel_size=3)
+    for rotary, scaled, per_token in [(False, False, 17), (True, False, 35),
+                                      (False, True, 20)]:
+        p = pacs_attention_flops(1, 4, 4, 2, 3, rotary=rotary,
+                                 scaled_inputs=scaled)
+        assert (p['products'], p['conv']) == (f['products'], f['conv'])
+        assert p['elementwise'] == per_token * 16 + 4 * 2 * 4
+        assert p['total'] == p['products'] + p['conv'] + p['elementwise']
+
+
+@pytest.mark.parametrize('kind,C,h,hw,kernel', [
+    ('polapp', 16, 1, (5, 7), 5), ('polapp', 32, 4, (6, 6), 3),
+    ('pola', 24, 3, (1, 9), 5)])
+def test_pacs_formula_matches_flop_counter_mode_on_plain_path(
+        kind, C, h, hw, kernel):
+    """Products and conv of the PaCS formula (rotary for PolaPP) are what
+    torch's own counter sees in the plain formula."""
+    attn = _pacs_module(kind, C, h, hw, kernel)
+    B, N = 2, hw[0] * hw[1]
+    q, k, v = (torch.randn(B, N, C) for _ in range(3))
+    with plain_paths(), torch.no_grad(), FlopCounterMode(display=False) as m:
+        attn.mix(q, k, v, hw)
+    f = pacs_attention_flops(B, N, C, h, kernel, rotary=kind == 'polapp',
+                             scaled_inputs=kind == 'pola')
+    assert m.get_total_flops() == 2 * (f['products'] + f['conv'])
+
+
+@pytest.mark.parametrize('kind', ['polapp', 'pola'])
+@pytest.mark.parametrize('grad,fast_paths', [(False, True), (True, True),
+                                             (True, False)])
+def test_pacs_attention_counted_whatever_runs(kind, grad, fast_paths):
+    """The count is the formula plus the projections with the PaCS kernel
+    (its autograd function too) or the plain formula."""
+    C, h, hw, B = 32, 2, (7, 9), 2
+    N = hw[0] * hw[1]
+    attn = _pacs_module(kind, C, h, hw, 5)
+    x = torch.randn(B, N, C, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        report = count_flops(attn, lambda: attn(x, hw),
+                             fast_paths=fast_paths)
+    f = pacs_attention_flops(B, N, C, h, rotary=kind == 'polapp',
+                             scaled_inputs=kind == 'pola')
+    assert report.by_op['pacs_attention'] == f['total']
+    assert 'polarity_attention' not in report.by_op
+    assert report.total == f['total'] + B * N * C * 5 * C  # qkvg, proj
+    assert 'mix' not in vars(attn)

@@ -56,6 +56,13 @@ AUTHORS_BACKBONE_PARAMS = {
     'b1': 6_387_264, 'b2': 13_348_864, 'b3': 24_044_224, 'b4': 46_697_440,
     'b5': 93_568_672,
 }
+# Parameters of the authors' ImageNet classifiers ``POLA_b*``
+# (polaformer++/models/pola.py, 1000 classes), counted by building their
+# class with torch + timm.
+AUTHORS_CLASSIFIER_PARAMS = {
+    'b1': 9_227_496, 'b2': 16_450_664, 'b3': 27_145_896, 'b4': 49_798_792,
+    'b5': 97_773_000,
+}
 
 # name -> (arch, detector, schedule)
 DET = {f'mask_rcnn_polapp_{k}.py': (k, 'mask_rcnn', '1x')
@@ -66,11 +73,13 @@ DET.update({f'retinanet_polapp_{k}.py': (k, 'retinanet', '1x')
             for k in ('b2', 'b3')})
 SEG = {f'ham_polapp_{k}_ade20k.py': k for k in ('b1', 'b2', 'b3')}
 PACS = ['pola_swin_t_pacs_in1k.py', 'mask_rcnn_pola_swin_t_pacs.py']
+# PolaPP under the PolaFormer (Pola-Swin) ADE20K protocol: build test only
+UPERNET = ['upernet_polapp_b3_ade20k.py']
 SNIPPETS = [f'_base_/models/polapp_{k}_fpn.py' for k in ARCH]
 
 IN1K = [f'polapp_{k}_in1k.py' for k in ARCH]
 
-ALL = sorted(DET) + sorted(SEG) + IN1K + PACS
+ALL = sorted(DET) + sorted(SEG) + IN1K + PACS + UPERNET
 
 # A tiny PolaPP with layer scale (so ``gamma_*`` exist), for the optimiser
 # and training tests.
@@ -351,7 +360,15 @@ def test_in1k_recipe(name):
     bb = cfg.model.backbone
     assert (bb.type, bb.arch, bb.drop_path_rate, tuple(bb.out_indices)) == (
         'PolaPP', arch, dpr, (3, ))
-    assert cfg.model.head.in_channels == ARCH[arch][0][3]
+    # the authors' classifier: raw last stage, 1x1 conv to 2048 (b5: 2560),
+    # BatchNorm, Swish, pooling, linear head
+    assert bb.with_extra_norms is False
+    projection = 2560 if arch == 'b5' else 2048
+    assert cfg.model.neck == dict(type='PolaPPClsNeck',
+                                  in_channels=ARCH[arch][0][3],
+                                  out_channels=projection)
+    assert (cfg.model.head.type, cfg.model.head.in_channels,
+            cfg.model.head.num_classes) == ('LinearClsHead', projection, 1000)
     total = 8 * per_gpu
     assert cfg.train_dataloader.batch_size == per_gpu
     assert cfg.auto_scale_lr == dict(base_batch_size=total, enable=False)
@@ -441,11 +458,16 @@ def test_config_builds_its_model(name):
     count = sum(p.numel() for p in model.backbone.parameters())
     arch = bb_cfg.arch
     channels = ARCH[arch][0]
-    # the authors' count, less the output norms of stages not returned
-    # (a LayerNorm: 2 x channels)
+    # the authors' count, less the output norms of stages not returned or
+    # not built (a LayerNorm: 2 x channels)
+    normed = bb_cfg.out_indices if bb_cfg.get('with_extra_norms',
+                                              True) else ()
     expected = AUTHORS_BACKBONE_PARAMS[arch] - sum(
-        2 * channels[i] for i in range(4) if i not in bb_cfg.out_indices)
+        2 * channels[i] for i in range(4) if i not in normed)
     assert count == expected
+    if cfg.model.type == 'ImageClassifier':  # the authors' whole classifier
+        total = sum(p.numel() for p in model.parameters())
+        assert total == AUTHORS_CLASSIFIER_PARAMS[arch]
     keys = cfg.optim_wrapper.get('paramwise_cfg', {}).get('custom_keys', {})
     names = [n for n, _ in model.named_parameters()]
     for key in keys:  # every paramwise key matches a parameter
@@ -460,7 +482,10 @@ def _shrink(cfg: Config) -> Config:
     cfg.model.backbone.arch = dict(POLAPP_TINY)
     channels = e2e_data.backbone_channels(cfg)
     used = [channels[i] for i in cfg.model.backbone.out_indices]
-    if 'in_channels' in cfg.model.get('neck', {}):  # FPN, not pooling
+    if cfg.model.get('neck', {}).get('type') == 'PolaPPClsNeck':
+        cfg.model.neck.update(in_channels=used[-1], out_channels=64)
+        cfg.model.head.in_channels = 64
+    elif 'in_channels' in cfg.model.get('neck', {}):  # FPN, not pooling
         cfg.model.neck.in_channels = used
     if cfg.model.get('decode_head') is not None:
         cfg.model.decode_head.in_channels = used

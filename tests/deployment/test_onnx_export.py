@@ -190,3 +190,41 @@ def test_cli_on_a_real_config(tmp_path, capsys):
     assert 'TOO LARGE' in capsys.readouterr().err
     assert tool.main([str(tmp_path / 'none.py'), '--shape', '8', '8',
                       '--out', out2]) == 2
+
+
+POLAPP_TINY = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
+                   num_heads=(1, 2, 2, 4))
+
+
+def _polapp(seed: int = 0) -> torch.nn.Module:
+    from pola_mm.models import PolaPP
+    model = PolaPP(arch=POLAPP_TINY, drop_path_rate=0.)
+    randomise(model, seed=seed, std=0.3)  # temperatures s1, s2 non-zero
+    return model.eval()
+
+
+@pytest.mark.parametrize('exporter', ['torchscript', 'dynamo'])
+def test_polapp_export_matches_pytorch(tmp_path, exporter):
+    """PaCS (``exp(t x) - 1``) and rotary attention export with both
+    exporters (``exp(x) - 1`` for the TorchScript one, which has no
+    ``expm1``)."""
+    model = _polapp()
+    checks = export_and_verify(model, (64, 96), str(tmp_path / 'm.onnx'),
+                               exporter=exporter)
+    assert len(checks) == 4 and all(c.ok for c in checks)
+    assert checks[0].shape[-2:] == (16, 24)
+
+
+def test_polapp_export_under_grad_without_tool(tmp_path, monkeypatch):
+    """A user's plain TorchScript ``torch.onnx.export`` of PolaPP with
+    autograd on: the PaCS kernel's autograd function steps aside."""
+    from pola_mm.ops import pacs_kernel
+    model = _polapp(seed=1)
+    calls = []
+    _spy(monkeypatch, calls, pacs_kernel.PaCSAttentionFunction, 'apply')
+    x = example_inputs(model, (64, 96))
+    out = str(tmp_path / 'm.onnx')
+    assert torch.is_grad_enabled()
+    torch.onnx.export(model, (x, ), out, dynamo=False)
+    assert calls == []
+    assert all(c.ok for c in verify_onnx(model, out, [x]))

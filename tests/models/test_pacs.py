@@ -72,10 +72,17 @@ def test_formula_matches_spelled_out_float64(rope):
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize('rope', [False, True])
+@pytest.mark.parametrize('rope', [False, True, 'arbitrary'])
 def test_kernel_matches_formula_values_and_gradients(rope):
+    """Without rotary, with the rotary tables (the kernel's complex
+    product per channel pair) and with tables whose pairs differ (the
+    kernel's plain fallback)."""
     q, k, v, s1, s2 = inputs(N=20, d=6)
     sin, cos = rotary_tables((4, 5), 12, dtype=D64) if rope else (None, None)
+    if rope == 'arbitrary':
+        g = torch.Generator().manual_seed(7)
+        sin, cos = (torch.randn(20, 12, generator=g, dtype=D64)
+                    for _ in range(2))
     grad = torch.randn(2, 2, 20, 6, dtype=D64)
     leaves = (q, k, v, s1, s2)
     want = pacs_linear_attention(q, k, v, s1, s2, sin, cos)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pola_mm.models.backbones import PolaPP
+from pola_mm.models.backbones.polapp import to_map
 from pola_mm.models.layers import PaCSAttention
 from pola_mm.ops import plain_paths
 from conftest import reference_root
@@ -93,16 +94,22 @@ def test_loads_a_detector_checkpoint_and_partial_builds(polapp_dir,
     assert (out - want).abs().max() <= 1e-4
 
 
-def test_converter_output_loads(polapp_dir, tmp_path, capsys):
-    """tools/model_converters/pola_official_to_mm.py writes backbone.*
-    keys without the recomputed rotary buffers; the result loads through
-    init_cfg and gives the authors' outputs."""
+def _converter():
+    """tools/model_converters/pola_official_to_mm.py as a module."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
         'pola_official_to_mm', osp.join(REPO, 'tools', 'model_converters',
                                         'pola_official_to_mm.py'))
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_converter_output_loads(polapp_dir, tmp_path, capsys):
+    """tools/model_converters/pola_official_to_mm.py writes backbone.*
+    keys without the recomputed rotary buffers; the result loads through
+    init_cfg and gives the authors' outputs."""
+    tool = _converter()
     dst = str(tmp_path / 'polapp_mini_mm.pth')
     src = osp.join(polapp_dir, 'official_polapp_mini_nols.pth')
     assert tool.main([src, dst]) == 0
@@ -119,6 +126,226 @@ def test_converter_output_loads(polapp_dir, tmp_path, capsys):
     with torch.no_grad():
         out, = model(io['inputs']['160x248'])
     assert (out - io['outputs']['160x248'][0]).abs().max() <= 1e-4
+
+
+# ------------------------------------------- the authors' ImageNet classifier
+# models/pola.py (their POLA_b*): the last stage without a norm, ``proj``
+# Conv2d(C, P, 1), ``norm`` BatchNorm2d(P), Swish, AdaptiveAvgPool2d(1),
+# ``head`` Conv2d(P, classes, 1); no ``extra_norms``. main_ema.py saves
+# ``model`` (raw weights), ``state_dict_ema``, optimiser, scheduler, a yacs
+# ``config``; their downstream code loads ``model``.
+CLS_P, CLS_K = 48, 10  # projection and classes of the mini classifier
+
+
+def authors_classifier_file(polapp_dir: str, folder) -> tuple:
+    """``(path, model state dict)`` of the reference mini (with layer
+    scale) as the authors' ImageNet classifier, saved as main_ema.py does;
+    ``state_dict_ema`` holds other values (every float + 1)."""
+    yacs = pytest.importorskip('yacs.config')
+    sd = torch.load(osp.join(polapp_dir, 'official_polapp_mini.pth'),
+                    map_location='cpu', weights_only=True)['model']
+    sd = {k: v for k, v in sd.items() if not k.startswith('extra_norms.')}
+    C = sd['layers.3.blocks.0.norm1.norm.weight'].shape[0]
+    g = torch.Generator().manual_seed(0)
+    # the mini's raw last stage has an rms of about 100 (random layer
+    # scales): a proj of that gain keeps the BatchNorm / Swish inputs O(1)
+    sd.update({
+        'proj.weight': torch.randn(CLS_P, C, 1, 1, generator=g) * C**-0.5 /
+        100,
+        'proj.bias': torch.randn(CLS_P, generator=g) * 0.1,
+        'norm.weight': 1 + 0.3 * torch.randn(CLS_P, generator=g),
+        'norm.bias': 0.3 * torch.randn(CLS_P, generator=g),
+        'norm.running_mean': 0.2 * torch.randn(CLS_P, generator=g),
+        'norm.running_var': 0.5 + torch.rand(CLS_P, generator=g),
+        'norm.num_batches_tracked': torch.tensor(1000),
+        'head.weight': torch.randn(CLS_K, CLS_P, 1, 1, generator=g) *
+        CLS_P**-0.5,
+        'head.bias': 0.1 * torch.randn(CLS_K, generator=g),
+    })
+    config = yacs.CfgNode()
+    config.MODEL = yacs.CfgNode()
+    config.MODEL.TYPE = 'pola'
+    config.MODEL.NAME = 'POLA_mini'
+    config.freeze()
+    path = str(folder / 'max_acc.pth')
+    torch.save({'model': sd,
+                'optimizer': {'state': {}, 'param_groups': []},
+                'lr_scheduler': {'t_initial': 300},
+                'max_accuracy': 80.0, 'max_accuracy_e': 80.2, 'epoch': 300,
+                'config': config,
+                'state_dict_ema': {k: v + 1 if v.is_floating_point() else v
+                                   for k, v in sd.items()}}, path)
+    return path, sd
+
+
+@pytest.fixture(scope='module')
+def authors_classifier(polapp_dir, tmp_path_factory) -> tuple:
+    return authors_classifier_file(polapp_dir,
+                                   tmp_path_factory.mktemp('polapp_cls'))
+
+
+def test_loads_the_authors_imagenet_classifier(polapp_dir,
+                                               authors_classifier,
+                                               monkeypatch):
+    """The authors' classifier file loads into the detection backbone: the
+    raw ``model`` weights (not the EMA), proj / norm / head dropped,
+    ``extra_norms`` fresh, all said in the one load line; a backbone of
+    another arch still refuses it."""
+    from pola_mm.models import checkpoint
+    path, sd = authors_classifier
+    logs = []
+    monkeypatch.setattr(checkpoint, 'print_log',
+                        lambda msg, logger=None: logs.append(msg))
+    io = torch.load(osp.join(polapp_dir, 'official_polapp_mini_io.pth'),
+                    map_location='cpu', weights_only=True)
+    model = PolaPP(arch=mini_arch(io), init_cfg=dict(type='Pretrained',
+                                                     checkpoint=path))
+    model.init_weights()
+    own = model.state_dict()
+    backbone = [k for k in sd if k.startswith(('patch_embed.', 'layers.'))
+                and 'RoPE' not in k]
+    assert backbone and all(torch.equal(own[k], sd[k]) for k in backbone)
+    assert sorted(k for k in own if k not in sd) == sorted(
+        f'extra_norms.{i}.norm.{p}' for i in range(4)
+        for p in ('weight', 'bias'))
+    line = logs[-1]
+    assert line.startswith('PolaPP: loaded')
+    for said in ("PolaPP ImageNet classifier", 'proj / norm / head',
+                 'extra_norms.* start fresh', "not 'state_dict_ema'"):
+        assert said in line, (said, line)
+    other = PolaPP(arch=TINY, init_cfg=dict(type='Pretrained',
+                                            checkpoint=path))
+    with pytest.raises(ValueError, match='does not fit this backbone'):
+        other.init_weights()
+
+
+def test_converter_maps_the_authors_classifier(authors_classifier,
+                                               tmp_path, capsys):
+    """The CLI writes backbone.*, neck.{proj,norm}.* and head.fc.* (the 1x1
+    conv head as a (classes, P) matrix) from ``model``, not the EMA."""
+    from pola_mm.models import convert_official_checkpoint
+    path, sd = authors_classifier
+    tool = _converter()
+    dst = str(tmp_path / 'polapp_cls_mm.pth')
+    assert tool.main([path, dst]) == 0
+    assert '7 neck (PolaPPClsNeck) + 2 head tensors' in capsys.readouterr(
+    ).out
+    got = torch.load(dst, map_location='cpu', weights_only=True)['state_dict']
+    want = convert_official_checkpoint(sd)
+    assert list(got) == list(want)
+    assert all(torch.equal(got[k], want[k]) for k in got)
+    assert got['head.fc.weight'].shape == (CLS_K, CLS_P)
+    assert torch.equal(got['head.fc.weight'], sd['head.weight'][:, :, 0, 0])
+    assert torch.equal(got['neck.norm.running_var'], sd['norm.running_var'])
+    assert {k.split('.')[0] for k in got} == {'backbone', 'neck', 'head'}
+    assert not any('extra_norms' in k or 'RoPE' in k for k in got)
+
+
+def authors_classifier_logits(stage4: torch.Tensor, sd: dict
+                              ) -> torch.Tensor:
+    """The rest of the authors' ``POLA.forward`` (models/pola.py) after the
+    layers, in plain torch: ``proj``, ``norm`` (BatchNorm2d, eval, eps
+    1e-5), ``MemoryEfficientSwish`` (x * sigmoid(x)), ``avgpool``, ``head``
+    (1x1 conv), ``flatten(1)``. ``(B, C, h, w)`` -> ``(B, classes)``."""
+    import torch.nn.functional as F
+    x = F.conv2d(stage4, sd['proj.weight'], sd['proj.bias'])
+    x = F.batch_norm(x, sd['norm.running_mean'], sd['norm.running_var'],
+                     sd['norm.weight'], sd['norm.bias'], False, 0.1, 1e-5)
+    x = x * torch.sigmoid(x)
+    x = F.adaptive_avg_pool2d(x, 1)
+    return F.conv2d(x, sd['head.weight'], sd['head.bias']).flatten(1)
+
+
+def test_classifier_config_gives_the_authors_logits(polapp_dir,
+                                                    authors_classifier,
+                                                    tmp_path):
+    """configs/polapp_b1_in1k.py's classifier (mini arch), loaded from the
+    converted authors' file as ``load_from`` does, gives the authors'
+    logits. Their last stage's raw output is the input of the reference
+    model's ``extra_norms.3``, whose output is checked against theirs."""
+    pytest.importorskip('mmpretrain.models')
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmengine.runner import load_checkpoint
+    path, sd = authors_classifier
+    io = torch.load(osp.join(polapp_dir, 'official_polapp_mini_io.pth'),
+                    map_location='cpu', weights_only=True)
+    arch = mini_arch(io)
+    cfg = Config.fromfile(osp.join(REPO, 'configs', 'polapp_b1_in1k.py'))
+    cfg.model.backbone.arch = arch
+    cfg.model.neck.update(in_channels=arch['embed_dims'][3],
+                          out_channels=CLS_P)
+    cfg.model.head.update(in_channels=CLS_P, num_classes=CLS_K)
+    init_default_scope('mmpretrain')
+    from mmpretrain.registry import MODELS
+    classifier = MODELS.build(cfg.model)
+    assert type(classifier.neck).__name__ == 'PolaPPClsNeck'
+    assert len(classifier.backbone.extra_norms) == 0
+    dst = str(tmp_path / 'cls.pth')
+    assert _converter().main([path, dst]) == 0
+    load_checkpoint(classifier, dst, map_location='cpu', strict=True)
+    classifier.eval()
+    reference = PolaPP(arch=arch, init_cfg=dict(
+        type='Pretrained',
+        checkpoint=osp.join(polapp_dir, 'official_polapp_mini.pth'))).eval()
+    reference.init_weights()
+    raw = []
+    reference.extra_norms['3'].register_forward_hook(
+        lambda m, args, out: raw.append(args[0]))
+    for size, x in io['inputs'].items():
+        with torch.no_grad():
+            outs = reference(x)
+            got = classifier(x, mode='tensor')
+        assert (outs[3] - io['outputs'][size][3]).abs().max() <= 1e-4
+        stage4 = to_map(raw.pop(), outs[3].shape[2:])
+        want = authors_classifier_logits(stage4, sd)
+        assert got.shape == (x.shape[0], CLS_K)
+        assert 0.5 < want.abs().max() < 20  # Swish in its curved range
+        err = (got - want).abs().max().item()
+        assert err <= 1e-4, (size, err)
+
+
+def test_cls_neck_checks_its_input_and_inits_as_the_authors():
+    """PolaPPClsNeck: (..., (B, C, H, W)) -> ((B, P), ); a map of other
+    channels gets one error naming the fix; the authors' conv init."""
+    from pola_mm.models import PolaPPClsNeck
+    neck = PolaPPClsNeck(in_channels=64, out_channels=256)
+    neck.init_weights()
+    assert 0.015 < neck.proj.weight.std() < 0.025
+    assert (neck.proj.bias == 0).all()
+    assert (neck.norm.weight == 1).all() and (neck.norm.bias == 0).all()
+    out, = neck((torch.randn(2, 32, 8, 8), torch.randn(2, 64, 5, 3)))
+    assert out.shape == (2, 256)
+    with pytest.raises(ValueError, match="in_channels to the backbone's"):
+        neck((torch.randn(2, 32, 8, 8), ))
+
+
+def test_detection_config_loads_the_authors_classifier(polapp_dir,
+                                                       authors_classifier):
+    """mask_rcnn_polapp_b3.py's backbone (mini arch) with init_cfg at the
+    authors' classifier file builds and loads it when the detector is
+    initialised."""
+    pytest.importorskip('mmdet.models')
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    path, sd = authors_classifier
+    io = torch.load(osp.join(polapp_dir, 'official_polapp_mini_io.pth'),
+                    map_location='cpu', weights_only=True)
+    arch = mini_arch(io)
+    cfg = Config.fromfile(osp.join(REPO, 'configs', 'mask_rcnn_polapp_b3.py'))
+    assert cfg.model.backbone.init_cfg.type == 'Pretrained'
+    cfg.model.backbone.arch = arch
+    cfg.model.backbone.init_cfg.checkpoint = path
+    cfg.model.neck.in_channels = list(arch['embed_dims'])
+    init_default_scope('mmdet')
+    from mmdet.registry import MODELS
+    detector = MODELS.build(cfg.model)
+    detector.init_weights()
+    own = detector.backbone.state_dict()
+    for key in ('patch_embed.proj.0.weight', 'layers.3.blocks.0.gamma_2',
+                'layers.0.blocks.0.attn.s1', 'layers.2.downsample.norm.'
+                'running_var'):
+        assert torch.equal(own[key], sd[key]), key
 
 
 @pytest.mark.parametrize('arch', ['b1', 'b2', 'b3', 'b4', 'b5'])

@@ -10,10 +10,13 @@ a full training checkpoint of their code (``model``, ``optimizer``,
 ``CfgNode``). It is read by ``pola_mm.models.load_checkpoint_file``, which
 never runs code from the file: entries torch's weights-only loader refuses
 (the ``config``) are kept as inert data and only ``model`` is used.
-DST: ``{'state_dict': {backbone.*, head.fc.*}, 'meta': {...}}`` with plain
-tensors only (loads with ``torch.load(..., weights_only=True)``), usable by
-``configs/pola_*_in1k.py`` (``load_from``) and by any backbone
-``init_cfg=dict(type='Pretrained', checkpoint=DST)``.
+DST: ``{'state_dict': {backbone.*, head.fc.*}, 'meta': {...}}`` (the
+authors' PolaPP ImageNet classifier also ``neck.*``: its ``proj`` / ``norm``,
+for ``PolaPPClsNeck``; weights from ``model``, not ``state_dict_ema``) with
+plain tensors only (loads with ``torch.load(..., weights_only=True)``),
+usable by ``configs/pola_*_in1k.py`` / ``configs/polapp_*_in1k.py``
+(``load_from``) and by any backbone ``init_cfg=dict(type='Pretrained',
+checkpoint=DST)``.
 """
 import argparse
 import os
@@ -68,7 +71,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     state_dict = {k: v.detach().clone().contiguous() for k, v in
                   converted.items()}
     dropped = sorted(set(sd) - {k.split('.', 1)[1] if k.startswith(
-        'backbone.') else k for k in converted} - {
+        ('backbone.', 'neck.')) else k for k in converted} - {
             k for k in sd if k.startswith('head.') or k.startswith('norm.')})
     meta = dict(source=osp.basename(args.src),
                 family='polapp' if family == 'polapp' else f'pola_{family}',
@@ -77,10 +80,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(osp.dirname(osp.abspath(args.dst)), exist_ok=True)
     torch.save({'state_dict': state_dict, 'meta': meta}, args.dst)
     n_back = sum(k.startswith('backbone.') for k in state_dict)
+    n_neck = sum(k.startswith('neck.') for k in state_dict)
     name = {'pvt': 'Pola-PVT', 'swin': 'Pola-Swin', 'polapp': 'PolaPP'}
     print(f'{args.src} ({name[family]})'
           f' -> {args.dst}: {n_back} backbone + '
-          f'{len(state_dict) - n_back} head tensors'
+          + (f'{n_neck} neck (PolaPPClsNeck) + ' if n_neck else '')
+          + f'{len(state_dict) - n_back - n_neck} head tensors'
           + (f'; dropped {len(dropped)} recomputed buffers' if dropped else '')
           + ("; dropped the authors' unused final norm" if family == 'pvt'
              else ''))

@@ -232,8 +232,10 @@ class PolaPP(PolaBackbone):
     polarity linear attention, stages 3-4 softmax attention, both global
     over the stage map with 2-D rotary encoding), stride-2 conv + BN
     downsampling between stages; each returned stage output is normalised by
-    ``extra_norms[i]`` (LayerNorm, eps 1e-6). There are no learned tables
-    tied to an input size, so every size runs the published computation.
+    ``extra_norms[i]`` (LayerNorm, eps 1e-6; not with
+    ``with_extra_norms=False``, the authors' classifier). There are no
+    learned tables tied to an input size, so every size runs the published
+    computation.
 
     Output sizes: every stride-2 conv (kernel 3, padding 1) maps a side
     ``s`` to ``ceil(s / 2)``, so stage ``i`` gives
@@ -261,10 +263,16 @@ class PolaPP(PolaBackbone):
             during training (running statistics and affine parameters used
             as loaded; mmdet's convention for small detection batches).
         with_cp: gradient checkpointing per block.
+        with_extra_norms: normalise each returned stage by ``extra_norms[i]``
+            (the authors' detection / segmentation backbone). False returns
+            the stages' raw outputs and builds no ``extra_norms``: the
+            authors' ImageNet classifier, which feeds the last stage as it
+            is to its head (:class:`~pola_mm.models.necks.PolaPPClsNeck`).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])``:
-            the authors' backbone or detector file, an mmpretrain/mmdet/
-            mmseg checkpoint or a backbone state dict; a checkpoint of
-            another arch raises before any weight is copied.
+            the authors' backbone, ImageNet classifier or detector file, an
+            mmpretrain/mmdet/mmseg checkpoint or a backbone state dict; a
+            checkpoint of another arch raises before any weight is copied.
+            A classifier file has no ``extra_norms``: they start fresh.
 
     Output: tuple of ``(B, embed_dims[i], ceil(H / 2**(i+2)),
     ceil(W / 2**(i+2)))`` maps for ``i`` in ``out_indices``.
@@ -298,9 +306,11 @@ class PolaPP(PolaBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 with_extra_norms: bool = True,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         self.in_channels = in_channels
+        self.with_extra_norms = with_extra_norms
         arch = resolve_arch(arch, self.arch_zoo, self._arch_keys, type(self))
         dims = tuple(int(c) for c in arch['embed_dims'])
         depths = tuple(int(d) for d in arch['depths'])
@@ -340,7 +350,8 @@ class PolaPP(PolaBackbone):
                 dims[i + 1] if i + 1 < self.num_built else None, with_cp))
         # indexed like the authors' ModuleList, built for out_indices only
         self.extra_norms = nn.ModuleDict(
-            {str(i): TokenLayerNorm(dims[i]) for i in self.out_indices})
+            {str(i): TokenLayerNorm(dims[i])
+             for i in (self.out_indices if with_extra_norms else ())})
         self._freeze_stages()
 
     # ------------------------------------------------------------------
@@ -360,6 +371,11 @@ class PolaPP(PolaBackbone):
                 nn.init.zeros_(m.s1)
                 nn.init.zeros_(m.s2)
 
+    def _expected_missing(self, key: str) -> bool:
+        # An ImageNet classifier file (the authors' or pola_mm's) has no
+        # output norms: they start fresh, as in the authors' downstream code.
+        return key.split('.')[0] == 'extra_norms'
+
     def _expected_unexpected(self, key: str) -> bool:
         parts = key.split('.')
         if parts[0] == 'layers' and len(parts) > 2 and parts[1].isdigit():
@@ -370,7 +386,7 @@ class PolaPP(PolaBackbone):
                                            parts[2] == 'downsample')
         if parts[0] == 'extra_norms' and len(parts) > 1 and \
                 parts[1].isdigit():
-            return int(parts[1]) not in self.out_indices
+            return parts[1] not in self.extra_norms
         return False
 
     def _freeze_stages(self) -> None:
@@ -418,8 +434,9 @@ class PolaPP(PolaBackbone):
             t = layer(to_tokens(x), hw)
             x = to_map(t, hw)
             if i in self.out_indices:
-                outs.append(to_map(self.extra_norms[str(i)](t),
-                                   hw).contiguous())
+                if self.with_extra_norms:
+                    t = self.extra_norms[str(i)](t)
+                outs.append(to_map(t, hw).contiguous())
             if layer.downsample is not None:
                 x = layer.downsample(x)
         return tuple(outs)

@@ -16,7 +16,7 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...ops import dispatch
-from ...ops.pacs_kernel import pacs_attention_kernel
+from ...ops.pacs_kernel import expm1, pacs_attention_kernel
 from ...typing import Size2
 from .rotary import rotary_tables, theta_shift
 
@@ -34,7 +34,7 @@ def pacs_features(x: Tensor, t: Optional[Tensor] = None,
     """
     pos, neg = F.relu(x), F.relu(-x)
     c = torch.cat([neg, pos] if swap else [pos, neg], dim=-1)
-    return torch.expm1(c if t is None else c * t)
+    return expm1(c if t is None else c * t)
 
 
 def pacs_linear_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
