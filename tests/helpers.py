@@ -54,14 +54,17 @@ def randomise(module: torch.nn.Module, seed: int = 0,
 
 
 def randomise_attention(model: torch.nn.Module, seed: int = 1) -> None:
-    """Non-zero positional tables, powers, scales and conv kernels of every
-    polarity attention in ``model`` (the rest keeps its init)."""
+    """Non-zero positional tables, powers (or PaCS temperatures), scales
+    and conv kernels of every polarity attention in ``model`` (the rest keeps
+    its init)."""
     from pola_mm.models.layers import PolarityAttention
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, PolarityAttention):
-                for t in (m.positional_encoding, m.power, m.scale,
+                sharpness = ((m.power, ) if hasattr(m, 'power') else
+                             (m.s1, m.s2))
+                for t in (m.positional_encoding, *sharpness, m.scale,
                           m.dwc.weight):
                     t.copy_(torch.randn(t.shape, generator=g) * 0.5)
 

@@ -305,6 +305,41 @@ def _flatten(out: Any) -> List[Any]:
     return [out]
 
 
+def _timed_steps(step: Callable[[], None], dev: Any, warmup: int,
+                 repeats: int) -> Tuple[List[float], float, float]:
+    """Run ``step`` ``warmup`` times, then time ``repeats`` runs.
+
+    Returns the wall times (s), the memory before the first step and the
+    peak memory (MiB): allocated CUDA memory on a GPU, the process's RSS on
+    the CPU.
+    """
+    import torch
+    cuda = dev.type == 'cuda'
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev) / 2**20
+    else:
+        base = _current_rss_mb()
+    for _ in range(warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else
+            _peak_rss_mb())
+    return times, base, peak
+
+
 def measure(model: ModelSpec,
             mode: str = 'infer',
             size: Size = (224, 224),
@@ -344,7 +379,6 @@ def measure(model: ModelSpec,
         raise ValueError(f'unsupported dtype {dtype!r}; one of {list(dtypes)}')
     amp_dtype = dtypes[dtype]
     dev = torch.device(device)
-    cuda = dev.type == 'cuda'
 
     net = build_benchmark_model(model).to(dev)
     net.train(mode == 'train')
@@ -367,29 +401,7 @@ def measure(model: ModelSpec,
             with torch.no_grad(), autocast():
                 net(x)
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(dev)
-
-    sync()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(dev)
-        base = torch.cuda.memory_allocated(dev) / 2**20
-    else:
-        base = _current_rss_mb()
-    for _ in range(warmup):
-        step()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    if cuda:
-        peak = torch.cuda.max_memory_allocated(dev) / 2**20
-    else:
-        peak = _peak_rss_mb()
+    times, base, peak = _timed_steps(step, dev, warmup, repeats)
     ext_mod = sys.modules.get('pola_mm.ops.cpu_ext')
     return dict(
         times=times,
@@ -842,7 +854,6 @@ def measure_seqlen(method: str, mode: str, tokens: int, batch: int = 1,
         torch.set_num_threads(int(threads))
     torch.manual_seed(seed)
     dev = torch.device(device)
-    cuda = dev.type == 'cuda'
     train = mode == 'fwd+bwd'
     shape = (batch, heads, tokens, head_dims)
     q, k, v = (torch.randn(shape, device=dev, requires_grad=train)
@@ -881,27 +892,7 @@ def measure_seqlen(method: str, mode: str, tokens: int, batch: int = 1,
             with torch.no_grad():
                 attend()
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(dev)
-
-    sync()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(dev)
-        base = torch.cuda.memory_allocated(dev) / 2**20
-    else:
-        base = _current_rss_mb()
-    for _ in range(warmup):
-        step()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else
-            _peak_rss_mb())
+    times, base, peak = _timed_steps(step, dev, warmup, repeats)
     return dict(times=times, peak_mem_mb=peak, base_mem_mb=base,
                 threads=torch.get_num_threads())
 

@@ -83,6 +83,9 @@ def test_kernel_matches_formula_values_and_gradients(rope):
         g = torch.Generator().manual_seed(7)
         sin, cos = (torch.randn(20, 12, generator=g, dtype=D64)
                     for _ in range(2))
+    if rope:
+        from pola_mm.ops.pacs_kernel import _phasor
+        assert (_phasor(sin, cos) is None) == (rope == 'arbitrary')
     grad = torch.randn(2, 2, 20, 6, dtype=D64)
     leaves = (q, k, v, s1, s2)
     want = pacs_linear_attention(q, k, v, s1, s2, sin, cos)

@@ -18,6 +18,7 @@ from torch import Tensor
 from ...ops import dispatch
 from ...ops.pacs_kernel import expm1, pacs_attention_kernel
 from ...typing import Size2
+from .heads import polarity_head_dims
 from .rotary import rotary_tables, theta_shift
 
 
@@ -112,16 +113,7 @@ class PaCSAttention(BaseModule):
                  kernel_size: int = 5, impl: str = 'kernel',
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
-        if impl not in ('kernel', 'reference'):
-            raise ValueError(
-                f"impl must be 'kernel' or 'reference', got {impl!r}")
-        if embed_dims % num_heads:
-            raise ValueError(f'embed_dims {embed_dims} is not divisible by '
-                             f'num_heads {num_heads}')
-        head_dims = embed_dims // num_heads
-        if head_dims % 2:
-            raise ValueError(f'head width {head_dims} must be even (v is '
-                             'split into two halves per head)')
+        head_dims = polarity_head_dims(embed_dims, num_heads, impl)
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = head_dims

@@ -18,6 +18,7 @@ from ...ops.pacs_kernel import pacs_attention_kernel
 from ...ops.polarity_kernel import polarity_attention_kernel
 from ...ops.token_runs import split_linear_in_runs
 from ...typing import Size2
+from .heads import polarity_head_dims
 from .pacs_attention import pacs_linear_attention
 from .position import resize_pos_table
 
@@ -158,16 +159,7 @@ class PolarityAttention(BaseModule):
                 f'attn_drop={attn_drop}: polarity attention has no attention '
                 'matrix to drop; use attn_drop=0 (attn_drop_rate=0 in the '
                 'backbone) and drop_rate / drop_path_rate instead')
-        if impl not in ('kernel', 'reference'):
-            raise ValueError(
-                f"impl must be 'kernel' or 'reference', got {impl!r}")
-        if embed_dims % num_heads:
-            raise ValueError(f'embed_dims {embed_dims} is not divisible by '
-                             f'num_heads {num_heads}')
-        head_dims = embed_dims // num_heads
-        if head_dims % 2:
-            raise ValueError(f'head width {head_dims} must be even (v is '
-                             'split into two halves per head)')
+        head_dims = polarity_head_dims(embed_dims, num_heads, impl)
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = head_dims
