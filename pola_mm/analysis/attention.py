@@ -290,33 +290,14 @@ def build_backbone(config: str, checkpoint: Optional[str] = None,
         the backbone in eval mode and ``dict(mean, std, name)`` (the
         config's normalisation, ImageNet's if it has none; the config name).
     """
-    from mmengine.config import Config
-
-    import pola_mm  # noqa: F401  (registers the backbones, pola_mm::)
-    from pola_mm.registry import MODELS
-    if not osp.isfile(config):
-        raise FileNotFoundError(f'config file not found: {config}')
-    cfg = Config.fromfile(config)
+    from ..models.from_config import backbone_from_config
+    backbone, cfg = backbone_from_config(config, checkpoint,
+                                         out_indices=out_indices)
+    if type(backbone).__name__ not in ('PolaSwinTransformer', 'PolaPVT'):
+        raise ValueError(f'{config}: backbone {type(backbone).__name__!r} is '
+                         'not a Pola-Swin or Pola-PVT backbone (the tools '
+                         'analyse those two families)')
     model = cfg.get('model')
-    if model is None or 'backbone' not in model:
-        raise ValueError(f'{config}: no model.backbone in this config')
-    bcfg = dict(model['backbone'])
-    bcfg.pop('_delete_', None)
-    bcfg['init_cfg'] = (None if checkpoint is None else
-                        dict(type='Pretrained', checkpoint=checkpoint))
-    if out_indices is not None:
-        bcfg['out_indices'] = tuple(out_indices)
-    btype = bcfg['type']
-    bcfg['type'] = (btype.split('.')[-1] if isinstance(btype, str) else
-                    getattr(btype, '__name__', str(btype)))
-    if bcfg['type'] not in ('PolaSwinTransformer', 'PolaPVT'):
-        raise ValueError(f'{config}: backbone {bcfg["type"]!r} is not a '
-                         'Pola-Swin or Pola-PVT backbone')
-    if checkpoint is not None and not osp.isfile(checkpoint):
-        raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
-    backbone = MODELS.build(bcfg)
-    backbone.init_weights()
-    backbone.eval()
     pre = model.get('data_preprocessor') or cfg.get('data_preprocessor') \
         or {}
     mean = tuple(pre.get('mean', IMAGENET_MEAN))

@@ -93,35 +93,13 @@ def build_backbone(config: Any,
     Raises:
         ExportError: no ``model.backbone``, or not a pola_mm backbone.
     """
-    from mmengine.config import Config
-
-    import pola_mm  # noqa: F401  (registers the backbones)
-    from ..registry import MODELS
-    cfg = config if isinstance(config, Config) else Config.fromfile(config)
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    model_cfg = cfg.get('model')
-    backbone = model_cfg.get('backbone') if model_cfg is not None else None
-    if backbone is None:
-        raise ExportError('the config has no model.backbone; pass a '
-                          'classifier, detector or segmentor config of '
-                          'pola_mm (configs/*.py)')
-    backbone = dict(backbone)
-    name = str(backbone.get('type', ''))
-    if name.startswith('pola_mm.'):
-        name = name[len('pola_mm.'):]
-    cls = MODELS.module_dict.get(name)
-    if cls is None:
-        raise ExportError(
-            f'model.backbone type {backbone.get("type")!r} is not a pola_mm '
-            f'backbone (one of {sorted(MODELS.module_dict)}); this tool '
-            'exports pola_mm backbones only')
-    backbone['type'] = name
-    backbone['init_cfg'] = (dict(type='Pretrained', checkpoint=checkpoint)
-                            if checkpoint else None)
-    model = MODELS.build(backbone)
-    model.init_weights()
-    return model.eval()
+    from ..models.from_config import backbone_from_config
+    try:
+        model, _ = backbone_from_config(config, checkpoint, cfg_options)
+    except ValueError as err:
+        raise ExportError(f'{err}; this tool exports pola_mm backbones '
+                          'only') from err
+    return model
 
 
 def example_inputs(model: nn.Module, shape: Size2, batch: int = 1,
