@@ -154,8 +154,22 @@ GOALS: List[Tuple[str, str, float]] = [
 ]
 
 
+class _StepMemory:
+    """``extra_mem_mb`` of a result with ``peak_mem_mb`` and
+    ``base_mem_mb``."""
+    peak_mem_mb: Optional[float]
+    base_mem_mb: Optional[float]
+
+    @property
+    def extra_mem_mb(self) -> Optional[float]:
+        """Memory the steps added on top of the weights and the inputs."""
+        if self.peak_mem_mb is None or self.base_mem_mb is None:
+            return None
+        return self.peak_mem_mb - self.base_mem_mb
+
+
 @dataclass
-class BenchmarkResult:
+class BenchmarkResult(_StepMemory):
     """One model measured under one set of conditions.
 
     Times are seconds per step; memory is MiB (see the module docstring for
@@ -180,13 +194,6 @@ class BenchmarkResult:
     cpu_ext: Optional[bool] = None
     title: str = ''
     error: Optional[str] = None
-
-    @property
-    def extra_mem_mb(self) -> Optional[float]:
-        """Memory the steps added on top of the weights and the input."""
-        if self.peak_mem_mb is None or self.base_mem_mb is None:
-            return None
-        return self.peak_mem_mb - self.base_mem_mb
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dict of the fields."""
@@ -775,7 +782,7 @@ SEQ_MODES: Tuple[str, ...] = ('fwd', 'fwd+bwd')
 
 
 @dataclass
-class SeqLenResult:
+class SeqLenResult(_StepMemory):
     """One attention method at one sequence length (see :func:`run_seqlen`).
 
     ``skipped`` says why a case was not run (a cap would be exceeded);
@@ -796,13 +803,6 @@ class SeqLenResult:
     threads: Optional[int] = None
     error: Optional[str] = None
     skipped: Optional[str] = None
-
-    @property
-    def extra_mem_mb(self) -> Optional[float]:
-        """Memory the steps added on top of the inputs."""
-        if self.peak_mem_mb is None or self.base_mem_mb is None:
-            return None
-        return self.peak_mem_mb - self.base_mem_mb
 
     def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
