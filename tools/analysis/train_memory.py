@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""Activation memory a training step keeps for backward, without a GPU.
+
+Builds the model with fake CUDA tensors (the GPU code path, nothing
+computed) in training mode, runs a forward and adds up the distinct
+storages autograd saves for backward; side by side with the softmax
+counterpart (mmdet's Swin / PVT / PVTv2). See docs/performance.md.
+Examples::
+
+    python tools/analysis/train_memory.py pola_swin_t --batch 2 \\
+        --shape 800 1344
+    python tools/analysis/train_memory.py pola_pvt_t --batch 2 \\
+        --shape 800 1344 --amp fp16 --per-module layers.0 block1
+    python tools/analysis/train_memory.py configs/mask_rcnn_pola_swin_t.py \\
+        --batch 2 --shape 800 1344
+"""
+import argparse
+import json
+import os.path as osp
+import sys
+import time
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
+    __file__)))))
+
+from pola_mm.analysis.train_memory import (  # noqa: E402
+    BACKBONES, DEVICES, MiB, counterpart_spec, format_breakdown,
+    format_comparison, measure)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('model', help='an OpenMMLab config file (.py) or a '
+                        f'backbone name: {", ".join(sorted(BACKBONES))}')
+    parser.add_argument('--batch', type=int, default=2)
+    parser.add_argument('--shape', type=int, nargs=2, default=[224, 224],
+                        metavar=('H', 'W'))
+    parser.add_argument('--amp', choices=['fp16', 'bf16'],
+                        help='mixed precision (CUDA autocast on the fake '
+                        'CUDA device; emulated on --device meta)')
+    parser.add_argument('--device', choices=DEVICES, default='cuda',
+                        help='cuda: fake CUDA tensors, the GPU code path '
+                        '(default); meta: plain meta tensors; cpu: a real '
+                        'CPU forward (slow at large sizes)')
+    parser.add_argument('--per-module', nargs='*', metavar='PREFIX',
+                        help='also list MiB per module and the biggest saved '
+                        'storages under each PREFIX (default: the whole '
+                        'model), e.g. layers.0.blocks.0')
+    parser.add_argument('--top', type=int, default=15,
+                        help='storages listed by --per-module')
+    parser.add_argument('--no-compare', action='store_true',
+                        help='skip the softmax counterpart')
+    parser.add_argument('--json', metavar='FILE',
+                        help='write both reports (every saved storage)')
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.batch < 1 or min(args.shape) < 1:
+        sys.exit('error: --batch and --shape must be >= 1')
+    if args.model.endswith('.py') and not osp.isfile(args.model):
+        sys.exit(f'error: config file {args.model!r} not found')
+    if not args.model.endswith('.py') and args.model not in BACKBONES:
+        sys.exit(f'error: unknown model {args.model!r}: a config file (.py) '
+                 f'or one of {", ".join(sorted(BACKBONES))}')
+    precision = args.amp or 'fp32'
+    hw = tuple(args.shape)
+    t0 = time.time()
+    pola = measure(args.model, args.batch, hw, precision, args.device)
+    soft = None
+    if not args.no_compare:
+        spec = counterpart_spec(args.model)
+        if spec is not None:
+            soft = measure(spec, args.batch, hw, precision, args.device,
+                           name=(spec['backbone'] if '_config_' in spec
+                                 else spec)['type'])
+    what = ('backbone + neck (extract_feat)' if pola.scope == 'extract_feat'
+            else 'backbone')
+    print(f'{pola.name}: {what}, batch {args.batch}, {hw[0]}x{hw[1]}, '
+          f'{precision}, device {args.device} (saved for backward, distinct '
+          f'storages, parameters and inputs excluded; {time.time() - t0:.1f}'
+          ' s)')
+    print()
+    print(format_comparison(pola, soft))
+    print()
+    for r in (pola, soft):
+        if r is not None:
+            print(f'{r.name}: inputs {r.input_bytes / MiB:.1f} MiB, outputs '
+                  f'not saved {r.output_bytes / MiB:.1f} MiB, parameters '
+                  f'{r.param_bytes / MiB:.1f} MiB')
+    if args.per_module is not None:
+        for prefix in args.per_module or ['']:
+            print()
+            print(format_breakdown(pola, prefix, args.top))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump([r.to_dict() for r in (pola, soft) if r is not None],
+                      f, indent=1)
+
+
+if __name__ == '__main__':
+    main()
