@@ -842,39 +842,54 @@ def cuda_memory_check(spec: ModelSpec, batch: int = 2,
     against what the CUDA caching allocator holds after the forward and at
     its peak over forward + backward.
 
+    One warm-up step runs first (cuBLAS/cuDNN workspaces, autocast's
+    caches), then the measured step from a clean slate: ``memory_allocated``
+    before the forward (parameters, input, workspaces) is the base.
+
     Returns:
-        MiB: ``estimate`` (saved for backward), ``held_after_forward``
-        (``memory_allocated`` after the forward minus before, outputs and
-        any cast weight copies included), ``peak_step`` (``
-        max_memory_allocated`` over forward + backward minus the memory
-        before) and ``ratio`` = held_after_forward / estimate.
+        MiB: ``estimate`` (saved for backward), ``estimate_outputs`` (plus
+        the outputs not saved), ``held_after_forward`` (``memory_allocated``
+        after the forward minus the base), ``peak_step``
+        (``max_memory_allocated`` over forward + backward minus the base,
+        gradients included) and ``ratio`` = held_after_forward /
+        estimate_outputs.
     """
     if not torch.cuda.is_available():
         raise RuntimeError('cuda_memory_check needs a CUDA GPU '
                            '(torch.cuda.is_available() is False)')
+    _check_args(batch, hw, precision, 'cuda')
     est = measure(spec, batch, hw, precision, 'cuda')
     model, scope = _build_any(spec)
     model = model.cuda().train()
     x = torch.randn(batch, 3, int(hw[0]), int(hw[1]), device='cuda')
     forward = model.extract_feat if scope == 'extract_feat' else model
     amp = _AMP_DTYPES.get(precision)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    with torch.autocast('cuda', dtype=amp or torch.float16,
-                        enabled=amp is not None):
-        out = forward(x)
-        loss = sum(t.float().mean() for t in _flat_tensors(out))
-    torch.cuda.synchronize()
-    held = torch.cuda.memory_allocated() - base
-    loss.backward()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    res = dict(estimate=est.total / MiB, held_after_forward=held / MiB,
-               peak_step=peak / MiB,
-               ratio=held / est.total if est.total else float('nan'))
+
+    def step(measured: bool) -> Tuple[int, int]:
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with torch.autocast('cuda', dtype=amp or torch.float16,
+                            enabled=amp is not None):
+            out = forward(x)
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated() - base
+        loss = sum(t.float().sum() for t in _flat_tensors(out))
+        del out
+        loss.backward()
+        torch.cuda.synchronize()
+        return held, torch.cuda.max_memory_allocated() - base
+
+    step(False)
+    held, peak = step(True)
+    model.zero_grad(set_to_none=True)
+    with_out = est.total + est.output_bytes
+    res = dict(estimate=est.total / MiB, estimate_outputs=with_out / MiB,
+               held_after_forward=held / MiB, peak_step=peak / MiB,
+               ratio=held / with_out if with_out else float('nan'))
     print_log(f'{_spec_name(spec)} {precision}: estimate '
-              f'{res["estimate"]:.1f} MiB, held after forward '
-              f'{res["held_after_forward"]:.1f} MiB, peak '
+              f'{res["estimate_outputs"]:.1f} MiB (outputs included), held '
+              f'after forward {res["held_after_forward"]:.1f} MiB, peak '
               f'{res["peak_step"]:.1f} MiB', logger='current')
     return res

@@ -24,8 +24,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
 from pola_mm.analysis.train_memory import (  # noqa: E402
-    BACKBONES, DEVICES, MiB, counterpart_spec, format_breakdown,
-    format_comparison, measure)
+    BACKBONES, DEVICES, MiB, counterpart_spec, cuda_memory_check,
+    format_breakdown, format_comparison, measure)
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,6 +50,10 @@ def parse_args() -> argparse.Namespace:
                         help='storages listed by --per-module')
     parser.add_argument('--no-compare', action='store_true',
                         help='skip the softmax counterpart')
+    parser.add_argument('--cuda-check', action='store_true',
+                        help='on a GPU: the estimate against memory_allocated '
+                        'after a real forward and max_memory_allocated over '
+                        'the step, for the model and its counterpart')
     parser.add_argument('--json', metavar='FILE',
                         help='write both reports (every saved storage)')
     return parser.parse_args()
@@ -66,6 +70,8 @@ def main() -> None:
                  f'or one of {", ".join(sorted(BACKBONES))}')
     precision = args.amp or 'fp32'
     hw = tuple(args.shape)
+    if args.cuda_check:
+        return main_cuda_check(args, precision, hw)
     t0 = time.time()
     pola = measure(args.model, args.batch, hw, precision, args.device)
     soft = None
@@ -97,6 +103,31 @@ def main() -> None:
         with open(args.json, 'w') as f:
             json.dump([r.to_dict() for r in (pola, soft) if r is not None],
                       f, indent=1)
+
+
+def main_cuda_check(args: argparse.Namespace, precision: str,
+                    hw: tuple) -> None:
+    """--cuda-check: estimate vs CUDA allocator, model and counterpart."""
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit('error: --cuda-check needs a CUDA GPU '
+                 '(torch.cuda.is_available() is False)')
+    specs = [(args.model, args.model)]
+    soft = None if args.no_compare else counterpart_spec(args.model)
+    if soft is not None:
+        specs.append(((soft['backbone'] if '_config_' in soft
+                       else soft)['type'], soft))
+    print(f'{torch.cuda.get_device_name()}, batch {args.batch}, '
+          f'{hw[0]}x{hw[1]}, {precision}')
+    print()
+    print('| model | estimate MiB | held after forward MiB | held / '
+          'estimate | peak of the step MiB |')
+    print('| --- | ---: | ---: | ---: | ---: |')
+    for name, spec in specs:
+        r = cuda_memory_check(spec, args.batch, hw, precision)
+        print(f"| {name} | {r['estimate_outputs']:.1f} | "
+              f"{r['held_after_forward']:.1f} | {r['ratio']:.3f} | "
+              f"{r['peak_step']:.1f} |")
 
 
 if __name__ == '__main__':
