@@ -1,7 +1,8 @@
 """pola_mm.timm: every registered model has the authors' layout, timm's
 interface and features_only contract, and computes what the mm backbones
 compute; the reference minis load through timm's pretrained path and give
-the authors' logits."""
+the authors' logits; PolaPP's classifiers equal the mm classifier and the
+authors' (timm's own model tests: test_timm_suite.py)."""
 import json
 import os.path as osp
 
@@ -18,6 +19,8 @@ from helpers import (PVT_MINI, PVT_TINY, SWIN_MINI, SWIN_TINY_DEPTH2,
 
 TOL = 1e-4
 NAMES = sorted(pola_timm.MODEL_ARGS)
+#: The PolaFormer models (the authors' layouts are in the reference JSON).
+POLA_NAMES = [n for n in NAMES if n.startswith('pola_')]
 FAMILIES = {
     'swin': ('pola_swin_tiny', PolaSwinTransformer, SWIN_TINY_DEPTH2),
     'pvt': ('pola_pvt_tiny', PolaPVT, PVT_TINY),
@@ -25,8 +28,15 @@ FAMILIES = {
 
 
 def test_registered_with_aliases():
-    listed = set(timm.list_models('pola_*'))
-    assert set(NAMES) <= listed
+    listed = set(timm.list_models('pola*'))
+    assert set(NAMES) | set(pola_timm.ALIASES) == listed
+    assert {f'polapp_b{i}' for i in range(1, 6)} <= listed
+    if 'b0' in pola_timm.PolaPP.arch_zoo:
+        assert 'polapp_b0' in listed
+    # the authors' PolaFormer files (Hugging Face): listed as pretrained
+    assert set(timm.list_pretrained('pola_*')) == {
+        'pola_swin_tiny.in1k', 'pola_swin_small.in1k', 'pola_swin_base.in1k',
+        'pola_pvt_tiny.in1k', 'pola_pvt_small.in1k'}
     for alias, name in pola_timm.ALIASES.items():
         assert alias in listed
         tiny = SWIN_TINY_DEPTH2 if 'swin' in alias else PVT_TINY
@@ -36,8 +46,8 @@ def test_registered_with_aliases():
         assert type(model) is pola_timm.MODEL_ARGS[name][0]
 
 
-@pytest.mark.parametrize('name',
-                         [n for n in NAMES if n != 'pola_swin_base_384'])
+@pytest.mark.parametrize(
+    'name', [n for n in POLA_NAMES if n != 'pola_swin_base_384'])
 def test_state_dict_is_the_converted_authors_layout(reference_dir, name):
     """Names and shapes of each classifier are exactly the authors' file
     after conversion (built on the meta device)."""
@@ -195,13 +205,21 @@ def test_classifier_interface():
     assert len({g['lr_scale'] for g in opt.param_groups}) == 6
     assert timm.create_model('pola_pvt_tiny',
                              arch=PVT_TINY).no_weight_decay() == set()
-    # intermediates of a classifier: its own outputs; others are refused
+    # intermediates, timm's convention: every stage's raw output; norm=True
+    # applies the final norm (norm3) to the last; the final output is
+    # forward_features'
     final, inter = model.forward_intermediates(x, output_fmt='NHWC')
-    assert len(inter) == 1
-    assert torch.equal(final.permute(0, 2, 3, 1), inter[0])
-    assert inter[0].shape == (2, 2, 2, 128)
-    with pytest.raises(ValueError, match='features_only=True'):
-        model.forward_intermediates(x, indices=[0])
+    assert [tuple(t.shape) for t in inter] == [
+        (2, 16, 16, 16), (2, 8, 8, 32), (2, 4, 4, 64), (2, 2, 2, 128)]
+    assert torch.equal(final, model.forward_features(x))
+    normed = model.forward_intermediates(x, norm=True, indices=[-1],
+                                         intermediates_only=True)
+    torch.testing.assert_close(normed[0], final)
+    assert not torch.allclose(inter[3].permute(0, 3, 1, 2), final)
+    with pytest.raises(ValueError, match="output_fmt must be 'NCHW'"):
+        model.forward_intermediates(x, output_fmt='NLC')
+    with pytest.raises(ValueError, match=r'\(B, 3, H, W\)'):
+        model.forward_intermediates(x[0])
     # new head, no head
     model.reset_classifier(5)
     assert model(x).shape == (2, 5)
@@ -238,7 +256,9 @@ def test_pretrained_training_file_other_head_no_file(reference_dir, tmp_path,
     """An authors'-style training file (with a yacs config, which torch's
     weights-only loader refuses) loads through pola_mm's safe loader;
     num_classes != 1000 keeps the head initialised and loads the rest;
-    pretrained=True without a file fails with timm's error."""
+    pretrained=True without a file fails with one error that says where
+    the weights are and how to pass the file (timm's error for a model
+    without published weights)."""
     yacs = pytest.importorskip('yacs.config')
     official = torch.load(
         osp.join(reference_dir, 'official_pola_pvt_mini.pth'),
@@ -258,8 +278,17 @@ def test_pretrained_training_file_other_head_no_file(reference_dir, tmp_path,
     for k, v in official.items():
         if not k.startswith(('head.', 'norm.')):
             assert torch.equal(sd['backbone.' + k], v), k
-    with pytest.raises(RuntimeError, match='No pretrained weights'):
+    with pytest.raises(FileNotFoundError) as err:
         timm.create_model('pola_pvt_tiny', arch=PVT_TINY, pretrained=True)
+    for said in ("'ZachMeng/PolaFormer'", pola_timm.AUTHORS_WEIGHTS,
+                 "timm.create_model('pola_pvt_tiny', pretrained=True, "
+                 "pretrained_cfg_overlay=dict(file="):
+        assert said in str(err.value), (said, str(err.value))
+    with pytest.raises(FileNotFoundError, match='extraction code|Baidu|pan'):
+        timm.create_model('polapp_b1', pretrained=True)
+    with pytest.raises(FileNotFoundError,
+                       match='authors publish no weights for this model'):
+        timm.create_model('pola_pvt_medium', arch=PVT_TINY, pretrained=True)
 
 
 def test_mmpretrain_timm_backbone():

@@ -1,0 +1,125 @@
+"""timm's own model tests (``tests/test_models.py`` of the installed timm
+release), taken from that release's source distribution on PyPI.
+
+The timm wheel ships no tests; its sdist does. :func:`suite_path` finds the
+file for ``timm.__version__``:
+
+1. ``$POLA_MM_TIMM_TESTS``: a ``test_models.py``, a folder holding it (or
+   ``tests/test_models.py``), or the sdist ``timm-X.tar.gz`` itself;
+2. the cache ``$XDG_CACHE_HOME/pola_mm/timm-tests/<version>/test_models.py``
+   (default ``~/.cache``);
+3. else ``pip download --no-deps --no-binary :all: timm==<version>`` (the
+   ordinary client, from the configured index) into a temporary folder, and
+   the file is extracted into the cache.
+
+:func:`load_suite` imports it (after ``pola_mm.timm``, so timm's model lists
+include pola_mm's models) as the module ``timm_test_models``.
+"""
+import importlib.util
+import os
+import os.path as osp
+import subprocess
+import sys
+import tarfile
+import tempfile
+import types
+import warnings
+from typing import Optional
+
+import pytest
+import timm
+
+MODULE_NAME = 'timm_test_models'
+MEMBER = 'tests/test_models.py'
+
+
+def cache_dir(version: str) -> str:
+    """Where the suite of timm ``version`` is cached."""
+    root = os.environ.get('XDG_CACHE_HOME') or osp.join(
+        osp.expanduser('~'), '.cache')
+    return osp.join(root, 'pola_mm', 'timm-tests', version)
+
+
+def _from_sdist(sdist: str, dst: str) -> str:
+    """Extract ``tests/test_models.py`` of an sdist into ``dst``."""
+    with tarfile.open(sdist) as tar:
+        member = next((m for m in tar.getmembers()
+                       if m.name.endswith('/' + MEMBER)), None)
+        if member is None:
+            raise FileNotFoundError(f'{sdist} has no {MEMBER}')
+        data = tar.extractfile(member).read()
+    os.makedirs(dst, exist_ok=True)
+    path = osp.join(dst, 'test_models.py')
+    tmp = path + '.part'
+    with open(tmp, 'wb') as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return path
+
+
+def _from_env(value: str, version: str) -> str:
+    if osp.isdir(value):
+        for rel in ('test_models.py', MEMBER):
+            if osp.isfile(osp.join(value, rel)):
+                return osp.join(value, rel)
+        raise FileNotFoundError(f'POLA_MM_TIMM_TESTS={value}: no '
+                                f'test_models.py or {MEMBER} in it')
+    if value.endswith(('.tar.gz', '.tgz')):
+        return _from_sdist(value, cache_dir(version))
+    if osp.isfile(value):
+        return value
+    raise FileNotFoundError(f'POLA_MM_TIMM_TESTS={value} does not exist')
+
+
+def suite_path(version: Optional[str] = None) -> str:
+    """Path of ``test_models.py`` of timm ``version`` (default: the
+    installed one), fetched and cached as the module docstring says.
+
+    Raises:
+        RuntimeError: the sdist cannot be had (no index reachable, no such
+            version), with pip's last lines.
+    """
+    version = version or timm.__version__
+    env = os.environ.get('POLA_MM_TIMM_TESTS')
+    if env:
+        return _from_env(env, version)
+    cached = osp.join(cache_dir(version), 'test_models.py')
+    if osp.isfile(cached):
+        return cached
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, '-m', 'pip', 'download', '--no-deps',
+               '--no-binary', ':all:', '--disable-pip-version-check', '-q',
+               '-d', tmp, f'timm=={version}']
+        res = subprocess.run(cmd, capture_output=True, text=True,
+                             timeout=600)
+        sdists = [f for f in os.listdir(tmp) if f.endswith('.tar.gz')]
+        if res.returncode != 0 or not sdists:
+            raise RuntimeError(
+                f"cannot get timm {version}'s source distribution (for its "
+                f'tests/test_models.py) with {" ".join(cmd)}: '
+                f'{(res.stderr or res.stdout).strip()[-800:]}. Set '
+                'POLA_MM_TIMM_TESTS to a local copy (the sdist, or '
+                'test_models.py) to run offline.')
+        return _from_sdist(osp.join(tmp, sdists[0]), cache_dir(version))
+
+
+def load_suite(path: Optional[str] = None) -> types.ModuleType:
+    """Import timm's ``test_models.py`` (once per process) after
+    ``pola_mm.timm`` has registered pola_mm's models."""
+    import pola_mm.timm  # noqa: F401  (registers the models first)
+    if MODULE_NAME in sys.modules:
+        return sys.modules[MODULE_NAME]
+    path = path or suite_path()
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE_NAME] = module
+    try:
+        with warnings.catch_warnings():
+            # its marks (base, cfg, features, ...) are registered in timm's
+            # own pytest configuration, not here
+            warnings.simplefilter('ignore', pytest.PytestUnknownMarkWarning)
+            spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[MODULE_NAME]
+        raise
+    return module
