@@ -1,10 +1,14 @@
 """Helpers shared by the tests: the repository root, tiny architectures,
-the reference minis, a free port, randomisers and call counters (import as
-``helpers``; the ``reference_dir`` fixture lives in conftest.py)."""
+the reference minis, a free port, the environment of a subprocess, the
+tools as modules, randomisers and call counters (import as ``helpers``; the
+``reference_dir`` fixture lives in conftest.py)."""
+import os
 import os.path as osp
 import socket
+import sys
 from pathlib import Path
-from typing import Any, List
+from types import ModuleType
+from typing import Any, Dict, List
 
 import torch
 
@@ -34,6 +38,49 @@ def reference_file(root: str, name: str, io: bool = False) -> dict:
     suffix = '_io' if io else ''
     path = osp.join(root, f'official_pola_{name}_mini{suffix}.pth')
     return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def subprocess_env(launcher: bool = False, **overrides: str) -> Dict[str, str]:
+    """The environment of a tool or script the tests run as a subprocess.
+
+    This process's environment with ``tests/`` and the repository first on
+    ``PYTHONPATH`` (the child imports pola_mm from this checkout, and the
+    tests' modules such as ``compat_tiny`` and ``fault_injection``) and one
+    OpenMP thread (the machine's cores are shared by the processes of a
+    run). With ``launcher``, also what ``tools/dist_train.sh`` and
+    ``tools/dist_test.sh`` read: ``PYTHON`` (this interpreter) and a free
+    ``PORT``; a ``LOCAL_RANK`` inherited from an outer launcher is dropped.
+
+    Args:
+        launcher: set the launch scripts' variables.
+        **overrides: variables set last.
+
+    Returns:
+        A new environment dict for ``subprocess``.
+    """
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join(
+        p for p in (osp.join(REPO, 'tests'), REPO, env.get('PYTHONPATH'))
+        if p)
+    env['OMP_NUM_THREADS'] = '1'
+    if launcher:
+        env.update(PYTHON=sys.executable, PORT=str(free_port()))
+        env.pop('LOCAL_RANK', None)
+    env.update(overrides)
+    return env
+
+
+def load_tool(*path: str) -> ModuleType:
+    """The module of a command-line tool, ``tools/<path>``, loaded in this
+    process (its ``main`` is not run), e.g.
+    ``load_tool('analysis', 'benchmark.py')``."""
+    import importlib.util
+    file = osp.join(REPO, 'tools', *path)
+    name = '_tool_' + '_'.join(path).replace('.py', '').replace('-', '_')
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:
@@ -80,3 +127,69 @@ def count_calls(monkeypatch, obj: Any, name: str) -> List[int]:
 
     monkeypatch.setattr(obj, name, wrapped)
     return calls
+
+
+#: Leaves of the learned tables, sharpness and scale parameters, seeded
+#: with a wide spread so that every one of them shows in the outputs.
+_WIDE = ('power', 'scale', 's1', 's2', 'positional_encoding',
+         'relative_position_bias_table')
+
+
+def seeded_state_dict(layout, seed: int) -> dict:
+    """Deterministic, non-trivial weights for a parameter layout.
+
+    Used for the variant references of ``tests/reference_variants``: the
+    authors' classes and pola_mm's models get the same weights from the
+    committed ``(name, shape)`` layout, so no weight file is stored. Every
+    entry draws from one generator in layout order: linear and conv
+    weights ``N(0, 1 / fan_in)``, norm and layer-scale weights ``1 +
+    N(0, 0.04)``, biases and BatchNorm means ``N(0, 0.01)``, BatchNorm
+    variances in ``[0.5, ...)``, position tables, powers, scales and PaCS
+    temperatures ``N(0, 0.25)``.
+
+    Args:
+        layout: ``[(name, shape), ...]`` in the authors' names.
+        seed: generator seed.
+
+    Returns:
+        ``{name: tensor}`` (float32; ``num_batches_tracked`` a long 0).
+    """
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in layout:
+        leaf = name.rsplit('.', 1)[-1]
+        if leaf == 'num_batches_tracked':
+            out[name] = torch.tensor(0)
+            continue
+        t = torch.randn(tuple(shape), generator=g)
+        if leaf == 'running_var':
+            t = 0.5 + 0.5 * t.abs()
+        elif leaf in ('running_mean', 'bias'):
+            t = 0.1 * t
+        elif leaf in _WIDE or leaf.startswith('pos_embed'):
+            t = 0.5 * t
+        elif leaf.startswith('gamma') or (leaf == 'weight' and len(shape) == 1):
+            t = 1 + 0.2 * t
+        else:
+            fan_in = 1
+            for s in shape[1:]:
+                fan_in *= s
+            t = t / fan_in ** 0.5
+        out[name] = t
+    return out
+
+
+def stage_grids(family: str, H: int, W: int) -> list:
+    """The four stage maps ``[(H_i, W_i)]`` of a backbone at ``H x W``.
+
+    ``'swin'`` and ``'polapp'``: ``ceil(H / s_i)`` (padded to the patch,
+    merges padded); ``'pvt'``: the authors' plain strided patch embeddings,
+    ``H_1 = floor(H / 4)``, ``H_{i+1} = floor(H_i / 2)``, each at least 1.
+    """
+    if family != 'pvt':
+        return [(-(-H // s), -(-W // s)) for s in (4, 8, 16, 32)]
+    grids = [(max(1, H // 4), max(1, W // 4))]
+    for _ in range(3):
+        h, w = grids[-1]
+        grids.append((max(1, h // 2), max(1, w // 2)))
+    return grids

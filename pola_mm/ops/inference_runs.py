@@ -180,6 +180,7 @@ def block_forward_in_runs(block: nn.Module, x: Tensor, hw: Size2) -> Tensor:
     rows = max(1, dispatch.ATTN_RUN_ELEMENTS // (hw[1] * x.shape[-1]))
     if (isinstance(block.attn, PolarityAttention) and rows < hw[0]
             and block.attn.feature_map == 'power'
+            and block.attn.sr_ratio == 1
             and x.dtype in (torch.float32, torch.float64)
             and not dispatch.cpu_autocast_enabled()):
         x = polarity_attention_in_runs(block.attn, x, hw, rows,

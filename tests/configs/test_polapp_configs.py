@@ -44,6 +44,7 @@ CONFIGS = e2e_data.CONFIGS
 
 # arch -> (embed dims, the authors' drop path)
 ARCH = {
+    'b0': ([32, 64, 128, 384], 0.1),
     'b1': ([32, 64, 192, 384], 0.1),
     'b2': ([64, 128, 256, 512], 0.1),
     'b3': ([64, 128, 320, 512], 0.15),
@@ -51,16 +52,20 @@ ARCH = {
     'b5': ([96, 192, 448, 640], 0.55),
 }
 # Parameters of the authors' downstream ``PolaPP_b*`` (all four
-# ``extra_norms``), counted by building their class with torch + timm.
+# ``extra_norms``), counted by building their class with torch + timm (b0,
+# which has no downstream config of theirs: their downstream class with
+# POLA_b0's arch).
 AUTHORS_BACKBONE_PARAMS = {
-    'b1': 6_387_264, 'b2': 13_348_864, 'b3': 24_044_224, 'b4': 46_697_440,
+    'b0': 4_708_352, 'b1': 6_387_264, 'b2': 13_348_864, 'b3': 24_044_224,
+    'b4': 46_697_440,
     'b5': 93_568_672,
 }
 # Parameters of the authors' ImageNet classifiers ``POLA_b*``
 # (polaformer++/models/pola.py, 1000 classes), counted by building their
 # class with torch + timm.
 AUTHORS_CLASSIFIER_PARAMS = {
-    'b1': 9_227_496, 'b2': 16_450_664, 'b3': 27_145_896, 'b4': 49_798_792,
+    'b0': 7_548_712, 'b1': 9_227_496, 'b2': 16_450_664, 'b3': 27_145_896,
+    'b4': 49_798_792,
     'b5': 97_773_000,
 }
 
@@ -71,6 +76,8 @@ DET.update({f'mask_rcnn_polapp_{k}_3x.py': (k, 'mask_rcnn', '3x')
             for k in ('b2', 'b3', 'b4')})
 DET.update({f'retinanet_polapp_{k}.py': (k, 'retinanet', '1x')
             for k in ('b2', 'b3')})
+# the authors' PolaPP_cas_rcnn.py base, with their Mask R-CNN b3 1x recipe
+DET['cascade_mask_rcnn_polapp_b3.py'] = ('b3', 'cascade', '1x')
 SEG = {f'ham_polapp_{k}_ade20k.py': k for k in ('b1', 'b2', 'b3')}
 PACS = ['pola_swin_t_pacs_in1k.py', 'mask_rcnn_pola_swin_t_pacs.py']
 # PolaPP under the PolaFormer (Pola-Swin) ADE20K protocol: build test only
@@ -245,7 +252,26 @@ def test_detection_recipe(name):
         assert [tuple(x) for x in crop[2].scales] == scales
     test = cfg.test_dataloader.dataset.pipeline
     assert test[1].type == 'Resize' and tuple(test[1].scale) == (1333, 800)
-    if det == 'mask_rcnn':
+    if det == 'cascade':  # their PolaPP_cas_rcnn.py box heads
+        assert cfg.model.type == 'CascadeRCNN'
+        heads = cfg.model.roi_head.bbox_head
+        assert len(heads) == 3
+        for head, stds in zip(heads, ([0.1, 0.1, 0.2, 0.2],
+                                      [0.05, 0.05, 0.1, 0.1],
+                                      [0.033, 0.033, 0.067, 0.067])):
+            assert head.type == 'Shared4Conv1FCBBoxHead'
+            assert (head.conv_out_channels, head.fc_out_channels,
+                    head.reg_class_agnostic, head.reg_decoded_bbox) == (
+                        256, 1024, False, True)
+            assert head.norm_cfg == dict(type='SyncBN', requires_grad=True)
+            assert head.loss_bbox == dict(type='GIoULoss', loss_weight=10.0)
+            assert list(head.bbox_coder.target_stds) == stds
+        assert cfg.model.roi_head.stage_loss_weights == [1, 0.5, 0.25]
+        assert cfg.model.roi_head.mask_head.num_convs == 4
+        assert opt.weight_decay == 0.05
+        assert tuple(bb.out_indices) == (0, 1, 2, 3)
+        assert cfg.model.neck.in_channels == channels
+    elif det == 'mask_rcnn':
         assert cfg.model.type == 'MaskRCNN'
         assert pipeline[1].with_mask is True
         assert cfg.val_evaluator.metric == ['bbox', 'segm']
@@ -334,6 +360,8 @@ def test_segmentation_recipe(name):
 # definition), BATCH_SIZE per GPU, EPOCHS, COOLDOWN_EPOCHS, WARMUP_EPOCHS,
 # BASE_LR, WARMUP_LR, MIN_LR, WEIGHT_DECAY, CLIP_GRAD)
 IN1K_RECIPE = {
+    'polapp_b0_in1k.py': ('b0', 0.1, 256, 300, 0, 20, 5e-4, 5e-7, 1e-7, 0.05,
+                          5.0),
     'polapp_b1_in1k.py': ('b1', 0.1, 256, 300, 0, 20, 5e-4, 5e-7, 1e-7, 0.05,
                           5.0),
     'polapp_b2_in1k.py': ('b2', 0.1, 256, 300, 0, 20, 5e-4, 5e-7, 1e-7, 0.05,

@@ -198,21 +198,29 @@ def test_polarity_block_receptive_field_is_the_whole_map():
     assert (a[:, 0] - b[:, 0]).abs().max() > 1e-6
 
 
-def test_softmax_window_padding_masks_keys():
-    """Softmax windows: padded keys are masked, so a window with padding
-    equals the attention on its real tokens only (sub-table of offsets)."""
+def test_softmax_window_padding_masks_keys_with_mask_padding():
+    """``mask_padding=True``: padded keys are masked, so a window with
+    padding equals the attention on its real tokens only (sub-table of
+    offsets). The default (mmdet's Swin) attends to the zero padding, so it
+    differs there."""
     torch.manual_seed(0)
     msa = WindowMSA(8, 2, (4, 4))
     randomise(msa)
     x = torch.randn(1, 3, 4, 8)
-    blk = PolaSwinBlock(8, 2, (4, 4), shift=False, attn_type='S')
+    blk = PolaSwinBlock(8, 2, (4, 4), shift=False, attn_type='S',
+                        mask_padding=True)
     blk.attn.load_state_dict(msa.state_dict())
+    default = PolaSwinBlock(8, 2, (4, 4), shift=False, attn_type='S')
+    default.attn.load_state_dict(msa.state_dict())
     big = torch.randn(1, 6, 4, 8)  # 6 rows: second window has 2 real rows
     big[:, 4:] = x[:, :2]
     with torch.no_grad():
         got = blk._softmax(big.flatten(1, 2), (6, 4)).view(1, 6, 4, 8)[:, 4:]
         ref = msa(x[:, :2].reshape(1, 8, 8), (2, 4)).view(1, 2, 4, 8)
+        other = default._softmax(big.flatten(1, 2), (6, 4)).view(
+            1, 6, 4, 8)[:, 4:]
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert (other - ref).abs().max() > 1e-3
 
 
 def test_softmax_shift_matches_swin_reference():

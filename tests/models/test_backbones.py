@@ -10,7 +10,7 @@ import torch
 
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import convert_official_checkpoint
-from helpers import PVT_TINY, SWIN_TINY_DEPTH2
+from helpers import PVT_TINY, SWIN_TINY_DEPTH2, stage_grids
 
 
 BACKBONES = [(PolaSwinTransformer, SWIN_TINY_DEPTH2), (PolaPVT, PVT_TINY)]
@@ -63,10 +63,10 @@ def test_shapes_any_size(cls, arch):
         for H, W in SIZES:
             outs = model(torch.randn(1, 3, H, W))
             assert len(outs) == 4
+            grids = stage_grids(
+                'swin' if cls is PolaSwinTransformer else 'pvt', H, W)
             for i, o in enumerate(outs):
-                s = 4 * 2**i
-                assert o.shape == (1, dims[i], math.ceil(H / s),
-                                   math.ceil(W / s)), (H, W, i)
+                assert o.shape == (1, dims[i], *grids[i]), (H, W, i)
                 assert torch.isfinite(o).all()
 
 
@@ -202,20 +202,22 @@ def test_arch_errors():
 
 def test_window_rules_and_layouts():
     m = PolaSwinTransformer(arch='tiny', out_indices=(3, ))
-    assert m.window_sizes == [(56, 56), (28, 28), (7, 7), (7, 7)]
+    assert [set(w) for w in m.window_sizes] == [{(56, 56)}, {(28, 28)},
+                                                 {(7, 7)}, {(7, 7)}]
     assert tuple(m.layers[0].blocks[0].attn.positional_encoding.shape) == (
         1, 3136, 96)
     m = PolaSwinTransformer(arch=SWIN_TINY_DEPTH2,
                             attn_layout='LLLL', window_size=7)
     assert m.layers[3].blocks[0].attn.ref_hw == (7, 7)
     m = PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, attn_layout='SSSS')
-    assert all(w == (7, 7) for w in m.window_sizes)
+    assert all(w == (7, 7) for ws in m.window_sizes for w in ws)
     with torch.no_grad():
         assert m(torch.randn(1, 3, 45, 61))[0].shape == (1, 16, 12, 16)
     p = PolaPVT(arch=PVT_TINY, attn_layout='SSLL')
     with torch.no_grad():
         outs = p(torch.randn(1, 3, 45, 61))
-    assert outs[0].shape == (1, 16, 12, 16) and outs[3].shape == (1, 64, 2, 2)
+    # the authors' PVT: floor(45 / 4) = 11, ... 11 // 8 = 1
+    assert outs[0].shape == (1, 16, 11, 15) and outs[3].shape == (1, 64, 1, 1)
 
 
 def _record_polarity_maps(monkeypatch):

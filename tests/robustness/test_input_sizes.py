@@ -2,11 +2,11 @@
 1x1 up gives maps of the documented shapes (docs/inputs.md), the CPU fast
 paths agree with the plain model there, gradients flow, and an empty input
 gets one clear error."""
-import math
 
 import pytest
 import torch
-from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise_attention
+from helpers import (PVT_TINY, SWIN_TINY_DEPTH2, randomise_attention,
+                     stage_grids)
 
 from pola_mm.models.backbones.pola_pvt import PolaPVT
 from pola_mm.models.backbones.pola_swin import PolaSwinTransformer
@@ -34,14 +34,16 @@ def backbone(request):
 
 
 def _expected(model, hw):
-    return [(1, model.num_features[i], math.ceil(hw[0] / STRIDES[i]),
-             math.ceil(hw[1] / STRIDES[i])) for i in model.out_indices]
+    family = 'pvt' if isinstance(model, PolaPVT) else 'swin'
+    grids = stage_grids(family, *hw)
+    return [(1, model.num_features[i], *grids[i]) for i in model.out_indices]
 
 
 @pytest.mark.parametrize('hw', SIZES, ids=lambda s: f'{s[0]}x{s[1]}')
 def test_every_size_gives_documented_shapes_and_the_plain_model(backbone,
                                                                 hw):
-    """``(1, C_i, ceil(H / s_i), ceil(W / s_i))`` with strides 4..32, finite,
+    """``(1, C_i, H_i, W_i)`` with strides 4..32 (``ceil`` for Swin, the
+    authors' ``floor`` for PVT, see ``helpers.stage_grids``), finite,
     and the CPU inference paths equal the plain PyTorch model."""
     x = torch.randn(1, 3, *hw, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

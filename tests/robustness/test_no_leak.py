@@ -8,13 +8,12 @@ nothing): after a warm-up at the largest size, the peak RSS may still grow
 a little, by PyTorch's own shape-keyed caches (oneDNN primitives, bounded
 by their capacity), but no Python object may accumulate."""
 import json
-import math
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from helpers import REPO
+from helpers import REPO, stage_grids
 
 CHILD = textwrap.dedent('''
     import gc, json, random, resource, sys
@@ -83,7 +82,7 @@ def test_500_calls_over_changing_sizes(kind):
     # a table at its own grid is used as is (no copy); otherwise it holds
     # one copy, resized to a stage grid of the last input
     H, W = r['last_hw']
-    grids = [[math.ceil(H / s), math.ceil(W / s)] for s in (4, 8, 16, 32)]
+    grids = [list(g) for g in stage_grids(kind, H, W)]
     cached = [size for size in r['cached_sizes'] if size is not None]
     assert cached and all(size in grids for size in cached), r
     channels = {numel // (size[0] * size[1]) for size, numel in zip(

@@ -18,6 +18,11 @@
 # directory, or $POLA_PRETRAINED/pola_pvt_m_in1k.pth if that variable is set.
 # The authors' released file or an mmpretrain checkpoint of
 # configs/pola_pvt_m_in1k.py both load.
+#
+# Drop path 0.1: the reference's Mask R-CNN value for Pola-PVT-M; its
+# RetinaNet and the Semantic FPN configs use 0.2.
+# (Agent-Attention's downstream configs, which PolaFormer's protocol
+# follows; docs/protocol.md.)
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 
 pola_pretrained = '{{$POLA_PRETRAINED:checkpoints}}/pola_pvt_m_in1k.pth'

@@ -18,6 +18,11 @@
 # directory, or $POLA_PRETRAINED/pola_pvt_s_in1k.pth if that variable is set.
 # The authors' released file or an mmpretrain checkpoint of
 # configs/pola_pvt_s_in1k.py both load.
+#
+# Drop path 0.2: the reference's Mask R-CNN value for Pola-PVT-S; its
+# RetinaNet and the Semantic FPN configs use 0.1.
+# (Agent-Attention's downstream configs, which PolaFormer's protocol
+# follows; docs/protocol.md.)
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 
 pola_pretrained = '{{$POLA_PRETRAINED:checkpoints}}/pola_pvt_s_in1k.pth'
@@ -28,7 +33,7 @@ pola_backbone = dict(
     arch='small',
     pretrain_img_size=224,
     attn_layout='LLLL',
-    drop_path_rate=0.1,
+    drop_path_rate=0.2,
     out_indices=(0, 1, 2, 3),
     frozen_stages=-1,
     with_cp=False,

@@ -18,6 +18,11 @@
 # directory, or $POLA_PRETRAINED/pola_swin_b_in1k.pth if that variable is set.
 # The authors' released file or an mmpretrain checkpoint of
 # configs/pola_swin_b_in1k.py both load.
+#
+# Drop path 0.4: the reference's detection value for Pola-Swin-B (Mask R-CNN
+# and Cascade Mask R-CNN, 1x and 3x); the UperNet config uses 0.5.
+# (Agent-Attention's downstream configs, which PolaFormer's protocol
+# follows; docs/protocol.md.)
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 
 pola_pretrained = '{{$POLA_PRETRAINED:checkpoints}}/pola_swin_b_in1k.pth'
@@ -29,7 +34,7 @@ pola_backbone = dict(
     pretrain_img_size=224,
     window_size=56,
     attn_layout='LLSS',
-    drop_path_rate=0.3,
+    drop_path_rate=0.4,
     out_indices=(0, 1, 2, 3),
     frozen_stages=-1,
     with_cp=False,

@@ -11,6 +11,7 @@ from ...registry import register_model
 from ...typing import Size2
 from ..layers import (PatchEmbed, PolarityAttention, SpatialReductionAttention,
                       resize_pos_table)
+from ..layers.position import check_resize_mode
 from .base import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                    linspace, pair, resolve_arch)
 
@@ -19,9 +20,9 @@ class PolaPVTBlock(PreNormBlock):
     """PVT block: ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``.
 
     ``'L'``: polarity attention over all tokens of the stage (``qg``, ``kv``
-    projections, ``positional_encoding`` on the stage's 224 grid, resized
-    bicubically at other sizes). ``'S'``: PVT's spatial-reduction softmax
-    attention.
+    projections, ``positional_encoding`` on the stage's 224 grid (divided
+    by ``la_sr_ratio``), resized with ``interpolate_mode`` at other sizes).
+    ``'S'``: PVT's spatial-reduction softmax attention.
     """
 
     def __init__(self,
@@ -41,21 +42,28 @@ class PolaPVTBlock(PreNormBlock):
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
                  with_cp: bool = False,
                  feature_map: str = 'power',
+                 la_sr_ratio: int = 1,
+                 interpolate_mode: str = 'bilinear',
+                 pad_input: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         if attn_type not in ('L', 'S'):
             raise ValueError(
                 f"attn_type must be 'L' or 'S', got {attn_type!r}")
         if attn_type == 'L':
             attn = PolarityAttention(
-                embed_dims, num_heads, ref_hw, fused_qkvg=False,
-                qkv_bias=qkv_bias, alpha=alpha, kernel_size=kernel_size,
-                attn_drop=attn_drop_rate, proj_drop=drop_rate,
-                feature_map=feature_map)
+                embed_dims, num_heads,
+                (ref_hw[0] // la_sr_ratio, ref_hw[1] // la_sr_ratio),
+                fused_qkvg=False, qkv_bias=qkv_bias, alpha=alpha,
+                kernel_size=kernel_size, attn_drop=attn_drop_rate,
+                proj_drop=drop_rate, feature_map=feature_map,
+                sr_ratio=la_sr_ratio, interpolate_mode=interpolate_mode)
         else:
+            # the norm after ``sr`` is the authors' nn.LayerNorm(dim)
+            # (default eps), not the blocks' eps 1e-6
             attn = SpatialReductionAttention(
                 embed_dims, num_heads, sr_ratio, qkv_bias=qkv_bias,
                 attn_drop=attn_drop_rate, proj_drop=drop_rate,
-                norm_cfg=norm_cfg)
+                norm_cfg=dict(type='LN'), pad_input=pad_input)
         super().__init__(embed_dims, attn, mlp_ratio, drop_rate,
                          drop_path_rate, act_cfg, norm_cfg, with_cp,
                          init_cfg=init_cfg)
@@ -68,13 +76,15 @@ class PolaPVTBlock(PreNormBlock):
 class PolaPVT(PolaBackbone):
     """Pola-PVT backbone (PolaFormer, ICLR 2025) for any input size.
 
-    Stage ``i`` (1-based, the authors' names): ``patch_embed{i}`` (the input
-    is zero-padded bottom/right to a multiple of the patch size), plus the
-    learned ``pos_embed{i}`` (bicubic-resized from its 224 grid when the
-    stage grid differs), dropout, the blocks ``block{i}``, then the tokens
-    are laid out as NCHW for the next stage. At 224 this is exactly the
-    published model. There are no output norms: the published classifier
-    does not apply the final ``norm`` (the converter drops it).
+    Stage ``i`` (1-based, the authors' names): ``patch_embed{i}`` (a strided
+    conv that drops the bottom/right remainder, as the authors'; see
+    ``pad_input``), plus the learned ``pos_embed{i}`` (resized from its 224
+    grid with ``interpolate_mode``, bilinear as the authors'
+    ``_get_pos_embed``, when the stage grid differs), dropout, the blocks
+    ``block{i}``, then the tokens are laid out as NCHW for the next stage.
+    At 224 this is exactly the published model. There are no output norms:
+    the published classifier does not apply the final ``norm`` (the
+    converter drops it).
 
     Args:
         arch: ``'tiny'``/``'small'``/``'medium'``/``'large'`` (``'t'``/``'s'``/
@@ -100,10 +110,27 @@ class PolaPVT(PolaBackbone):
         feature_map: of the polarity stages, ``'power'`` (PolaFormer) or
             ``'pacs'`` (PolaFormer++'s PaCS, see
             :class:`~pola_mm.models.layers.PolarityAttention`).
+        la_sr_ratios: the authors' spatial reduction of keys and values
+            inside the polarity attention, one per stage (their
+            ``la_sr_ratios``, e.g. ``(8, 4, 2, 1)``; ``(1, 1, 1, 1)`` in
+            every published model).
+        interpolate_mode: how ``pos_embed{i}`` and the polarity
+            ``positional_encoding`` are resized to other stage maps:
+            ``'bilinear'`` (the authors' PVT and its downstream lineage) or
+            ``'bicubic'`` (earlier pola_mm versions).
+        pad_input: False (the authors'): each patch embedding drops the
+            bottom/right remainder of its input, so stage ``i`` is
+            ``floor(H / s_i)`` (stage by stage) as in the authors' code; a
+            side shorter than one patch is padded to one patch, so tiny
+            inputs still work; the ``sr`` convs of ``'S'`` stages likewise.
+            True: zero-pad to a multiple of the patch or ratio (``ceil``,
+            earlier pola_mm versions).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])``.
 
-    Output: tuple of ``(B, embed_dims[i], ceil(H / s_i), ceil(W / s_i))`` with
-    strides ``s_i`` 4, 8, 16, 32 (for the default patch sizes).
+    Output: tuple of ``(B, embed_dims[i], H_i, W_i)`` with strides 4, 8, 16,
+    32 (for the default patch sizes): ``H_1 = floor(H / 4)``, ``H_{i+1} =
+    floor(H_i / 2)`` (at least 1), likewise ``W``; with ``pad_input``,
+    ``ceil`` instead of ``floor``.
     """
     _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8),
                    mlp_ratios=(8, 8, 4, 4))
@@ -135,9 +162,15 @@ class PolaPVT(PolaBackbone):
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
                  act_cfg: dict = dict(type='GELU'),
                  feature_map: str = 'power',
+                 la_sr_ratios: Sequence[int] = (1, 1, 1, 1),
+                 interpolate_mode: str = 'bilinear',
+                 pad_input: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         self.in_channels = in_channels
+        if isinstance(la_sr_ratios, str):  # the authors' '8421'
+            la_sr_ratios = tuple(int(c) for c in la_sr_ratios)
+        self.interpolate_mode = check_resize_mode(interpolate_mode)
         arch = resolve_arch(arch, self.arch_zoo, self._arch_keys, type(self))
         embed_dims = tuple(int(c) for c in arch['embed_dims'])
         depths = tuple(int(d) for d in arch['depths'])
@@ -148,7 +181,8 @@ class PolaPVT(PolaBackbone):
                           ('mlp_ratios', mlp_ratios), ('attn_layout',
                                                        attn_layout),
                           ('patch_sizes', patch_sizes), ('sr_ratios',
-                                                         sr_ratios)):
+                                                         sr_ratios),
+                          ('la_sr_ratios', la_sr_ratios)):
             if len(seq) != num_stages:
                 raise ValueError(f'{name} {seq!r} needs {num_stages} entries '
                                  f'(one per stage, as depths {depths})')
@@ -174,7 +208,8 @@ class PolaPVT(PolaBackbone):
         for i in range(self.num_built):
             self.add_module(f'patch_embed{i + 1}', PatchEmbed(
                 in_channels if i == 0 else embed_dims[i - 1], embed_dims[i],
-                patch_sizes[i], norm_cfg=dict(type='LN')))
+                patch_sizes[i], norm_cfg=dict(type='LN'),
+                pad_input=pad_input))
             self.add_module(f'pos_drop{i + 1}', nn.Dropout(drop_rate))
             start = sum(depths[:i])
             self.add_module(f'block{i + 1}', nn.ModuleList([
@@ -186,7 +221,9 @@ class PolaPVT(PolaBackbone):
                     attn_drop_rate=attn_drop_rate,
                     drop_path_rate=dpr[start + j], act_cfg=act_cfg,
                     norm_cfg=norm_cfg, with_cp=with_cp,
-                    feature_map=feature_map)
+                    feature_map=feature_map,
+                    la_sr_ratio=int(la_sr_ratios[i]),
+                    interpolate_mode=interpolate_mode, pad_input=pad_input)
                 for j in range(depths[i])
             ]))
         self._freeze_stages()
@@ -221,7 +258,8 @@ class PolaPVT(PolaBackbone):
             embed = getattr(self, f'patch_embed{i + 1}')
             x, hw = embed(x)
             pos = resize_pos_table(getattr(self, f'pos_embed{i + 1}'),
-                                   self.ref_grids[i], hw)
+                                   self.ref_grids[i], hw,
+                                   self.interpolate_mode)
             fresh = dispatch.cpu_inference(x, embed)
             if fresh and not (pos.requires_grad and torch.is_grad_enabled()):
                 x = x.add_(pos)  # x is the embedding's own fresh output

@@ -27,11 +27,16 @@ class PolaSwinBlock(PreNormBlock):
     grid ``window_size`` and is bicubic-resized to the map when the map
     differs.
 
-    ``'S'`` (softmax): Swin's shifted windows. Per dimension, a window not
-    smaller than the map shrinks to it and its shift is 0; otherwise the map
-    is padded to a multiple of the window, padded keys are masked, and odd
-    blocks use Swin's cyclic shift with the region mask (exactly the
-    authors' computation at 224).
+    ``'S'`` (softmax): Swin's shifted windows. A map that fits in one window
+    (``H <= wh`` and ``W <= ww``, e.g. stage 4 at 224) is one window of its
+    own size without shift, as the authors' classifier. Any larger map is
+    computed as mmdet's ``SwinTransformer`` (and the downstream code of the
+    lineage) does: zero-padded bottom/right to a multiple of the window
+    (the window is kept), odd blocks cyclically shifted with Swin's region
+    mask over the padded map, and padded tokens attended to like any other
+    (no key mask). With ``mask_padding=True``, earlier pola_mm versions'
+    rule instead: per dimension a window not smaller than the map shrinks
+    to it with shift 0, and padded keys are masked out.
 
     Args:
         embed_dims: channels.
@@ -42,6 +47,8 @@ class PolaSwinBlock(PreNormBlock):
         shift: whether an ``'S'`` block shifts (odd blocks); ignored by
             ``'L'`` blocks, which attend to the whole map.
         attn_type: ``'L'`` or ``'S'``.
+        mask_padding: the softmax rule for maps that are not a multiple of
+            the window (see above).
         mlp_ratio, qkv_bias, alpha, kernel_size, drop_rate, attn_drop_rate,
         drop_path_rate, act_cfg, norm_cfg: as in :class:`PolaSwinTransformer`.
         with_cp: gradient checkpointing of the whole block.
@@ -53,6 +60,7 @@ class PolaSwinBlock(PreNormBlock):
                  window_size: Size2,
                  shift: bool = False,
                  attn_type: str = 'L',
+                 mask_padding: bool = False,
                  mlp_ratio: float = 4.,
                  qkv_bias: bool = True,
                  alpha: float = 4,
@@ -83,13 +91,20 @@ class PolaSwinBlock(PreNormBlock):
                          drop_path_rate, act_cfg, norm_cfg, with_cp,
                          init_cfg=init_cfg)
         self.attn_type = attn_type
+        self.mask_padding = mask_padding
         self.window_size = window_size
         self.shift_size = ((window_size[0] // 2, window_size[1] // 2)
                            if shift and attn_type == 'S' else (0, 0))
 
     def _softmax(self, x: Tensor, hw: Size2) -> Tensor:
         B, L, C = x.shape
-        win, shift = effective_window(hw, self.window_size, self.shift_size)
+        if self.mask_padding:
+            win, shift = effective_window(hw, self.window_size,
+                                          self.shift_size)
+        elif hw[0] <= self.window_size[0] and hw[1] <= self.window_size[1]:
+            win, shift = (hw[0], hw[1]), (0, 0)  # one window: the map
+        else:  # mmdet's Swin: window and shift kept, zero padding
+            win, shift = self.window_size, self.shift_size
         pad = grid_padding(hw, win)
         padded = pad_map(x.view(B, hw[0], hw[1], C), pad)
         padded_hw = (padded.shape[1], padded.shape[2])
@@ -97,7 +112,7 @@ class PolaSwinBlock(PreNormBlock):
         if shift != (0, 0):
             padded = cyclic_shift(padded, shift)
             mask = shift_region_mask(padded_hw, win, shift, x.device)
-        if any(pad):
+        if self.mask_padding and any(pad):
             vmap = cyclic_shift(valid_token_map(hw, pad, x.device), shift)
             kpl = key_padding_logits(key_valid_mask(vmap, win))
             mask = kpl if mask is None else mask + kpl
@@ -114,14 +129,15 @@ class PolaSwinBlock(PreNormBlock):
 
 class PolaSwinStage(BaseModule):
     """Blocks of one stage (``blocks``) and the optional patch merging at its
-    end (``downsample``), the authors' ``BasicLayer``."""
+    end (``downsample``), the authors' ``BasicLayer``; block ``j`` has the
+    attention ``attn_types[j]`` and the window ``window_sizes[j]``."""
 
     def __init__(self,
                  embed_dims: int,
                  depth: int,
                  num_heads: int,
-                 window_size: Size2,
-                 attn_type: str,
+                 window_sizes: Sequence[Size2],
+                 attn_types: str,
                  drop_paths: Sequence[float],
                  downsample: bool,
                  norm_cfg: dict,
@@ -129,9 +145,10 @@ class PolaSwinStage(BaseModule):
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         self.blocks = nn.ModuleList([
-            PolaSwinBlock(embed_dims, num_heads, window_size, shift=j % 2 == 1,
-                          attn_type=attn_type, drop_path_rate=drop_paths[j],
-                          norm_cfg=norm_cfg, **block_cfg) for j in range(depth)
+            PolaSwinBlock(embed_dims, num_heads, window_sizes[j],
+                          shift=j % 2 == 1, attn_type=attn_types[j],
+                          drop_path_rate=drop_paths[j], norm_cfg=norm_cfg,
+                          **block_cfg) for j in range(depth)
         ])
         self.downsample = (PatchMerging(embed_dims, norm_cfg=norm_cfg)
                            if downsample else None)
@@ -147,6 +164,37 @@ class PolaSwinStage(BaseModule):
             return x, hw, x, hw
         down, down_hw = self.downsample(x, hw)
         return x, hw, down, down_hw
+
+
+def block_layout(attn_layout: str, depths: Sequence[int]) -> List[str]:
+    """Per stage, the attention of each block, from the authors' layout.
+
+    ``attn_layout`` has one letter per stage, ``'L'`` (polarity), ``'S'``
+    (softmax) or ``'M'`` (mixed), then, when a stage is mixed, the number
+    ``n`` of its leading polarity blocks (the authors' ``BasicLayer``: the
+    first ``n`` blocks ``'L'``, the rest ``'S'``); e.g. ``'LLMS4'``.
+
+    Args:
+        attn_layout: the layout string.
+        depths: blocks per stage.
+
+    Returns:
+        One string per stage, one letter (``'L'``/``'S'``) per block; e.g.
+        ``['LL', 'LL', 'LLLLSS', 'SS']`` for ``'LLMS4'`` and depths
+        ``(2, 2, 6, 2)``.
+    """
+    num = len(depths)
+    stages, suffix = attn_layout[:num], attn_layout[num:]
+    usage = (f"one letter per stage ('L' polarity, 'S' softmax, 'M' mixed) "
+             f"for {num} stages, then the number of leading polarity blocks "
+             f"of the mixed stages, e.g. 'LLMS4'")
+    if (len(stages) != num or set(stages) - set('LSM')
+            or ('M' in stages) != bool(suffix)
+            or (suffix and not suffix.isdigit())):
+        raise ValueError(f'attn_layout {attn_layout!r}: expected {usage}')
+    n = int(suffix) if suffix else 0
+    return [c * d if c != 'M' else 'L' * min(n, d) + 'S' * max(0, d - n)
+            for c, d in zip(stages, depths)]
 
 
 @register_model
@@ -176,7 +224,16 @@ class PolaSwinTransformer(PolaBackbone):
         window_size: the authors' polarity window: sets the grid of the
             polarity ``positional_encoding`` (polarity stages are global).
         softmax_window_size: window of ``'S'`` stages.
-        attn_layout: one letter per stage, ``'L'`` polarity, ``'S'`` softmax.
+        attn_layout: one letter per stage, ``'L'`` polarity, ``'S'`` softmax,
+            ``'M'`` mixed (the authors' ``'M<n>'``: the first ``n`` blocks
+            of the stage polarity, the rest softmax, ``n`` written once at
+            the end, e.g. ``'LLMS4'``; see :func:`block_layout`).
+        mask_padding: softmax stages on maps that are not a multiple of the
+            window: False (default) computes what mmdet's
+            ``SwinTransformer`` computes (zero padding, window and shift
+            kept, no key mask); True masks padded keys and shrinks windows
+            to small maps (earlier pola_mm versions). See
+            :class:`PolaSwinBlock`.
         mlp_ratio: MLP hidden ratio.
         qkv_bias: bias in the input projections.
         alpha: exponent range of the learned power.
@@ -220,6 +277,7 @@ class PolaSwinTransformer(PolaBackbone):
                  window_size: int = 56,
                  softmax_window_size: Optional[int] = None,
                  attn_layout: str = 'LLSS',
+                 mask_padding: bool = False,
                  mlp_ratio: float = 4.,
                  qkv_bias: bool = True,
                  alpha: float = 4,
@@ -241,10 +299,11 @@ class PolaSwinTransformer(PolaBackbone):
         depths = tuple(int(d) for d in arch['depths'])
         num_heads = tuple(int(h) for h in arch['num_heads'])
         num_stages = len(depths)
-        if len(num_heads) != num_stages or len(attn_layout) != num_stages:
+        if len(num_heads) != num_stages:
             raise ValueError(
-                f'depths {depths}, num_heads {num_heads} and attn_layout '
-                f'{attn_layout!r} must have one entry per stage')
+                f'depths {depths} and num_heads {num_heads} must have one '
+                'entry per stage')
+        blocks = block_layout(attn_layout, depths)
         out_indices = check_out_indices(out_indices, num_stages)
         if softmax_window_size is None:
             softmax_window_size = 12 if window_size > 56 else 7
@@ -265,21 +324,23 @@ class PolaSwinTransformer(PolaBackbone):
         block_cfg = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, alpha=alpha,
                          kernel_size=kernel_size, drop_rate=drop_rate,
                          attn_drop_rate=attn_drop_rate, act_cfg=act_cfg,
-                         with_cp=with_cp, feature_map=feature_map)
-        self.window_sizes: List[Size2] = []
+                         with_cp=with_cp, feature_map=feature_map,
+                         mask_padding=mask_padding)
+        self.window_sizes: List[List[Size2]] = []
         self.layers = nn.ModuleList()
         for i in range(self.num_built):
             res = [s // (patch_size * 2**i) for s in img_hw]
-            base = (window_size
-                    if attn_layout[i] == 'L' else softmax_window_size)
             # The authors' rule: a window larger than the stage's map at the
             # pre-training size shrinks to the map (and is fixed thereafter).
-            win = (min(base, res[0]), min(base, res[1]))
-            self.window_sizes.append(win)
+            wins = []
+            for kind in blocks[i]:
+                base = window_size if kind == 'L' else softmax_window_size
+                wins.append((min(base, res[0]), min(base, res[1])))
+            self.window_sizes.append(wins)
             start = sum(depths[:i])
             self.layers.append(PolaSwinStage(
-                self.num_features[i], depths[i], num_heads[i], win,
-                attn_layout[i], dpr[start:start + depths[i]],
+                self.num_features[i], depths[i], num_heads[i], wins,
+                blocks[i], dpr[start:start + depths[i]],
                 downsample=i + 1 < self.num_built, norm_cfg=norm_cfg,
                 block_cfg=block_cfg))
         for i in out_indices:

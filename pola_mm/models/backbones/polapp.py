@@ -1,4 +1,4 @@
-"""PolaPP: the hierarchical backbone of PolaFormer++ (b1-b5).
+"""PolaPP: the hierarchical backbone of PolaFormer++ (b0-b5).
 
 Parameter names are the authors' (``patch_embed.proj.*``,
 ``layers.i.blocks.j.{pos,norm1,attn,norm2,ffn,gamma_1,gamma_2}``,
@@ -226,7 +226,7 @@ class PatchEmbedStem(nn.Module):
 
 @register_model
 class PolaPP(PolaBackbone):
-    """PolaPP backbone (PolaFormer++), b1-b5, for any input size.
+    """PolaPP backbone (PolaFormer++), b0-b5, for any input size.
 
     A convolutional stem (stride 4), four stages of blocks (stages 1-2 PaCS
     polarity linear attention, stages 3-4 softmax attention, both global
@@ -243,7 +243,7 @@ class PolaPP(PolaBackbone):
     40x62, 20x31, 10x16, 5x8; odd sides round up, as with padding).
 
     Args:
-        arch: ``'b1'``..``'b5'`` or a dict with ``embed_dims``, ``depths``,
+        arch: ``'b0'``..``'b5'`` or a dict with ``embed_dims``, ``depths``,
             ``num_heads`` (one entry per stage) and optionally
             ``mlp_ratios`` (default 3.5 each), ``layer_scale_init`` (a value
             per stage, None for no layer scale; default none),
@@ -251,7 +251,7 @@ class PolaPP(PolaBackbone):
             (default 0.1).
         in_channels: input channels.
         drop_path_rate: stochastic depth over all blocks; None: the arch's
-            (the authors' value for b1-b5).
+            (the authors' value for b0-b5).
         out_indices: stages returned; only stages up to ``max(out_indices)``
             (and the output norms of ``out_indices``) are built, so every
             parameter gets a gradient.
@@ -278,6 +278,9 @@ class PolaPP(PolaBackbone):
     ceil(W / 2**(i+2)))`` maps for ``i`` in ``out_indices``.
     """
     arch_zoo: Dict[str, dict] = {
+        'b0': dict(embed_dims=(32, 64, 128, 384), depths=(2, 2, 2, 2),
+                   num_heads=(1, 2, 4, 12), layer_scale_init=(1, 1, 1, 1),
+                   drop_path_rate=0.1),
         'b1': dict(embed_dims=(32, 64, 192, 384), depths=(2, 2, 4, 2),
                    num_heads=(1, 2, 6, 12), layer_scale_init=(1, 1, 1, 1),
                    drop_path_rate=0.1),

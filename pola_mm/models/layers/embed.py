@@ -13,17 +13,47 @@ from ...typing import Size2
 from .bricks import build_norm_layer
 
 
+def pad_for_stride(x: Tensor, stride: int, pad_input: bool) -> Tensor:
+    """Bottom/right zero padding of a map before a conv with kernel = stride.
+
+    Args:
+        x: ``(B, C, H, W)``.
+        stride: the conv's kernel and stride ``p``.
+        pad_input: True: pad to a multiple of ``p`` (the conv's output is
+            ``ceil(H / p)``); False: only a side shorter than ``p`` is padded
+            to ``p`` (the output is ``max(1, floor(H / p))``, a plain strided
+            conv everywhere it has an output).
+
+    Returns:
+        ``x``, padded where needed.
+    """
+    H, W = x.shape[-2:]
+    if pad_input:
+        pad_h, pad_w = (-H) % stride, (-W) % stride
+    else:
+        pad_h, pad_w = max(0, stride - H), max(0, stride - W)
+    if pad_h or pad_w:
+        x = F.pad(x, (0, pad_w, 0, pad_h))
+    return x
+
+
 class PatchEmbed(BaseModule):
     """Non-overlapping patch embedding: conv (kernel = stride = patch) + norm.
 
-    The input is zero-padded at the bottom/right to a multiple of the patch
-    size, so any size works; at multiples (e.g. 224) nothing is padded.
+    With ``pad_input=True`` (Swin, as mmdet's ``AdaptivePadding``) the input
+    is zero-padded at the bottom/right to a multiple of the patch size: the
+    output grid is ``ceil(H / p) x ceil(W / p)``. With ``pad_input=False``
+    (the authors' PVT) the conv drops the bottom/right remainder, as a plain
+    strided conv does: ``floor(H / p) x floor(W / p)``; only a side shorter
+    than one patch, where that conv has no output, is padded to one patch.
+    At multiples of the patch size (e.g. 224) the two agree.
 
     Args:
         in_channels: input channels.
         embed_dims: output channels.
         patch_size: patch size (int).
         norm_cfg: config of the norm after the conv (``None`` for none).
+        pad_input: pad to a multiple of the patch (see above).
     """
 
     def __init__(self,
@@ -31,22 +61,21 @@ class PatchEmbed(BaseModule):
                  embed_dims: int,
                  patch_size: int,
                  norm_cfg: Optional[dict] = dict(type='LN'),
+                 pad_input: bool = True,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         self.patch_size = patch_size
+        self.pad_input = pad_input
         self.proj = nn.Conv2d(in_channels, embed_dims, patch_size,
                               stride=patch_size)
         self.norm = (build_norm_layer(norm_cfg, embed_dims)[1]
                      if norm_cfg is not None else None)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Size2]:
-        """``(B, Cin, H, W)`` -> tokens ``(B, H' * W', C)`` and ``(H', W')``,
-        ``H' = ceil(H / patch)``, ``W' = ceil(W / patch)``."""
-        p = self.patch_size
-        H, W = x.shape[-2:]
-        pad_h, pad_w = (-H) % p, (-W) % p
-        if pad_h or pad_w:
-            x = F.pad(x, (0, pad_w, 0, pad_h))
+        """``(B, Cin, H, W)`` -> tokens ``(B, H' * W', C)`` and ``(H', W')``:
+        ``ceil(H / patch)`` with ``pad_input``, else ``max(1, floor(H /
+        patch))`` (likewise ``W'``)."""
+        x = pad_for_stride(x, self.patch_size, self.pad_input)
         # at CPU inference: channels-last input -> channels-last
         # (token-major) output, normalised in place below
         in_place = self.norm is not None and dispatch.cpu_inference(x, self)

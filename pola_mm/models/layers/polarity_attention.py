@@ -20,7 +20,8 @@ from ...ops.token_runs import split_linear_in_runs
 from ...typing import Size2
 from .heads import polarity_head_dims
 from .pacs_attention import pacs_linear_attention
-from .position import resize_pos_table
+from .embed import pad_for_stride
+from .position import check_resize_mode, resize_pos_table
 
 FEATURE_MAPS = ('power', 'pacs')
 
@@ -44,21 +45,22 @@ def polarity_linear_attention(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
     Like the authors, ``k'`` and ``v`` are each scaled by ``n^-1/2`` before
     their product. With ``valid``, padded keys contribute nothing (``k'`` and
     ``v`` are zeroed there) and ``n`` is the number of valid keys of each
-    sequence; without it ``n = N``.
+    sequence; without it ``n`` is the number of keys (``N``, or fewer with
+    the authors' spatial reduction of keys and values).
 
     Args:
         q: ``(B, h, N, d)``.
-        k: ``(B, h, N, d)``, positional encoding already added.
-        v: ``(B, h, N, d)``, ``d`` even.
+        k: ``(B, h, n, d)``, positional encoding already added.
+        v: ``(B, h, n, d)``, ``d`` even.
         scale: ``(1, 1, 1, d)`` or broadcastable raw ``scale`` per head.
         power: ``(1, h, 1, d)`` raw ``power``.
         alpha: exponent range, ``p`` lies in ``(1, 1 + alpha)``.
-        valid: optional ``(B, N)`` bool, True for real keys.
+        valid: optional ``(B, n)`` bool, True for real keys.
 
     Returns:
         ``(B, h, N, d)``.
     """
-    N = q.shape[-2]
+    N = k.shape[-2]
     s = F.softplus(scale)
     q = q / s
     k = k / s
@@ -112,7 +114,8 @@ class PolarityAttention(BaseModule):
         num_heads: heads ``h``; ``d = C / h`` must be even.
         ref_hw: the grid of ``positional_encoding`` (Swin: the authors'
             polarity window at the pre-training size, the whole stage map;
-            PVT: the stage at 224). Resized bicubically to other maps.
+            PVT: the stage at 224, divided by ``sr_ratio``). Resized with
+            ``interpolate_mode`` to other maps.
         fused_qkvg: True for Swin's ``qkvg`` Linear(C, 4C); False for PVT's
             ``qg`` and ``kv`` Linear(C, 2C) each.
         qkv_bias: bias of the input projections.
@@ -134,6 +137,19 @@ class PolarityAttention(BaseModule):
             without temperature; no ``power``, ``alpha`` unused). Scale,
             positional table, depth-wise conv, gate and projections are the
             same for both.
+        sr_ratio: the authors' spatial reduction of keys and values in
+            Pola-PVT (their ``la_sr_ratios``; 1 in every published model):
+            with ``r > 1`` (only with ``fused_qkvg=False``), k and v come
+            from ``kv(norm(sr(x)))``, ``sr`` a Conv2d with kernel = stride =
+            ``r`` over the stage map and ``norm`` a LayerNorm;
+            ``positional_encoding`` lies on the reduced grid; for the
+            depth-wise conv, v is brought back to the ``N`` tokens by linear
+            interpolation along the token sequence, as the authors do. This
+            variant always runs the plain formula (no fast kernel).
+        interpolate_mode: how ``positional_encoding`` is resized to other
+            maps: ``'bicubic'`` (Pola-Swin, the authors' 384 fine-tune) or
+            ``'bilinear'`` (Pola-PVT, the authors' PVT and its downstream
+            lineage).
     """
 
     def __init__(self,
@@ -148,8 +164,15 @@ class PolarityAttention(BaseModule):
                  proj_drop: float = 0.,
                  impl: str = 'kernel',
                  feature_map: str = 'power',
+                 sr_ratio: int = 1,
+                 interpolate_mode: str = 'bicubic',
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
+        if sr_ratio < 1 or (sr_ratio > 1 and fused_qkvg):
+            raise ValueError(
+                f'sr_ratio={sr_ratio}: the spatial reduction of keys and '
+                'values needs sr_ratio >= 1 and the separate qg / kv '
+                'projections of Pola-PVT (fused_qkvg=False)')
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f'feature_map must be one of {FEATURE_MAPS} '
                              f"('power': PolaFormer, 'pacs': PolaFormer++), "
@@ -164,6 +187,8 @@ class PolarityAttention(BaseModule):
         self.num_heads = num_heads
         self.head_dims = head_dims
         self.ref_hw = (int(ref_hw[0]), int(ref_hw[1]))
+        self.sr_ratio = int(sr_ratio)
+        self.interpolate_mode = check_resize_mode(interpolate_mode)
         self.fused_qkvg = fused_qkvg
         self.alpha = alpha
         self.impl = impl
@@ -175,6 +200,10 @@ class PolarityAttention(BaseModule):
             self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
+        if self.sr_ratio > 1:  # the authors' names and order
+            self.sr = nn.Conv2d(embed_dims, embed_dims, self.sr_ratio,
+                                stride=self.sr_ratio)
+            self.norm = nn.LayerNorm(embed_dims)
         self.dwc = nn.Conv2d(head_dims, head_dims, kernel_size,
                              padding=kernel_size // 2, groups=head_dims)
         if feature_map == 'power':
@@ -193,7 +222,8 @@ class PolarityAttention(BaseModule):
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
                 f'ref_hw={self.ref_hw}, alpha={self.alpha}' +
                 (f', feature_map={self.feature_map!r}'
-                 if self.feature_map != 'power' else ''))
+                 if self.feature_map != 'power' else '') +
+                (f', sr_ratio={self.sr_ratio}' if self.sr_ratio > 1 else ''))
 
     # -- step 1 ------------------------------------------------------------
     def project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -229,10 +259,11 @@ class PolarityAttention(BaseModule):
     def positional_table(self, hw: Size2) -> Tensor:
         """``positional_encoding`` for a grid ``hw``: ``(1, H * W, C)``.
 
-        Used unchanged at its reference grid; otherwise resized by bicubic
-        interpolation (``align_corners=False``) on its 2-D grid.
+        Used unchanged at its reference grid; otherwise resized with
+        ``interpolate_mode`` (``align_corners=False``) on its 2-D grid.
         """
-        return resize_pos_table(self.positional_encoding, self.ref_hw, hw)
+        return resize_pos_table(self.positional_encoding, self.ref_hw, hw,
+                                self.interpolate_mode)
 
     # -- step 2 ------------------------------------------------------------
     def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2) -> Tensor:
@@ -317,5 +348,48 @@ class PolarityAttention(BaseModule):
         Returns:
             ``(B, N, C)``.
         """
+        if self.sr_ratio > 1:
+            return self.forward_reduced(x, hw)
         q, k, v, g = self.project(x)
         return self.output(self.mix(q, k, v, hw), g)
+
+    def forward_reduced(self, x: Tensor, hw: Size2) -> Tensor:
+        """``sr_ratio > 1``: keys and values from the reduced map, the
+        authors' Pola-PVT with ``la_sr_ratios``; ``(B, N, C)`` ->
+        ``(B, N, C)``."""
+        B, N, C = x.shape
+        h, d = self.num_heads, self.head_dims
+        q, g = self.qg(x).unflatten(-1, (2, C)).unbind(-2)
+        # like the authors' conv; a side shorter than r is padded to r
+        reduced = self.sr(pad_for_stride(
+            x.transpose(1, 2).reshape(B, C, hw[0], hw[1]), self.sr_ratio,
+            pad_input=False))
+        kv_hw = (reduced.shape[2], reduced.shape[3])
+        k, v = self.kv(self.norm(reduced.flatten(2).transpose(1, 2))
+                       ).unflatten(-1, (2, C)).unbind(-2)
+        n = k.shape[1]
+        out_dtype = q.dtype
+        dt = torch.promote_types(out_dtype, torch.float32)
+
+        def heads(t: Tensor) -> Tensor:  # (B', L, C) -> (B', h, L, d)
+            return t.to(dt).unflatten(-1, (h, d)).transpose(1, 2)
+
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            q, k, v = heads(q), heads(k), heads(v)
+            k = k + heads(self.positional_table(kv_hw))
+            scale = self.scale.to(dt).reshape(1, h, 1, d)
+            if self.feature_map == 'pacs':
+                y = self._pacs(q, k, v, scale, dt, fast=False)
+            else:
+                y = polarity_linear_attention(q, k, v, scale,
+                                              self.power.to(dt), self.alpha)
+            # v back to N tokens (linear along the token sequence), then
+            # the depth-wise conv on the stage map
+            v = F.interpolate(v.transpose(-2, -1).reshape(B * h, d, n),
+                              size=N, mode='linear')
+            vmap = v.reshape(B, C, hw[0], hw[1])
+            conv = F.conv2d(vmap, *self.dwc_params(dt),
+                            padding=self.dwc.padding, groups=C)
+            y = y.transpose(1, 2).reshape(B, N, C) + conv.flatten(2).transpose(
+                1, 2)
+        return self.output(y.to(out_dtype), g)

@@ -8,11 +8,25 @@ from ...ops import dispatch
 from ...typing import Size2
 
 
-def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
+#: Interpolation modes a table may be resized with.
+RESIZE_MODES = ('bicubic', 'bilinear')
+
+
+def check_resize_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`RESIZE_MODES`, else a clear error."""
+    if mode not in RESIZE_MODES:
+        raise ValueError(f'interpolate_mode must be one of {RESIZE_MODES} '
+                         f'(how learned position tables are resized to '
+                         f'other stage maps), got {mode!r}')
+    return mode
+
+
+def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2,
+                     mode: str = 'bicubic') -> Tensor:
     """Resize a learned ``(1, Hr * Wr, C)`` token table to ``(1, H * W, C)``.
 
-    Bicubic, ``align_corners=False``, on the 2-D grid; the table itself is
-    returned at its reference size. Where no gradient is needed (inference,
+    ``mode`` (``'bicubic'`` or ``'bilinear'``), ``align_corners=False``, on
+    the 2-D grid; the table itself is returned at its reference size. Where no gradient is needed (inference,
     frozen tables), the resized table is cached on ``table`` for the last
     ``hw`` and reused until the table changes (in place or by a move); the
     result must then not be modified in place.
@@ -26,7 +40,8 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
              and not (torch.is_grad_enabled() and table.requires_grad)
              and not dispatch.capturing())
     if cache:
-        key = (tuple(int(i) for i in hw), tuple(ref_hw), table._version,
+        key = (tuple(int(i) for i in hw), tuple(ref_hw), mode,
+               table._version,
                table.data_ptr(), table.dtype, table.device)
         hit = getattr(table, '_pola_resized', None)
         if hit is not None and hit[0] == key:
@@ -35,7 +50,7 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2) -> Tensor:
     grid = table.reshape(1, ref_hw[0], ref_hw[1], C).permute(0, 3, 1, 2)
     dt = torch.promote_types(table.dtype, torch.float32)
     grid = F.interpolate(grid.to(dt), size=(int(hw[0]), int(hw[1])),
-                         mode='bicubic', align_corners=False)
+                         mode=mode, align_corners=False)
     out = grid.flatten(2).transpose(1, 2).to(table.dtype)
     if cache:
         table._pola_resized = (key, out)

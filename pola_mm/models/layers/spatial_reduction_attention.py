@@ -2,12 +2,12 @@
 from typing import Optional
 
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...typing import Size2
 from .bricks import build_norm_layer
+from .embed import pad_for_stride
 
 
 class SpatialReductionAttention(BaseModule):
@@ -23,6 +23,11 @@ class SpatialReductionAttention(BaseModule):
         attn_drop: dropout on attention weights.
         proj_drop: dropout after ``proj``.
         norm_cfg: norm after ``sr``.
+        pad_input: False (the authors' PVT): ``sr`` drops the bottom/right
+            remainder of the map (a side shorter than ``sr_ratio`` is padded
+            to it); True: the map is zero-padded to a multiple of
+            ``sr_ratio`` first (earlier pola_mm versions). See
+            :func:`~pola_mm.models.layers.embed.pad_for_stride`.
     """
 
     def __init__(self,
@@ -33,9 +38,11 @@ class SpatialReductionAttention(BaseModule):
                  attn_drop: float = 0.,
                  proj_drop: float = 0.,
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 pad_input: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         self.num_heads = num_heads
+        self.pad_input = pad_input
         self.scale = (embed_dims // num_heads) ** -0.5
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
@@ -49,18 +56,14 @@ class SpatialReductionAttention(BaseModule):
             self.norm = build_norm_layer(norm_cfg, embed_dims)[1]
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
-        """``(B, N, C)`` on grid ``hw`` -> ``(B, N, C)``.
-
-        With ``sr_ratio > 1`` the map is zero-padded bottom/right to a
-        multiple of the ratio before the reduction (no-op at 224).
-        """
+        """``(B, N, C)`` on grid ``hw`` -> ``(B, N, C)``."""
         B, N, C = x.shape
         h = self.num_heads
         q = self.q(x).reshape(B, N, h, C // h).transpose(1, 2)
         if self.sr_ratio > 1:
             r = self.sr_ratio
             m = x.transpose(1, 2).reshape(B, C, hw[0], hw[1])
-            m = F.pad(m, (0, (-hw[1]) % r, 0, (-hw[0]) % r))
+            m = pad_for_stride(m, r, self.pad_input)
             m = self.norm(self.sr(m).flatten(2).transpose(1, 2))
         else:
             m = x
