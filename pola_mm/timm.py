@@ -954,7 +954,8 @@ def _entrypoint(name: str, variant: str) -> Any:
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    create.__doc__ = f'{_FAMILY_NAMES[cls]} {arch} ({variant}) as a timm model.'
+    create.__doc__ = (f'{_FAMILY_NAMES[cls]} {arch} ({variant}) as a timm '
+                      'model.')
     return create
 
 
