@@ -54,7 +54,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import ClassifierHead
 from timm.models import (build_model_with_cfg, register_model,
                          register_notrace_function, register_notrace_module)
-from timm.models._features import feature_take_indices
+from timm.models._features import FeatureGetterNet, feature_take_indices
 from timm.models._registry import generate_default_cfgs
 from torch import Tensor
 
@@ -891,7 +891,21 @@ def _create(cls: type, variant: str, pretrained: bool,
     backbone is built with outputs (and output norms) at ``out_indices``
     (default all stages), then wrapped by timm's ``FeatureGetterNet`` with
     ``norm=True``, so the features are the mm backbone's outputs."""
+    # the stages' output norms applied, as the mm backbone
     feature_cfg: Dict[str, Any] = dict(feature_cls='getter', norm=True)
+    feature_cls = kwargs.get('feature_cls', 'getter')
+    if kwargs.get('features_only', False) and not (
+            feature_cls == 'getter' or (isinstance(feature_cls, type) and
+                                        issubclass(feature_cls,
+                                                   FeatureGetterNet))):
+        raise ValueError(
+            f'{variant}: features_only supports feature_cls="getter" (the '
+            f'default: forward_intermediates), not {feature_cls!r}; to '
+            'extract by FX node names use torchvision\'s '
+            'create_feature_extractor(timm.create_model(...), '
+            "return_nodes=[...], tracer_kwargs=dict(leaf_modules="
+            'timm.layers.get_notrace_modules(), autowrap_functions='
+            'timm.layers.get_notrace_functions()))')
     model_cls: Any = cls
     overlay = kwargs.get('pretrained_cfg_overlay') or {}
     if overlay.get('file') or overlay.get('url'):

@@ -305,3 +305,33 @@ def test_mmpretrain_timm_backbone():
         outs = backbone(torch.randn(1, 3, 64, 64))
     assert [tuple(o.shape) for o in outs] == [
         (1, 16, 16, 16), (1, 32, 8, 8), (1, 32, 4, 4), (1, 64, 2, 2)]
+
+
+def test_fx_feature_extraction_by_node_names():
+    """torchvision's create_feature_extractor with timm's notrace lists:
+    block outputs and the final norm by node name, equal to the eager
+    intermediates; features_only with another feature_cls than the getter
+    is refused with the way to do this."""
+    from torchvision.models.feature_extraction import (
+        create_feature_extractor, get_graph_node_names)
+    model = timm.create_model('pola_swin_tiny',
+                              arch=SWIN_TINY_DEPTH2).eval()
+    tracer = dict(leaf_modules=timm.layers.get_notrace_modules(),
+                  autowrap_functions=timm.layers.get_notrace_functions())
+    _, nodes = get_graph_node_names(model, tracer_kwargs=tracer)
+    assert 'backbone.layers.1.blocks.1' in nodes and 'backbone.norm3' in nodes
+    extractor = create_feature_extractor(
+        model, return_nodes=['backbone.layers.1.blocks.1', 'backbone.norm3'],
+        tracer_kwargs=tracer)
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        got = extractor(x)
+        final, inter = model.forward_intermediates(x)
+    stage1 = got['backbone.layers.1.blocks.1']  # tokens (1, 8 * 12, 32)
+    torch.testing.assert_close(
+        stage1.transpose(1, 2).reshape(inter[1].shape), inter[1])
+    torch.testing.assert_close(
+        got['backbone.norm3'].transpose(1, 2).reshape(final.shape), final)
+    with pytest.raises(ValueError, match='create_feature_extractor'):
+        timm.create_model('pola_swin_tiny', arch=SWIN_TINY_DEPTH2,
+                          features_only=True, feature_cls='fx')
