@@ -10,7 +10,9 @@
 #   4. mmengine, mmdet, mmsegmentation, mmpretrain, timm, pytest (requirements/);
 #   5. mmcv 2.1.0 with ops via tools/install_mmcv.py (built once, then cached in
 #      ~/.cache/pola_mm/wheels, or $POLA_MM_WHEEL_CACHE);
-#   6. pola_mm itself, editable.
+#   6. MMDeploy 1.3.1 with --no-deps (its protobuf<=3.20.2 pin would break
+#      onnx) after the dependencies it imports (requirements/mmdeploy*.txt);
+#   7. pola_mm itself, editable.
 #
 # A stamp keyed by the hash of the requirement files and of this script makes a
 # second run return in seconds; delete .venv/ (or the stamp) to start over.
@@ -36,7 +38,8 @@ installed() {
   "$PY" -I - "$PWD" <<'EOF' 2>/dev/null
 import importlib.metadata as md, importlib.util, os, sys
 for name in ('torch', 'torchvision', 'mmengine', 'mmcv', 'mmdet',
-             'mmsegmentation', 'mmpretrain', 'timm', 'pytest', 'pola_mm'):
+             'mmsegmentation', 'mmpretrain', 'timm', 'pytest', 'mmdeploy',
+             'pola_mm'):
     md.version(name)
 spec = importlib.util.find_spec('pola_mm')
 assert spec is not None and os.path.realpath(spec.origin).startswith(
@@ -97,6 +100,10 @@ pip_install -r requirements/runtime.txt -r requirements/tests.txt
 
 log "mmcv 2.1.0 with compiled ops (tools/install_mmcv.py)"
 "$PY" tools/install_mmcv.py
+
+log "MMDeploy 1.3.1 without its protobuf pin (requirements/mmdeploy*.txt)"
+pip_install -r requirements/mmdeploy_deps.txt
+pip_install --no-deps -r requirements/mmdeploy.txt
 
 log "pola_mm (editable)"
 if ! pip_install -e . --no-deps --no-build-isolation > "$VENV/pola_mm_install.log" 2>&1; then
