@@ -1,7 +1,13 @@
-"""A memory-lean kernel of the PaCS polarity attention (PolaFormer++).
+"""The PaCS feature map and a memory-lean kernel of the PaCS polarity
+attention (PolaFormer++).
 
-Computes exactly
-:func:`~pola_mm.models.layers.pacs_attention.pacs_linear_attention`,
+:func:`pacs_features` is the one PaCS feature map of pola_mm: the plain
+formula (:func:`~pola_mm.models.layers.pacs_attention.pacs_linear_attention`)
+and the kernel below both compute their features with it, for PolaPP's
+:class:`~pola_mm.models.layers.PaCSAttention` and for
+``PolarityAttention(feature_map='pacs')`` alike.
+
+:func:`pacs_attention_kernel` computes exactly the plain formula,
 rearranged:
 
 - One key-value product for both flows: the rotary-encoded key features
@@ -17,18 +23,20 @@ rearranged:
   applies the adjoint of the rotary encoding, with no matrix product of the
   forward repeated.
 - Fewer passes over ``(N, 2d)`` tensors: ``[relu(x), relu(-x)]`` is one
-  clamped concatenation, the temperature and ``expm1`` apply in place, and
+  concatenation rectified in place, the temperature and ``expm1`` apply in
+  place (:func:`pacs_features`), and
   the rotary encoding (and its adjoint) is one complex product per channel
   pair, ``(x0 + i x1)(cos + i sin)``, since the tables of
   :func:`~pola_mm.models.layers.rotary.rotary_tables` give both channels of
-  a pair the same angle (other tables take the plain formula).
+  a pair the same angle (other tables take the plain
+  :func:`~pola_mm.ops.rotary.theta_shift`).
 
 Callers compute in float32 at least (the layers disable autocast around
 it: ``exp`` overflows fp16 above 11).
 
-While a graph is captured for export (:func:`~pola_mm.ops.dispatch.exporting`)
-the kernel runs its forward without the autograd function (exporters cannot
-see inside one), and :func:`expm1` writes ``exp(x) - 1``, which every ONNX
+The kernel never sees a captured graph: while one is captured the layers
+run the plain formula (:func:`~pola_mm.ops.dispatch.use_kernels`), whose
+feature map then writes ``exp(x) - 1`` (:func:`expm1`), which every ONNX
 exporter knows (the TorchScript exporter has no ``aten::expm1``).
 """
 from typing import Optional, Tuple
@@ -37,8 +45,12 @@ import torch
 from torch import Tensor
 
 from . import dispatch
+from .rotary import rotate_every_two, theta_shift
 
-__all__ = ['pacs_attention_kernel', 'PaCSAttentionFunction', 'expm1']
+__all__ = [
+    'pacs_attention_kernel', 'PaCSAttentionFunction', 'pacs_features',
+    'polar_halves', 'expm1'
+]
 
 _EPS = 1e-6
 
@@ -50,11 +62,6 @@ def expm1(x: Tensor) -> Tensor:
     if dispatch.exporting():
         return torch.exp(x) - 1
     return torch.expm1(x)
-
-
-def _pair_rotate(x: Tensor) -> Tensor:
-    """Each channel pair ``(x0, x1)`` -> ``(-x1, x0)``."""
-    return torch.stack([-x[..., 1::2], x[..., ::2]], -1).flatten(-2)
 
 
 def _phasor(sin: Tensor, cos: Tensor) -> Optional[Tensor]:
@@ -80,50 +87,70 @@ _Rotary = Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]
 
 
 def _rotary(sin: Optional[Tensor], cos: Optional[Tensor]) -> _Rotary:
-    """The tables with their phasor (none while a graph is captured: plain
-    operations for exporters)."""
+    """The tables with their phasor (None where the tables do not pair
+    up)."""
     if sin is None or cos is None:
         return None, None, None
-    e = None if dispatch.capturing() else _phasor(sin, cos)
-    return sin, cos, e
+    return sin, cos, _phasor(sin, cos)
 
 
 def _rot(x: Tensor, r: _Rotary) -> Tensor:
-    """The rotary encoding ``x cos + pair_rotate(x) sin`` (identity without
-    tables); pairs as complex numbers times ``cos + i sin`` when the
-    tables allow."""
+    """The rotary encoding :func:`~pola_mm.ops.rotary.theta_shift`,
+    ``x cos + rotate_every_two(x) sin`` (identity without tables); pairs as
+    complex numbers times ``cos + i sin`` when the tables allow."""
     sin, cos, e = r
     if sin is None or cos is None:
         return x
     if e is None:
-        return x * cos + _pair_rotate(x) * sin
+        return theta_shift(x, sin, cos)
     return _complex_mul(x, e)
 
 
 def _rot_t(y: Tensor, r: _Rotary) -> Tensor:
-    """Adjoint of :func:`_rot`: ``y cos - pair_rotate(y sin)`` (times
+    """Adjoint of :func:`_rot`: ``y cos - rotate_every_two(y sin)`` (times
     ``cos - i sin`` as complex pairs)."""
     sin, cos, e = r
     if sin is None or cos is None:
         return y
     if e is None:
-        return y * cos - _pair_rotate(y * sin)
+        return y * cos - rotate_every_two(y * sin)
     return _complex_mul(y, e.conj())
 
 
-def _cat_relu(x: Tensor, swap: bool) -> Tensor:
-    """``[relu(x), relu(-x)]`` (halves swapped with ``swap``):
-    ``(..., d)`` -> ``(..., 2d)``."""
-    return torch.cat([-x, x] if swap else [x, -x], dim=-1).clamp_(min=0)
+def polar_halves(x: Tensor, swap: bool = False) -> Tensor:
+    """``[relu(x), relu(-x)]`` as a new tensor (halves swapped with
+    ``swap``): ``(..., d)`` -> ``(..., 2d)``."""
+    return torch.cat([-x, x] if swap else [x, -x], dim=-1).relu_()
 
 
-def _expm1_features(x: Tensor, t: Optional[Tensor], swap: bool) -> Tensor:
-    """``exp([relu(x), relu(-x)] * t) - 1`` (halves swapped with ``swap``):
-    ``(..., d)`` -> ``(..., 2d)``."""
-    c = _cat_relu(x, swap)
+def pacs_features(x: Tensor, t: Optional[Tensor] = None,
+                  swap: bool = False) -> Tensor:
+    """The PaCS feature map ``exp([relu(x), relu(-x)] * t) - 1`` (halves
+    swapped with ``swap``; ``t = 1`` when None).
+
+    The queries take it with the temperatures ``t = sigmoid(s1)`` (same-
+    signed flow) and ``sigmoid(s2)`` with ``swap`` (opposite-signed flow),
+    the keys without temperature. Where autograd records nothing (the
+    kernel, inference) the temperature and ``expm1`` apply in place on the
+    new tensor; otherwise out of place, so that backward finds what it
+    saved.
+
+    Args:
+        x: ``(..., d)``.
+        t: temperatures broadcastable to ``(..., 2d)`` (not wider), or None.
+        swap: ``[relu(-x), relu(x)]`` instead.
+
+    Returns:
+        ``(..., 2d)``.
+    """
+    c = polar_halves(x, swap)
+    records = torch.is_grad_enabled() and (x.requires_grad or (
+        t is not None and t.requires_grad))
     if t is not None:
-        c = c.mul_(t)
-    return expm1(c) if dispatch.exporting() else c.expm1_()
+        c = c * t if records else c.mul_(t)
+    if records or dispatch.exporting():
+        return expm1(c)
+    return c.expm1_()
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
@@ -134,13 +161,13 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
     N, d = q.shape[-2], q.shape[-1]
     half = d // 2
     r = _rotary(sin, cos)
-    kf = _expm1_features(k, None, False)
+    kf = pacs_features(k)
     k_mean = kf.mean(dim=-2, keepdim=True).transpose(-2, -1)
     M = _rot(kf, r).transpose(-2, -1) @ v / N
     del kf
     outs, rzs = [], []
     for t, swap, Mc in ((t1, False, M[..., :half]), (t2, True, M[..., half:])):
-        qf = _expm1_features(q, t, swap)
+        qf = pacs_features(q, t, swap)
         rz = (qf @ k_mean).add_(eps).reciprocal_()  # (B, h, N, 1)
         outs.append((_rot(qf, r) @ Mc).mul_(rz))
         rzs.append(rz)
@@ -175,8 +202,9 @@ class PaCSAttentionFunction(torch.autograd.Function):
         flows = ((t1, False, slice(0, half), 0),
                  (t2, True, slice(half, d), 1))
         for t, swap, cols, j in flows:
-            # the flow's features, recomputed: qf = exp(c t) - 1
-            c = _cat_relu(q, swap)
+            # the flow's features, recomputed (pacs_features, keeping c):
+            # qf = exp(c t) - 1
+            c = polar_halves(q, swap)
             qf = torch.expm1(c * t)
             rz_j = rz[..., j:j + 1]
             dxj = dx[..., cols]
@@ -196,7 +224,7 @@ class PaCSAttentionFunction(torch.autograd.Function):
             dq += first * pos_q - second * neg_q
         assert dk_mean is not None
         dMc = torch.cat(dM, -1) / N  # (B, h, 2d, d)
-        kf = _expm1_features(k, None, False)  # recomputed
+        kf = pacs_features(k)  # recomputed
         dv = None
         if ctx.needs_input_grad[2]:
             dv = _rot(kf, r) @ dMc
@@ -231,10 +259,8 @@ def pacs_attention_kernel(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
     Returns:
         ``(B, h, N, d)``.
     """
-    if torch.is_grad_enabled() and not dispatch.exporting() and any(
+    if torch.is_grad_enabled() and any(
             t.requires_grad for t in (q, k, v, s1, s2)):
-        # (exporters capture the forward only, and cannot see inside an
-        # autograd function)
         return PaCSAttentionFunction.apply(q, k, v, s1, s2, sin, cos, eps)
     t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
     return _forward(q, k, v, t1, t2, sin, cos, eps)[0]

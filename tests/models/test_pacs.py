@@ -155,14 +155,23 @@ def test_large_activations_under_bf16_autocast_stay_finite():
     assert torch.isinf(torch.exp(torch.tensor(30., dtype=torch.float16)))
 
 
-def test_pacs_attention_kernel_and_reference_agree():
+def test_pacs_attention_kernel_and_reference_agree(monkeypatch):
+    """The kernel (fast paths on) and the formula (fast paths off) give the
+    same outputs and gradients; each side runs only its own."""
+    import pola_mm.models.layers.pacs_attention as pa
     torch.manual_seed(0)
     attn = PaCSAttention(16, 2)
     helpers.randomise(attn, std=0.3)
-    ref = PaCSAttention(16, 2, impl='reference')
+    ref = PaCSAttention(16, 2)
     ref.load_state_dict(attn.state_dict())
+    kernel = helpers.count_calls(monkeypatch, pa, 'pacs_attention_kernel')
+    formula = helpers.count_calls(monkeypatch, pa, 'pacs_linear_attention')
     x = torch.randn(2, 30, 16)
-    a, b = attn(x, (5, 6)), ref(x, (5, 6))
+    a = attn(x, (5, 6))
+    assert (len(kernel), len(formula)) == (1, 0)
+    with plain_paths():
+        b = ref(x, (5, 6))
+    assert (len(kernel), len(formula)) == (1, 1)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     a.square().sum().backward()
     b.square().sum().backward()
@@ -170,8 +179,34 @@ def test_pacs_attention_kernel_and_reference_agree():
         # float32: equal up to rounding, relative to the gradient's size
         err = (p.grad - q.grad).abs().max() / q.grad.abs().max()
         assert err < 1e-5, (n, float(err))
-    with pytest.raises(ValueError, match='impl'):
-        PaCSAttention(16, 2, impl='fast')
+
+
+def test_one_feature_map_and_one_temperature_init():
+    """Both PaCS attentions share one feature map, formula and kernel entry
+    (:func:`pacs_attend`), and their temperatures are created and reset by
+    one function (zero, the authors' init)."""
+    import pola_mm.models.layers.pacs_attention as pa
+    import pola_mm.ops.pacs_kernel as pk
+    assert pa.pacs_features is pk.pacs_features
+    x = torch.randn(3, 5, 4, dtype=D64, requires_grad=True)
+    t = torch.rand(8, dtype=D64, requires_grad=True)
+    pos, neg = F.relu(x), F.relu(-x)
+    for swap, halves in ((False, [pos, neg]), (True, [neg, pos])):
+        want = torch.expm1(torch.cat(halves, -1) * t)
+        got = pk.pacs_features(x, t, swap)  # autograd records: out of place
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert torch.autograd.gradcheck(
+            lambda a, b: pk.pacs_features(a, b, swap), (x, t))
+        with torch.no_grad():  # in place
+            torch.testing.assert_close(pk.pacs_features(x, t, swap), want)
+    torch.testing.assert_close(pk.pacs_features(x),
+                               torch.expm1(torch.cat([pos, neg], -1)))
+    for m in (PaCSAttention(16, 2), build('pacs')):
+        assert m.s1.shape == m.s2.shape == (1, 2, 1, 16)
+        with torch.no_grad():
+            m.s1.fill_(1.), m.s2.fill_(-1.)
+        pa.reset_pacs_temperatures(m)
+        assert (m.s1 == 0).all() and (m.s2 == 0).all()
 
 
 # -- PolarityAttention(feature_map=...) -------------------------------------

@@ -6,6 +6,14 @@ PolaFormer's learned power by ``phi(x; t) = exp(t * x) - 1`` with learned
 per-channel temperatures ``t = sigmoid(s)``, one for the same-signed and one
 for the opposite-signed flow; the keys take ``exp(x) - 1``. In PolaPP the
 products (not the normalisers) carry a 2-D rotary encoding.
+
+One PaCS serves both attentions that use it, PolaPP's
+:class:`PaCSAttention` and ``PolarityAttention(feature_map='pacs')``: the
+feature map :func:`~pola_mm.ops.pacs_kernel.pacs_features`, the formula
+:func:`pacs_linear_attention`, the kernel
+:func:`~pola_mm.ops.pacs_kernel.pacs_attention_kernel`, the choice between
+the last two (:func:`pacs_attend`) and the temperatures ``s1``, ``s2``
+(:func:`add_pacs_temperatures`, :func:`reset_pacs_temperatures`).
 """
 from typing import Optional
 
@@ -16,26 +24,36 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...ops import dispatch
-from ...ops.pacs_kernel import expm1, pacs_attention_kernel
+from ...ops.pacs_kernel import pacs_attention_kernel, pacs_features
 from ...typing import Size2
 from .heads import polarity_head_dims
 from .rotary import rotary_tables, theta_shift
 
+__all__ = [
+    'PaCSAttention', 'pacs_features', 'pacs_linear_attention', 'pacs_attend',
+    'add_pacs_temperatures', 'reset_pacs_temperatures'
+]
 
-def pacs_features(x: Tensor, t: Optional[Tensor] = None,
-                  swap: bool = False) -> Tensor:
-    """``exp([relu(x), relu(-x)] * t) - 1`` (halves swapped with ``swap``).
 
-    Args:
-        x: ``(..., d)``.
-        t: temperatures broadcastable to ``(..., 2d)``; None for ``t = 1``.
+def add_pacs_temperatures(module: nn.Module, num_heads: int,
+                          head_dims: int) -> None:
+    """Register the raw temperatures ``s1``, ``s2`` ``(1, h, 1, 2d)`` on
+    ``module`` (the authors' names), initialised by
+    :func:`reset_pacs_temperatures`."""
+    for name in ('s1', 's2'):
+        module.register_parameter(
+            name, nn.Parameter(torch.empty(1, num_heads, 1, 2 * head_dims)))
+    reset_pacs_temperatures(module)
 
-    Returns:
-        ``(..., 2d)``.
-    """
-    pos, neg = F.relu(x), F.relu(-x)
-    c = torch.cat([neg, pos] if swap else [pos, neg], dim=-1)
-    return expm1(c if t is None else c * t)
+
+def reset_pacs_temperatures(module: nn.Module) -> None:
+    """The authors' init of ``module.s1``, ``module.s2``: zero (so both
+    flows start at ``t = sigmoid(0) = 1/2``). The one place that
+    initialises them, at construction and in the backbones'
+    ``init_weights``."""
+    with torch.no_grad():
+        module.s1.zero_()
+        module.s2.zero_()
 
 
 def pacs_linear_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
@@ -89,6 +107,28 @@ def pacs_linear_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
     return torch.cat([x_sim, x_opp], dim=-1)
 
 
+def pacs_attend(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
+                sin: Optional[Tensor] = None, cos: Optional[Tensor] = None,
+                fast: bool = True) -> Tensor:
+    """PaCS attention of head tensors, the one entry of both PaCS modules:
+    :func:`~pola_mm.ops.pacs_kernel.pacs_attention_kernel` when ``fast``,
+    else the formula :func:`pacs_linear_attention` (same outputs and
+    gradients).
+
+    Args:
+        q, k, v: ``(B, h, N, d)``, float32 or float64.
+        s1, s2: raw temperatures ``(1, h, 1, 2d)``.
+        sin, cos: optional ``(N, 2d)`` rotary tables of the products.
+        fast: the kernel (the module's
+            :func:`~pola_mm.ops.dispatch.use_kernels`) or the formula.
+
+    Returns:
+        ``(B, h, N, d)``.
+    """
+    fn = pacs_attention_kernel if fast else pacs_linear_attention
+    return fn(q, k, v, s1, s2, sin, cos)
+
+
 class PaCSAttention(BaseModule):
     """PolaFormer++'s linear attention block part (the authors'
     ``AddLinearAttention``), on tokens of a stage map.
@@ -100,30 +140,30 @@ class PaCSAttention(BaseModule):
     compute in float32 (``exp`` of fp16 overflows above 11) and return the
     input dtype.
 
+    The attention runs the kernel
+    (:func:`~pola_mm.ops.pacs_kernel.pacs_attention_kernel`) where
+    :func:`~pola_mm.ops.dispatch.use_kernels` allows, else the formula (fast
+    paths off, export): :func:`pacs_attend`.
+
     Args:
         embed_dims: channels ``C``.
         num_heads: heads ``h``; ``d = C / h`` must be even.
         kernel_size: kernel of ``lepe``.
-        impl: ``'kernel'`` (the fast kernel of :mod:`pola_mm.ops.pacs_kernel`
-            when the fast paths are on) or ``'reference'`` (the formula as
-            written).
     """
 
     def __init__(self, embed_dims: int, num_heads: int,
-                 kernel_size: int = 5, impl: str = 'kernel',
+                 kernel_size: int = 5,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
-        head_dims = polarity_head_dims(embed_dims, num_heads, impl)
+        head_dims = polarity_head_dims(embed_dims, num_heads)
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = head_dims
-        self.impl = impl
         self.qkvg = nn.Linear(embed_dims, embed_dims * 4)
         self.lepe = nn.Conv2d(embed_dims, embed_dims, kernel_size,
                               padding=kernel_size // 2, groups=embed_dims)
         self.proj = nn.Linear(embed_dims, embed_dims)
-        self.s1 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * head_dims))
-        self.s2 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * head_dims))
+        add_pacs_temperatures(self, num_heads, head_dims)
 
     def extra_repr(self) -> str:
         return f'embed_dims={self.embed_dims}, num_heads={self.num_heads}'
@@ -149,10 +189,8 @@ class PaCSAttention(BaseModule):
             sin, cos = rotary_tables(hw, 2 * d, device=q.device, dtype=dt)
             s1, s2 = self.s1.to(dt), self.s2.to(dt)
             qh, kh, vh = heads(q), heads(k), heads(v)
-            if self.impl == 'kernel' and dispatch.fast_paths_enabled():
-                x = pacs_attention_kernel(qh, kh, vh, s1, s2, sin, cos)
-            else:
-                x = pacs_linear_attention(qh, kh, vh, s1, s2, sin, cos)
+            x = pacs_attend(qh, kh, vh, s1, s2, sin, cos,
+                            fast=dispatch.use_kernels(qh))
             vmap = v.to(dt).reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)
             lepe = F.conv2d(vmap, self.lepe.weight.to(dt),
                             self.lepe.bias.to(dt), padding=self.lepe.padding,

@@ -14,12 +14,11 @@ from torch import Tensor
 
 from ...ops import dispatch
 from ...ops.depthwise_conv import depthwise_conv2d
-from ...ops.pacs_kernel import pacs_attention_kernel
 from ...ops.polarity_kernel import polarity_attention_kernel
 from ...ops.token_runs import split_linear_in_runs
 from ...typing import Size2
 from .heads import polarity_head_dims
-from .pacs_attention import pacs_linear_attention
+from .pacs_attention import add_pacs_temperatures, pacs_attend
 from .embed import pad_for_stride
 from .position import check_resize_mode, resize_pos_table
 
@@ -210,10 +209,7 @@ class PolarityAttention(BaseModule):
             self.power = nn.Parameter(
                 torch.zeros(1, num_heads, 1, head_dims))
         else:
-            self.s1 = nn.Parameter(
-                torch.zeros(1, num_heads, 1, 2 * head_dims))
-            self.s2 = nn.Parameter(
-                torch.zeros(1, num_heads, 1, 2 * head_dims))
+            add_pacs_temperatures(self, num_heads, head_dims)
         self.scale = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.positional_encoding = nn.Parameter(
             torch.zeros(1, self.ref_hw[0] * self.ref_hw[1], embed_dims))
@@ -321,8 +317,8 @@ class PolarityAttention(BaseModule):
         ``k / s`` (``s = softplus(scale)``, ``k`` with the positional table)
         and ``v``, all ``(B, h, N, d)``; no rotary encoding."""
         s = F.softplus(scale)
-        fn = pacs_attention_kernel if fast else pacs_linear_attention
-        return fn(q / s, k / s, v, self.s1.to(dt), self.s2.to(dt))
+        return pacs_attend(q / s, k / s, v, self.s1.to(dt), self.s2.to(dt),
+                           fast=fast)
 
     def dwc_params(self, dt: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
         """The depth-wise conv's per-head kernel and bias repeated over the

@@ -7,13 +7,20 @@ For features of width ``w`` on a map ``(H, W)``: ``w / 4`` frequencies
 (``w`` values). :func:`theta_shift` rotates each pair of channels
 ``(x0, x1)`` by its angle. The tables depend only on the map, so the
 encoding works at any input size with nothing learned.
+
+:func:`theta_shift` and :func:`rotate_every_two` are the tensor-level
+primitives of :mod:`pola_mm.ops.rotary` (shared with the PaCS kernel),
+re-exported here beside the tables.
 """
 from typing import Tuple
 
 import torch
 from torch import Tensor
 
+from ...ops.rotary import rotate_every_two, theta_shift
 from ...typing import Size2
+
+__all__ = ['rotary_tables', 'rotate_every_two', 'theta_shift']
 
 
 def rotary_tables(hw: Size2, width: int, base: float = 10000.,
@@ -49,18 +56,3 @@ def rotary_tables(hw: Size2, width: int, base: float = 10000.,
                          dim=-1).reshape(H * W, width)
 
     return table(torch.sin).to(dtype), table(torch.cos).to(dtype)
-
-
-def rotate_every_two(x: Tensor) -> Tensor:
-    """``(..., w)``: each pair ``(x0, x1)`` -> ``(-x1, x0)``."""
-    return torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).flatten(-2)
-
-
-def theta_shift(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
-    """Rotary encoding ``x * cos + rotate_every_two(x) * sin``.
-
-    Args:
-        x: ``(..., N, w)``.
-        sin, cos: ``(N, w)`` from :func:`rotary_tables`.
-    """
-    return x * cos + rotate_every_two(x) * sin
