@@ -7,10 +7,11 @@ Three things do not work out of the box with torch >= 2.6 and mmengine 0.10.7:
    ``Runner`` saves holds a ``message_hub`` (``HistoryBuffer`` objects with
    numpy arrays, numpy scalars, and the buffer's statistics methods), so
    ``--resume`` and loading a checkpoint for testing fail.
-   :func:`allow_runner_checkpoints` adds exactly those types to torch's
-   weights-only allow-list, which keeps refusing anything else (pickled code
-   in a foreign file is still rejected). It runs when :mod:`pola_mm` is
-   imported.
+   :func:`allow_runner_checkpoints` adds exactly those types (pola_mm's one
+   allow-list, :func:`pola_mm.fileio.runner_checkpoint_safe_globals`) to
+   torch's weights-only allow-list, which keeps refusing anything else
+   (pickled code in a foreign file is still rejected). It runs when
+   :mod:`pola_mm` is imported.
 
 2. ``mmengine.dist.init_dist('pytorch')`` calls ``torch.cuda.set_device`` and
    the Runner's DDP wrapper passes ``device_ids=[LOCAL_RANK]``; both fail on a
@@ -26,75 +27,21 @@ import atexit
 import logging
 import os
 import sys
-from typing import Any, Callable, List, NoReturn, Tuple, Union
+from typing import Any, NoReturn
 
-import numpy as np
 import torch
 import torch.distributed as torch_dist
 from mmengine.config import Config
-from mmengine.logging import HistoryBuffer, print_log
+from mmengine.logging import print_log
 from mmengine.registry import MODEL_WRAPPERS
 from torch.nn.parallel import DistributedDataParallel
+
+from .fileio.allow_list import runner_checkpoint_safe_globals
 
 __all__ = [
     'allow_runner_checkpoints', 'runner_checkpoint_safe_globals',
     'setup_cpu_distributed', 'finish_distributed', 'exit_process'
 ]
-
-# numpy dtypes a checkpoint may hold as arrays or scalars (log values, counts)
-_NUMPY_DTYPES = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16',
-                 'uint32', 'uint64', 'float16', 'float32', 'float64')
-
-
-def _history_buffer_attr(obj: Any, name: str) -> Callable:
-    """Stand-in for ``builtins.getattr`` while unpickling a checkpoint.
-
-    ``HistoryBuffer.__getstate__`` saves its statistics methods, which pickle
-    writes as ``getattr(HistoryBuffer, 'min')``. Only that lookup is allowed:
-    the class must be ``HistoryBuffer`` and the attribute one of its
-    registered statistics methods.
-    """
-    import pickle
-    methods = set(HistoryBuffer._statistics_methods) | {
-        'min', 'max', 'current', 'mean'
-    }
-    if obj is HistoryBuffer and name in methods:
-        return getattr(obj, name)
-    raise pickle.UnpicklingError(
-        f'pola_mm: refusing getattr({obj!r}, {name!r}) while loading with '
-        'weights_only=True; only HistoryBuffer statistics methods are allowed')
-
-
-def runner_checkpoint_safe_globals() -> List[Union[Any, Tuple[Any, str]]]:
-    """The globals an mmengine Runner checkpoint needs beyond torch's own.
-
-    Observed in checkpoints saved by ``Runner.save_checkpoint`` (mmengine
-    0.10.7, numpy 1.x and 2.x names): ``HistoryBuffer``, its statistics
-    methods (via a restricted ``getattr``), ``numpy.ndarray`` and its
-    ``_reconstruct``, ``numpy.dtype`` and the concrete numeric dtype classes,
-    and numpy scalars (``multiarray.scalar``).
-
-    Returns:
-        A list for :func:`torch.serialization.add_safe_globals`.
-    """
-    multiarray = getattr(np, '_core', None)
-    multiarray = multiarray.multiarray if multiarray is not None \
-        else np.core.multiarray
-    entries: List[Union[Any, Tuple[Any, str]]] = [
-        HistoryBuffer,
-        (_history_buffer_attr, 'builtins.getattr'),
-        np.ndarray,
-        np.dtype,
-    ]
-    # numpy 2 writes numpy._core.*, numpy 1 wrote numpy.core.*: accept both
-    for module in ('numpy._core.multiarray', 'numpy.core.multiarray'):
-        entries.append((multiarray._reconstruct, f'{module}._reconstruct'))
-        entries.append((multiarray.scalar, f'{module}.scalar'))
-    for name in _NUMPY_DTYPES:
-        dtype_cls = type(np.dtype(name))
-        if dtype_cls is not np.dtype:  # numpy >= 1.20: one class per dtype
-            entries.append(dtype_cls)
-    return entries
 
 
 def allow_runner_checkpoints() -> bool:

@@ -17,7 +17,7 @@ from mmengine.runner import Runner
 from .compat import exit_process, finish_distributed, setup_cpu_distributed
 from .engine import (NonFiniteLossError, TrainingInterrupted,
                      install_checked_loader, stop_on_sigterm)
-from .models.checkpoint import CheckpointFileError
+from .fileio import CheckpointFileError
 
 __all__ = [
     'ToolError', 'train_parser', 'test_parser', 'load_config',

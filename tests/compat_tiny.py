@@ -1,7 +1,7 @@
 """A tiny model, dataset and metric for real mmengine Runner tests.
 
 Imported by configs through ``custom_imports=dict(imports=['compat_tiny'])``
-with ``tests/`` on ``PYTHONPATH`` (see ``tests/tools/test_compat.py``).
+with ``tests/`` on ``PYTHONPATH`` (see ``tests/test_compat.py``).
 Everything registers in MMEngine's root registries, so the configs use
 ``default_scope='mmengine'`` and need none of mmdet / mmseg / mmpretrain.
 """

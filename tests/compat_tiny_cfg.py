@@ -1,6 +1,6 @@
 # A tiny mmengine Runner config (model, data and metric in
 # tests/compat_tiny.py; put tests/ on PYTHONPATH). Used by
-# tests/tools/test_compat.py.
+# tests/test_compat.py.
 custom_imports = dict(imports=['compat_tiny'], allow_failed_imports=False)
 default_scope = 'mmengine'
 model = dict(type='TinyRegressor')

@@ -1,4 +1,4 @@
-"""Faults injected into real training runs (tests/tools/test_resume*.py,
+"""Faults injected into real training runs (tests/engine/test_resume*.py,
 test_checkpoint_atomic.py, test_divergence.py).
 
 Configs import this module with ``custom_imports`` (``tests/`` on

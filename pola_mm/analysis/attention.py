@@ -67,7 +67,7 @@ __all__ = [
     'polarity_qk', 'polarity_scores', 'normalise_rows', 'combined_rows',
     'dwc_rows', 'softmax_rows', 'attention_rows', 'row_entropy',
     'positive_sequence_entropy', 'numerical_rank', 'block_statistics',
-    'query_tokens', 'build_backbone', 'sample_rows', 'upsample_row',
+    'query_tokens', 'backbone_for_analysis', 'sample_rows', 'upsample_row',
     'plot_attention_map', 'summarise_statistics', 'format_statistics',
     'plot_statistics'
 ]
@@ -270,12 +270,15 @@ def capture_blocks(backbone: nn.Module, image: Tensor,
     return caps
 
 
-def build_backbone(config: str, checkpoint: Optional[str] = None,
-                   out_indices: Optional[Sequence[int]] = None
-                   ) -> Tuple[nn.Module, dict]:
+def backbone_for_analysis(config: str, checkpoint: Optional[str] = None,
+                          out_indices: Optional[Sequence[int]] = None
+                          ) -> Tuple[nn.Module, dict]:
     """The backbone of an mmdet / mmseg / mmpretrain config (``model.
     backbone``), with the weights of ``checkpoint`` or randomly initialised
-    (the config's own ``init_cfg`` is ignored).
+    (the config's own ``init_cfg`` is ignored), and the config's input
+    normalisation. The backbone is built by pola_mm's one builder,
+    :func:`pola_mm.models.from_config.backbone_from_config` (as for the
+    ONNX export); this adds the check that the tools can analyse it.
 
     Args:
         config: config file path.

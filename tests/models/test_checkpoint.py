@@ -1,6 +1,5 @@
 """Checkpoint conversion, the converter CLI and pretrained loading errors."""
 import importlib.util
-import os
 import os.path as osp
 import pickle
 import re
@@ -13,12 +12,13 @@ import torch
 
 import pola_mm.models.checkpoint as ckpt_mod
 from pola_mm.models import PolaPVT, PolaSwinTransformer
-from pola_mm.models.checkpoint import (CheckpointFileError, InertObject,
-                                       backbone_state_dict,
+from pola_mm.fileio import (CheckpointFileError, InertObject,
+                            load_checkpoint_file)
+from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint,
-                                       extract_state_dict,
-                                       load_checkpoint_file, official_family)
-from helpers import PVT_MINI, REPO, SWIN_MINI, reference_file
+                                       extract_state_dict, official_family)
+from helpers import (PVT_MINI, REPO, SWIN_MINI, reference_file,
+                     subprocess_env)
 
 CLI = osp.join(REPO, 'tools', 'model_converters', 'pola_official_to_mm.py')
 
@@ -52,8 +52,7 @@ def test_convert_pvt(reference_dir):
 
 def test_cli(reference_dir, tmp_path, capsys):
     dst = tmp_path / 'sub' / 'swin.pth'
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
-               os.environ.get('PYTHONPATH', ''))
+    env = subprocess_env()
     src = osp.join(reference_dir, 'official_pola_swin_mini.pth')
     res = subprocess.run([sys.executable, CLI, src, str(dst)], env=env,
                          capture_output=True, text=True)
@@ -318,8 +317,7 @@ def _backbone_features(model, x):
 
 
 def _run_cli(src, dst):
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
-               os.environ.get('PYTHONPATH', ''))
+    env = subprocess_env()
     return subprocess.run([sys.executable, CLI, str(src), str(dst)], env=env,
                           capture_output=True, text=True)
 
@@ -342,8 +340,9 @@ def test_weights_only_refuses_authors_training_checkpoint(authors_files):
 @pytest.mark.parametrize('name', sorted(MINIS))
 def test_load_authors_training_checkpoint(reference_dir, authors_files,
                                           name, monkeypatch):
+    from pola_mm.fileio import safe_load
     logs = []
-    monkeypatch.setattr(ckpt_mod, 'print_log',
+    monkeypatch.setattr(safe_load, 'print_log',
                         lambda msg, **kw: logs.append((msg, kw)))
     ckpt = load_checkpoint_file(authors_files[name])
     assert set(ckpt) == {'model', 'optimizer', 'lr_scheduler',
@@ -384,8 +383,7 @@ def test_loading_imports_nothing_from_the_file(authors_files):
             f'ckpt = load_checkpoint_file({authors_files["swin"]!r}); '
             "assert 'yacs' not in sys.modules, 'yacs imported'; "
             "print(ckpt['config'].inert_global)")
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
-               os.environ.get('PYTHONPATH', ''))
+    env = subprocess_env()
     res = subprocess.run([sys.executable, '-c', code], env=env,
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -1,7 +1,6 @@
 """The published models: the reference minis reproduce the authors' pooled
 features and logits (<= 1e-4, float32) through the conversion function, the
 converter CLI and the in1k mmpretrain configs."""
-import os
 import os.path as osp
 import subprocess
 import sys
@@ -12,7 +11,8 @@ import torch
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint)
-from helpers import PVT_MINI, REPO, SWIN_MINI, reference_file
+from helpers import (PVT_MINI, REPO, SWIN_MINI, reference_file,
+                     subprocess_env)
 
 CLI = osp.join(REPO, 'tools', 'model_converters', 'pola_official_to_mm.py')
 TOL = 1e-4
@@ -81,8 +81,7 @@ def test_cli_and_in1k_config(reference_dir, tmp_path, name):
     _, arch, config, in_channels = MINIS[name]
     _, io = _load(reference_dir, name)
     dst = str(tmp_path / f'{name}.pth')
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
-               os.environ.get('PYTHONPATH', ''))
+    env = subprocess_env()
     res = subprocess.run(
         [sys.executable, CLI,
          osp.join(reference_dir, f'official_pola_{name}_mini.pth'), dst],

@@ -16,7 +16,7 @@ pytest.importorskip('mmdet.models')
 from mmengine.config import Config  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 
-from pola_mm.utils.shapes import SHAPES_CLASSES, make_shapes_dataset  # noqa
+from pola_mm.demo.shapes import SHAPES_CLASSES, make_shapes_dataset  # noqa
 
 CONFIG = osp.join(REPO, 'configs', 'demo', 'mask_rcnn_pola_swin_shapes.py')
 

@@ -16,18 +16,16 @@ import sys
 import pytest
 
 import e2e_data
-from helpers import REPO, free_port
+from helpers import REPO, subprocess_env
 
 pytest.importorskip('mmdet.models')
 
 
 def _run(cmd, cwd, timeout=300, **env):
-    full_env = dict(os.environ, PYTHON=sys.executable,
-                    PORT=str(free_port()), OMP_NUM_THREADS='1', **env)
-    full_env.pop('LOCAL_RANK', None)
-    proc = subprocess.run(cmd, cwd=cwd, env=full_env, timeout=timeout,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+    proc = subprocess.run(cmd, cwd=cwd,
+                          env=subprocess_env(launcher=True, **env),
+                          timeout=timeout, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
     assert proc.returncode == 0, f'{cmd} failed:\n{proc.stdout[-6000:]}'
     return proc.stdout
 

@@ -1,7 +1,7 @@
 """Option handling of tools/train.py and tools/test.py (pola_mm.tools_utils).
 
 In-process and cheap: the configs are built, not run
-(tests/tools/test_compat.py runs the tools for real).
+(tests/test_compat.py runs the tools for real).
 """
 from pathlib import Path
 

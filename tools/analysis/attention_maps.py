@@ -25,7 +25,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
 from pola_mm.analysis.attention import (  # noqa: E402
-    build_backbone, capture_blocks, image_to_tensor, load_image,
+    backbone_for_analysis, capture_blocks, image_to_tensor, load_image,
     plot_attention_map)
 from pola_mm.analysis.benchmark import parse_size  # noqa: E402
 
@@ -62,7 +62,7 @@ def main(argv=None) -> None:
     try:
         img = load_image(args.image)
         size = None if args.size == 'orig' else parse_size(args.size)
-        backbone, meta = build_backbone(args.config, args.checkpoint,
+        backbone, meta = backbone_for_analysis(args.config, args.checkpoint,
                                         out_indices=(args.stage - 1, ))
         _, x = image_to_tensor(img, size, meta['mean'], meta['std'])
         if args.query:

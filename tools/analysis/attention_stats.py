@@ -27,8 +27,9 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
 from pola_mm.analysis.attention import (  # noqa: E402
-    block_statistics, build_backbone, capture_blocks, format_statistics,
-    image_to_tensor, load_image, plot_statistics, summarise_statistics)
+    backbone_for_analysis, block_statistics, capture_blocks,
+    format_statistics, image_to_tensor, load_image, plot_statistics,
+    summarise_statistics)
 from pola_mm.analysis.benchmark import parse_size  # noqa: E402
 
 CKPT_EXT = ('.pth', '.pt', '.ckpt')
@@ -65,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     try:
-        backbone, meta = build_backbone(args.config, args.checkpoint)
+        backbone, meta = backbone_for_analysis(args.config, args.checkpoint)
         size = None if args.size == 'orig' else parse_size(args.size)
         records = []
         for spec in args.images:

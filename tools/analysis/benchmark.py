@@ -32,10 +32,70 @@ import time
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
+from typing import List, Optional, Sequence, Tuple  # noqa: E402
+
 from pola_mm.analysis.benchmark import (  # noqa: E402
-    MODEL_ZOO, PRESETS, SEQ_METHODS, SEQ_MODES, BenchmarkCase, check_goals,
-    format_seqlen_table, format_table, parse_size, plot_results,
-    plot_seqlen, run_benchmarks, run_seqlen, size_str)
+    MODEL_ZOO, PRESETS, SEQ_METHODS, SEQ_MODES, BenchmarkCase,
+    BenchmarkResult, compute_ratios, format_ratio, format_seqlen_table,
+    format_table, parse_size, plot_results, plot_seqlen, run_benchmarks,
+    run_seqlen, size_str)
+
+#: The performance goals ``--preset goals`` is checked against: (title of
+#: the case, metric, largest allowed ratio of Pola over softmax).
+GOALS: List[Tuple[str, str, float]] = [
+    ('Swin-T train 224 b8', 'time', 1.0),
+    ('PVT-T train 224 b8', 'time', 1.2),
+    ('Swin-T infer 800x1344', 'time', 1.0),
+    ('Swin-T infer 800x1344', 'mem', 1.0),
+    ('Swin-T infer 1600x2688', 'time', 1.0),
+    ('Swin-T infer 1600x2688', 'mem', 1.0),
+    ('PVT-T infer 800x1344', 'time', 0.5),
+    ('PVT-T infer 1600x2688', 'time', 0.2),
+    ('PVT-T infer 1600x2688', 'mem', 0.4),
+]
+
+
+def check_goals(results: Sequence[BenchmarkResult],
+                goals: Sequence[Tuple[str, str, float]] = GOALS,
+                growth_limit: Optional[float] = 4.5) -> List[str]:
+    """Compare the ratios with the performance goals; one line per goal.
+
+    Args:
+        results: results of the ``goals`` preset.
+        goals: (case title, 'time' or 'mem', largest allowed ratio).
+        growth_limit: largest allowed growth of Pola-PVT-T's inference time
+            from 800x1344 to 1600x2688 (None: not checked).
+
+    Returns:
+        One line per goal: the measured ratio and ``ok`` or ``MISSED``, or
+        ``not measured``.
+    """
+    ratios = compute_ratios(results)
+    lines = []
+    for title, metric, limit in goals:
+        found = [ratios[i] for i, r in enumerate(results)
+                 if r.title == title and i in ratios]
+        if not found:
+            lines.append(f'{title} {metric} <= {limit}: not measured')
+            continue
+        val = found[0][0 if metric == 'time' else 1]
+        ok = val is not None and val <= limit
+        lines.append(f'{title} {metric} <= {limit}: {format_ratio(val)} '
+                     f'{"ok" if ok else "MISSED"}')
+    if growth_limit is not None:
+        pick = {tuple(r.size): r for r in results
+                if r.name == 'pola_pvt_t' and r.mode == 'infer'
+                and r.batch == 1 and r.error is None}
+        a, b = pick.get((800, 1344)), pick.get((1600, 2688))
+        if a is None or b is None:
+            lines.append(f'pola_pvt_t growth <= {growth_limit}: not measured')
+        else:
+            g = b.time_median / a.time_median
+            lines.append(f'pola_pvt_t growth 800x1344 -> 1600x2688 <= '
+                         f'{growth_limit}: time x{g:.2f} '
+                         f'{"ok" if g <= growth_limit else "MISSED"} '
+                         f'(peak memory x{b.peak_mem_mb / a.peak_mem_mb:.2f})')
+    return lines
 
 
 def parse_args() -> argparse.Namespace:

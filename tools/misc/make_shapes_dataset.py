@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
 
-from pola_mm.utils.shapes import make_shapes_dataset  # noqa: E402
+from pola_mm.demo.shapes import make_shapes_dataset  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

@@ -7,7 +7,7 @@ SRC: the authors' file, Pola-Swin, Pola-PVT or PolaPP (PolaFormer++):
 ``{'model': state_dict}`` (or a plain state dict) or
 a full training checkpoint of their code (``model``, ``optimizer``,
 ``lr_scheduler``, ``max_accuracy``, ``epoch``, ``config``: a yacs
-``CfgNode``). It is read by ``pola_mm.models.load_checkpoint_file``, which
+``CfgNode``). It is read by ``pola_mm.fileio.load_checkpoint_file``, which
 never runs code from the file: entries torch's weights-only loader refuses
 (the ``config``) are kept as inert data and only ``model`` is used.
 DST: ``{'state_dict': {backbone.*, head.fc.*}, 'meta': {...}}`` (the
@@ -48,10 +48,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ImportError:
         sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)),
                                     '..', '..'))
-    from pola_mm.models.checkpoint import (CheckpointFileError,
-                                           convert_official_checkpoint,
+    from pola_mm.fileio import CheckpointFileError, load_checkpoint_file
+    from pola_mm.models.checkpoint import (convert_official_checkpoint,
                                            extract_state_dict,
-                                           load_checkpoint_file,
                                            official_family)
     try:
         ckpt = load_checkpoint_file(args.src, map_location='cpu')

@@ -9,10 +9,25 @@ import sys
 import numpy as np
 import pytest
 
-from pola_mm.utils.shapes import (SHAPES_CLASSES, generate_shapes_image,
-                                  make_shapes_dataset, mask_to_bbox,
-                                  mask_to_rle, rle_to_mask)
+from pola_mm.demo.shapes import (SHAPES_CLASSES, generate_shapes_image,
+                                 make_shapes_dataset, mask_to_bbox,
+                                 mask_to_rle)
 from helpers import REPO
+
+
+def rle_to_mask(rle: dict) -> np.ndarray:
+    """Decode an uncompressed COCO RLE (the inverse of ``mask_to_rle``).
+
+    Args:
+        rle (dict): ``{'size': [H, W], 'counts': [int, ...]}``.
+
+    Returns:
+        np.ndarray: Boolean mask of shape (H, W).
+    """
+    h, w = rle['size']
+    values = np.arange(len(rle['counts'])) % 2 == 1
+    flat = np.repeat(values, rle['counts'])
+    return flat.reshape((w, h)).T.copy()
 
 
 def _digest(root: str) -> dict:

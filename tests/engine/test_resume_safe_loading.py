@@ -7,7 +7,6 @@ The converter and ``init_cfg`` through ``load_pretrained`` are covered in
 ``tests/models/test_checkpoint.py``; here the tools' own path, which
 mmengine's ``CheckpointLoader`` takes, is checked.
 """
-import os
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 import pola_mm  # noqa: F401
 from helpers import REPO_PATH as REPO
+from helpers import subprocess_env
 from pola_mm import tools_utils
 from pola_mm.tools_utils import run_tool
 
@@ -127,10 +127,7 @@ def test_good_file_still_loads(bad_files, tmp_path, checkpoint_loader):
 
 
 def test_test_tool_subprocess_prints_no_traceback(bad_files, tmp_path):
-    env = os.environ.copy()
-    env['PYTHONPATH'] = os.pathsep.join(
-        p for p in (str(REPO / 'tests'), str(REPO), env.get('PYTHONPATH'))
-        if p)
+    env = subprocess_env()
     proc = subprocess.run(
         [sys.executable, str(REPO / 'tools' / 'test.py'), CFG,
          str(bad_files['code']), '--work-dir', str(tmp_path)],

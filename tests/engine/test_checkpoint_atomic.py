@@ -18,15 +18,8 @@ from mmengine.config import Config
 
 import pola_mm  # noqa: F401
 from helpers import REPO_PATH as REPO
+from helpers import subprocess_env
 from pola_mm.engine import atomic_write, stale_temporary_files
-
-
-def _env() -> dict:
-    env = os.environ.copy()
-    paths = [str(REPO / 'tests'), str(REPO), env.get('PYTHONPATH', '')]
-    env['PYTHONPATH'] = os.pathsep.join(p for p in paths if p)
-    env.setdefault('OMP_NUM_THREADS', '1')
-    return env
 
 
 def tiny_config(root: Path, hooks=(), **checkpoint) -> str:
@@ -44,8 +37,8 @@ def tiny_config(root: Path, hooks=(), **checkpoint) -> str:
 def train(cfg: str, work: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(REPO / 'tools' / 'train.py'), cfg,
-         '--work-dir', str(work), *extra], cwd=str(work.parent), env=_env(),
-        capture_output=True, text=True, timeout=300)
+         '--work-dir', str(work), *extra], cwd=str(work.parent),
+        env=subprocess_env(), capture_output=True, text=True, timeout=300)
 
 
 def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):

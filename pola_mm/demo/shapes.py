@@ -54,21 +54,6 @@ def mask_to_rle(mask: np.ndarray) -> Dict:
     return dict(size=[int(h), int(w)], counts=[int(c) for c in counts])
 
 
-def rle_to_mask(rle: Dict) -> np.ndarray:
-    """Decode an uncompressed COCO RLE (see :func:`mask_to_rle`).
-
-    Args:
-        rle (dict): ``{'size': [H, W], 'counts': [int, ...]}``.
-
-    Returns:
-        np.ndarray: Boolean mask of shape (H, W).
-    """
-    h, w = rle['size']
-    values = np.arange(len(rle['counts'])) % 2 == 1
-    flat = np.repeat(values, rle['counts'])
-    return flat.reshape((w, h)).T.copy()
-
-
 def mask_to_bbox(mask: np.ndarray) -> List[float]:
     """Tight COCO box ``[x, y, w, h]`` around the foreground pixels.
 

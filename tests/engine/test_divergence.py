@@ -13,10 +13,8 @@
   else is the tool's config and mmengine's Runner.
 """
 import math
-import os
 import os.path as osp
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,7 +23,7 @@ from mmengine.config import Config
 import e2e_data
 import pola_mm  # noqa: F401
 from fault_injection import seg_config
-from helpers import REPO, free_port
+from helpers import REPO, subprocess_env
 from pola_mm.engine import InvalidLossHook, NonFiniteLossError
 from pola_mm.tools_utils import (build_runner, prepare_train_config,
                                  train_parser)
@@ -58,12 +56,7 @@ def test_nan_loss_stops_every_rank_and_keeps_last_good_checkpoint(tmp_path):
     root = str(tmp_path)
     # NaN weights on rank 0 before iteration 4; checkpoints at 2, 4, 6
     cfg = seg_config(root, hooks=[dict(type='NaNAtIterHook', at=3)])
-    env = dict(os.environ, PYTHON=sys.executable, PORT=str(free_port()),
-               OMP_NUM_THREADS='1')
-    env['PYTHONPATH'] = os.pathsep.join(
-        p for p in (osp.join(REPO, 'tests'), REPO, env.get('PYTHONPATH'))
-        if p)
-    env.pop('LOCAL_RANK', None)
+    env = subprocess_env(launcher=True)
     proc = subprocess.run(
         ['bash', osp.join(REPO, 'tools', 'dist_train.sh'), cfg, '2'],
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

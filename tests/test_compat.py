@@ -5,7 +5,6 @@ The tiny model/data/metric live in tests/compat_tiny.py and the config in
 tests/compat_tiny_cfg.py; the tools run as subprocesses, exactly as a
 user runs them.
 """
-import os
 import pickle
 import shutil
 import subprocess
@@ -18,26 +17,19 @@ import torch
 
 import pola_mm  # noqa: F401  (applies pola_mm.compat, as the tools do)
 from helpers import REPO_PATH as REPO
-from helpers import free_port
+from helpers import free_port, subprocess_env
 
 CFG = REPO / 'tests' / 'compat_tiny_cfg.py'
 TORCH_2_6 = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')
                   [:2]) >= (2, 6)
 
 
-def _env() -> dict:
-    env = os.environ.copy()
-    paths = [str(REPO / 'tests'), str(REPO), env.get('PYTHONPATH', '')]
-    env['PYTHONPATH'] = os.pathsep.join(p for p in paths if p)
-    env.setdefault('OMP_NUM_THREADS', '1')
-    return env
-
-
 def run(args: List[str], cwd: Path, check: bool = True,
         timeout: int = 300) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` with tests/ and the repo on PYTHONPATH."""
-    proc = subprocess.run([sys.executable] + args, cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable] + args, cwd=cwd,
+                          env=subprocess_env(), capture_output=True,
+                          text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f'{args} exited {proc.returncode}\n'
                              f'{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}')
@@ -251,8 +243,7 @@ exit_process(0)  # as tools/train.py and tools/test.py end
 def test_tools_destroy_process_group_after_run(trained, tmp_path, tool):
     """A live gloo group at interpreter exit can abort a rank (SIGABRT)
     after a successful run; the tools must tear it down themselves."""
-    env = _env()
-    env.update(_one_rank_env())
+    env = subprocess_env(**_one_rank_env())
     if tool == 'train':
         args = [str(CFG), '--work-dir', str(tmp_path / 'w')]
     else:
@@ -300,8 +291,7 @@ def test_exit_process_after_a_gloo_ddp_run(tmp_path, mode):
     teardown (where the group DDP keeps alive can abort a rank), still with
     its exit code, its atexit handlers and its buffered output; without a
     finished gloo group it is ``sys.exit``."""
-    env = _env()
-    env.update(_one_rank_env())
+    env = subprocess_env(**_one_rank_env())
     proc = subprocess.run([sys.executable, '-c', _EXIT_SCRIPT, mode],
                           cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)

@@ -28,19 +28,9 @@ import torch
 
 import pola_mm  # noqa: F401  (allow-list for Runner checkpoints)
 from fault_injection import seg_config
-from helpers import REPO, free_port
+from helpers import REPO, subprocess_env
 
 pytest.importorskip('mmseg.models')
-
-
-def _env() -> dict:
-    env = dict(os.environ, PYTHON=sys.executable, PORT=str(free_port()),
-               OMP_NUM_THREADS='1')
-    env['PYTHONPATH'] = os.pathsep.join(
-        p for p in (osp.join(REPO, 'tests'), REPO, env.get('PYTHONPATH'))
-        if p)
-    env.pop('LOCAL_RANK', None)
-    return env
 
 
 def _command(cfg: str, procs: int, *extra: str) -> list:
@@ -54,8 +44,9 @@ def _command(cfg: str, procs: int, *extra: str) -> list:
 def train(cfg: str, procs: int, *extra: str, check: bool = True
           ) -> subprocess.CompletedProcess:
     proc = subprocess.run(_command(cfg, procs, *extra), cwd=osp.dirname(cfg),
-                          env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=600)
+                          env=subprocess_env(launcher=True),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600)
     if check:
         assert proc.returncode == 0, proc.stdout[-5000:]
     return proc
@@ -95,8 +86,9 @@ def train_until_marker(cfg: str, procs: int, marker: str) -> str:
     """Start training; SIGKILL the whole job (launcher and ranks) once
     ``marker`` exists. Returns the output."""
     proc = subprocess.Popen(_command(cfg, procs), cwd=osp.dirname(cfg),
-                            env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            env=subprocess_env(launcher=True),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     try:
         deadline = time.time() + 600
         while not osp.exists(marker) and proc.poll() is None:

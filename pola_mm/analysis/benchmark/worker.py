@@ -1,0 +1,183 @@
+"""What the benchmarks share: one measurement in a fresh process, timed
+steps and peak memory.
+
+Each measurement runs in its own Python process, so that the peak memory of
+one model is not polluted by another (peak RSS is a high-water mark of the
+whole process on CPU). The parent sends a JSON job on the worker's stdin
+(:func:`run_in_worker`); the worker (:func:`serve`) calls the benchmark's
+measuring function with it and writes the result as one marked JSON line on
+stdout.
+
+Peak memory is the peak resident set size of the worker process (``VmHWM``
+of ``/proc/self/status``; ``resource.getrusage`` where there is none) on
+CPU, which includes the interpreter, torch and the weights, and
+``torch.cuda.max_memory_allocated`` on CUDA. ``base_mem_mb`` is the memory
+in use just before the first step, so ``peak - base`` (``extra_mem_mb``) is
+what the steps themselves added.
+"""
+import importlib
+import json
+import os
+import os.path as osp
+import resource
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+__all__ = [
+    'RESULT_MARK', 'Size', 'StepMemory', 'current_rss_mb', 'peak_rss_mb',
+    'timed_steps', 'serve', 'run_in_worker'
+]
+
+#: ``(height, width)`` of an input or a grid.
+Size = Tuple[int, int]
+
+#: Marks the result line among whatever else a worker prints.
+RESULT_MARK = '@@POLA_BENCHMARK_RESULT@@'
+
+
+class StepMemory:
+    """``extra_mem_mb`` of a result with ``peak_mem_mb`` and
+    ``base_mem_mb``."""
+    peak_mem_mb: Optional[float]
+    base_mem_mb: Optional[float]
+
+    @property
+    def extra_mem_mb(self) -> Optional[float]:
+        """Memory the steps added on top of the weights and the inputs."""
+        if self.peak_mem_mb is None or self.base_mem_mb is None:
+            return None
+        return self.peak_mem_mb - self.base_mem_mb
+
+
+def current_rss_mb() -> float:
+    """Resident set size of this process now, in MiB (Linux)."""
+    try:
+        with open('/proc/self/statm') as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf('SC_PAGE_SIZE') / 2**20
+    except (OSError, ValueError):  # not Linux: fall back to the peak
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process, in MiB.
+
+    Linux's ``VmHWM`` belongs to the process image: unlike ``ru_maxrss``,
+    which survives ``execve`` and so starts at the parent's size in a
+    forked-then-exec'd worker, it counts this process only.
+    """
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith('VmHWM:'):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timed_steps(step: Callable[[], None], dev: Any, warmup: int,
+                repeats: int) -> Tuple[List[float], float, float]:
+    """Run ``step`` ``warmup`` times, then time ``repeats`` runs.
+
+    Args:
+        step: one step of the measured computation.
+        dev: the ``torch.device`` it runs on (CUDA is synchronised around
+            each timed step).
+        warmup: untimed steps first.
+        repeats: timed steps.
+
+    Returns:
+        The wall times (s), the memory before the first step and the peak
+        memory (MiB): allocated CUDA memory on a GPU, the process's RSS on
+        the CPU.
+    """
+    import torch
+    cuda = dev.type == 'cuda'
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev) / 2**20
+    else:
+        base = current_rss_mb()
+    for _ in range(warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else
+            peak_rss_mb())
+    return times, base, peak
+
+
+def serve(measure: str) -> None:
+    """Entry point of a worker process: a JSON job on stdin, the result on
+    stdout.
+
+    Args:
+        measure: ``'package.module:function'``, called with the job's items
+            as keyword arguments; it returns a JSON-serialisable dict. An
+            exception becomes ``{'error': 'Type: message'}``, reported to
+            the parent rather than raised there.
+    """
+    job = json.loads(sys.stdin.read())
+    try:
+        module, name = measure.split(':', 1)
+        out = getattr(importlib.import_module(module), name)(**job)
+    except Exception as e:  # reported to the parent, not raised there
+        out = dict(error=f'{type(e).__name__}: {e}')
+    sys.stdout.write('\n' + RESULT_MARK + json.dumps(out) + '\n')
+    sys.stdout.flush()
+
+
+def _package_root() -> str:
+    """The directory holding the ``pola_mm`` package (for the worker path)."""
+    return osp.dirname(
+        osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+
+def run_in_worker(measure: str, job: Dict[str, Any],
+                  timeout: Optional[float] = None) -> Dict[str, Any]:
+    """Run one measurement in a fresh Python process.
+
+    Args:
+        measure: ``'package.module:function'`` the worker calls (see
+            :func:`serve`).
+        job: its keyword arguments (JSON-serialisable).
+        timeout: seconds after which the worker is killed.
+
+    Returns:
+        The worker's result dict, or ``{'error': ...}`` for a failure in the
+        worker, a worker that died without a result (the last lines of its
+        output) or a timeout.
+    """
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join(
+        [_package_root()] +
+        ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+    cmd = [sys.executable, '-c',
+           'from pola_mm.analysis.benchmark.worker import serve; '
+           f'serve({measure!r})']
+    try:
+        proc = subprocess.run(cmd, input=json.dumps(job), capture_output=True,
+                              text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(error=f'timeout after {timeout:g} s')
+    lines = [ln for ln in proc.stdout.splitlines()
+             if ln.startswith(RESULT_MARK)]
+    if not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return dict(error=f'worker exited with {proc.returncode}'
+                    + (': ' + ' | '.join(tail) if tail else ''))
+    return json.loads(lines[-1][len(RESULT_MARK):])

@@ -1,1 +1,0 @@
-"""Small helpers of pola_mm that need only numpy and PIL."""
