@@ -113,6 +113,7 @@ def load_suite(path: Optional[str] = None) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[MODULE_NAME] = module
+    jit = _jit_settings()
     try:
         with warnings.catch_warnings():
             # its marks (base, cfg, features, ...) are registered in timm's
@@ -122,4 +123,24 @@ def load_suite(path: Optional[str] = None) -> types.ModuleType:
     except BaseException:
         del sys.modules[MODULE_NAME]
         raise
+    finally:
+        _jit_settings(jit)  # the module sets TorchScript executor flags
     return module
+
+
+def _jit_settings(values: Optional[tuple] = None) -> Optional[tuple]:
+    """Read (no argument) or restore TorchScript's profiling executor and
+    mode flags, which timm's module sets globally on import."""
+    import torch
+    c = torch._C
+    if not hasattr(c, '_jit_set_profiling_executor'):
+        return None
+    if values is None:
+        executor = c._jit_set_profiling_executor(True)
+        c._jit_set_profiling_executor(executor)
+        mode = c._jit_set_profiling_mode(True)
+        c._jit_set_profiling_mode(mode)
+        return executor, mode
+    c._jit_set_profiling_executor(values[0])
+    c._jit_set_profiling_mode(values[1])
+    return None
