@@ -60,7 +60,7 @@ from torch import Tensor
 
 from .models import PolaPP, PolaPPClsNeck, PolaPVT, PolaSwinTransformer
 from .models.backbones.base import PreNormBlock, check_input, resolve_arch
-from .models.backbones.polapp import PolaPPBlock, to_map, to_tokens
+from .models.layers import PolaPPBlock, to_map, to_tokens
 from .models.checkpoint import (adapt_pos_tables, backbone_state_dict,
                                 convert_official_checkpoint,
                                 extract_state_dict, load_checkpoint_file)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pola_mm.models.backbones import PolaPP
-from pola_mm.models.backbones.polapp import to_map
+from pola_mm.models.layers import to_map
 from pola_mm.models.layers import PaCSAttention
 from pola_mm.ops import plain_paths
 from conftest import reference_root
@@ -374,7 +374,7 @@ def test_published_archs(arch):
 
 
 def test_bad_arguments_say_what_is_valid():
-    with pytest.raises(ValueError, match="valid names are \\['b1'"):
+    with pytest.raises(ValueError, match="valid names are \\['b0'"):
         PolaPP(arch='b9')
     with pytest.raises(KeyError, match='num_heads'):
         PolaPP(arch=dict(embed_dims=(16, ) * 4, depths=(1, ) * 4))
@@ -450,13 +450,42 @@ def test_with_cp_same_gradients_and_drop_path():
     for (n, p), q in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=n)
     # drop path: random in training, off in eval
+    # (every stage: the early blocks' rates are small, 0 and 0.225)
     c = PolaPP(arch=TINY, drop_path_rate=0.9).train()
     y = torch.randn(2, 3, 32, 32)
     torch.manual_seed(1)
-    o1 = c(y)[0]
+    o1 = c(y)
     torch.manual_seed(2)
-    o2 = c(y)[0]
-    assert not torch.equal(o1, o2)
+    o2 = c(y)
+    assert not all(torch.equal(a, b) for a, b in zip(o1, o2))
+    torch.manual_seed(1)
+    assert all(torch.equal(a, b) for a, b in zip(o1, c(y)))
+    c.eval()
+    assert all(torch.equal(a, b) for a, b in zip(c(y), c(y)))
+
+
+def test_built_from_the_shared_layers():
+    """One house style: the backbone file holds only the backbone; blocks,
+    attentions, FFN, stem and the drop path come from ``layers/`` (the drop
+    path is the one of every backbone, ``bricks.DropPath``)."""
+    import inspect
+
+    import pola_mm.models.backbones.polapp as polapp_file
+    from pola_mm.models import layers
+    from pola_mm.models.layers.bricks import DropPath
+    defined = [n for n, v in vars(polapp_file).items() if inspect.isclass(v)
+               and v.__module__ == polapp_file.__name__]
+    assert defined == ['PolaPP']
+    model = PolaPP(arch=TINY, drop_path_rate=0.4)
+    blocks = [b for b in model.modules() if isinstance(b, layers.PolaPPBlock)]
+    rates = [b.drop_path.drop_prob if isinstance(b.drop_path, DropPath)
+             else 0. for b in blocks]
+    assert rates == pytest.approx([0., .1, .2, .3, .4])
+    assert isinstance(blocks[0].drop_path, torch.nn.Identity)
+    assert isinstance(model.patch_embed, layers.ConvStem)
+    assert isinstance(model.layers[0].downsample, layers.ConvDownsample)
+    assert isinstance(blocks[0].ffn, layers.ConvFFN)
+    assert isinstance(blocks[-1].attn, layers.RotarySelfAttention)
 
 
 def test_init_matches_the_authors():

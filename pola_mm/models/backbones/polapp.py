@@ -1,227 +1,32 @@
 """PolaPP: the hierarchical backbone of PolaFormer++ (b0-b5).
 
+Built from :mod:`pola_mm.models.layers` like the other backbones: the stem
+and downsampling (:mod:`~pola_mm.models.layers.conv_embed`), blocks and
+stages (:mod:`~pola_mm.models.layers.polapp_block`) with PaCS
+(:mod:`~pola_mm.models.layers.pacs_attention`) or rotary softmax attention
+(:mod:`~pola_mm.models.layers.rotary_attention`), the conv FFN
+(:mod:`~pola_mm.models.layers.conv_ffn`) and the shared drop path
+(:class:`~pola_mm.models.layers.bricks.DropPath`).
+
 Parameter names are the authors' (``patch_embed.proj.*``,
 ``layers.i.blocks.j.{pos,norm1,attn,norm2,ffn,gamma_1,gamma_2}``,
 ``layers.i.downsample.{reduction,norm}``, ``extra_norms.i``), so their
 checkpoints load as they are.
 """
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
-import torch
 import torch.nn as nn
-import torch.nn.functional as F
-import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
-from ...typing import Size2
-from ..layers.pacs_attention import PaCSAttention
-from ..layers.rotary import rotary_tables, theta_shift
+from ..layers.conv_embed import ConvStem
+from ..layers.pacs_attention import PaCSAttention, reset_pacs_temperatures
+from ..layers.polapp_block import PolaPPStage, TokenLayerNorm
+from ..layers.token_map import to_map, to_tokens
 from .base import (PolaBackbone, check_out_indices, freeze, linspace,
                    resolve_arch)
-
-
-class TokenLayerNorm(nn.Module):
-    """LayerNorm over channels of tokens ``(B, N, C)``; the authors'
-    ``LayerNorm2d`` (eps 1e-6), whose parameters sit in ``.norm``."""
-
-    def __init__(self, embed_dims: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(embed_dims, eps=eps)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.norm(x)
-
-
-def to_map(x: Tensor, hw: Size2) -> Tensor:
-    """Tokens ``(B, H * W, C)`` -> map ``(B, C, H, W)``."""
-    return x.transpose(1, 2).unflatten(-1, (hw[0], hw[1]))
-
-
-def to_tokens(x: Tensor) -> Tensor:
-    """Map ``(B, C, H, W)`` -> tokens ``(B, H * W, C)``."""
-    return x.flatten(2).transpose(1, 2)
-
-
-class RotarySelfAttention(BaseModule):
-    """Global softmax attention with rotary q, k (the authors'
-    ``VanillaSelfAttention``): ``qkvo`` Linear(C, 4C) -> q, k, v, o;
-    ``softmax(d^-0.5 R(q) R(k)^T) v + lepe(v)``, then ``proj(x * o)``;
-    ``lepe`` a depth-wise 5x5 conv of v. ``d`` must be divisible by 4.
-    """
-
-    def __init__(self, embed_dims: int, num_heads: int,
-                 kernel_size: int = 5,
-                 init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        if embed_dims % num_heads or (embed_dims // num_heads) % 4:
-            raise ValueError(
-                f'embed_dims {embed_dims} / num_heads {num_heads} must give '
-                'a head width divisible by 4 (rotary encoding)')
-        self.embed_dims = embed_dims
-        self.num_heads = num_heads
-        self.head_dims = embed_dims // num_heads
-        self.qkvo = nn.Linear(embed_dims, embed_dims * 4)
-        self.lepe = nn.Conv2d(embed_dims, embed_dims, kernel_size,
-                              padding=kernel_size // 2, groups=embed_dims)
-        self.proj = nn.Linear(embed_dims, embed_dims)
-
-    def forward(self, x: Tensor, hw: Size2) -> Tensor:
-        """``(B, N, C)`` tokens on the grid ``hw`` -> ``(B, N, C)``."""
-        B, N, C = x.shape
-        h, d = self.num_heads, self.head_dims
-        q, k, v, o = self.qkvo(x).unflatten(-1, (4, C)).unbind(-2)
-        lepe = to_tokens(self.lepe(to_map(v, hw)))
-        sin, cos = rotary_tables(hw, d, device=x.device, dtype=x.dtype)
-        q, k, v = (t.unflatten(-1, (h, d)).transpose(1, 2) for t in (q, k, v))
-        q, k = theta_shift(q, sin, cos), theta_shift(k, sin, cos)
-        out = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
-        out = out.transpose(1, 2).reshape(B, N, C) + lepe
-        return self.proj(out * o)
-
-
-class ConvFFN(BaseModule):
-    """``fc1``, GELU, ``h + dwconv3x3(h)`` on the map, ``fc2`` (the
-    authors' ``FeedForwardNetwork``)."""
-
-    def __init__(self, embed_dims: int, hidden_dims: int,
-                 init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        self.fc1 = nn.Linear(embed_dims, hidden_dims)
-        self.fc2 = nn.Linear(hidden_dims, embed_dims)
-        self.dwconv = nn.Conv2d(hidden_dims, hidden_dims, 3, 1, 1,
-                                groups=hidden_dims)
-
-    def forward(self, x: Tensor, hw: Size2) -> Tensor:
-        """``(B, N, C)`` -> ``(B, N, C)``."""
-        x = F.gelu(self.fc1(x))
-        x = x + to_tokens(self.dwconv(to_map(x, hw)))
-        return self.fc2(x)
-
-
-class PolaPPBlock(BaseModule):
-    """``x + pos(x)`` (depth-wise 3x3 conv), then
-    ``x + gamma_1 * attn(norm1(x))``, ``x + gamma_2 * ffn(norm2(x))`` with
-    stochastic depth; ``gamma_*`` ``(1, C, 1, 1)`` only with layer scale.
-
-    Args:
-        attn_type: ``'L'`` PaCS linear attention, ``'S'`` rotary softmax.
-        layer_scale_init: initial ``gamma`` (None: no layer scale).
-    """
-
-    def __init__(self, embed_dims: int, num_heads: int, attn_type: str,
-                 mlp_ratio: float, drop_path_rate: float = 0.,
-                 layer_scale_init: Optional[float] = None,
-                 with_cp: bool = False,
-                 init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        if attn_type not in ('L', 'S'):
-            raise ValueError(
-                f"attn_type must be 'L' or 'S', got {attn_type!r}")
-        self.with_cp = with_cp
-        self.layer_scale = layer_scale_init is not None
-        self.norm1 = TokenLayerNorm(embed_dims)
-        self.attn: nn.Module = (PaCSAttention(embed_dims, num_heads)
-                                if attn_type == 'L' else RotarySelfAttention(
-                                    embed_dims, num_heads))
-        self.drop_path_rate = drop_path_rate
-        self.norm2 = TokenLayerNorm(embed_dims)
-        self.ffn = ConvFFN(embed_dims, int(mlp_ratio * embed_dims))
-        self.pos = nn.Conv2d(embed_dims, embed_dims, 3, 1, 1,
-                             groups=embed_dims)
-        if self.layer_scale:
-            self.gamma_1 = nn.Parameter(
-                torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
-            self.gamma_2 = nn.Parameter(
-                torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
-
-    def _residual(self, x: Tensor, gamma: Optional[Tensor]) -> Tensor:
-        if gamma is not None:
-            x = x * gamma.flatten(1).unsqueeze(1)  # (1, 1, C) on tokens
-        if self.training and self.drop_path_rate > 0:
-            keep = 1 - self.drop_path_rate
-            mask = x.new_empty(x.shape[0], 1, 1).bernoulli_(keep)
-            x = x * mask / keep
-        return x
-
-    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        x = x + to_tokens(self.pos(to_map(x, hw)))
-        g1 = self.gamma_1 if self.layer_scale else None
-        g2 = self.gamma_2 if self.layer_scale else None
-        x = x + self._residual(self.attn(self.norm1(x), hw), g1)
-        return x + self._residual(self.ffn(self.norm2(x), hw), g2)
-
-    def forward(self, x: Tensor, hw: Size2) -> Tensor:
-        """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
-        return self._forward(x, hw)
-
-
-class Downsample(BaseModule):
-    """conv3x3 stride 2 (padding 1) then BatchNorm (the authors'
-    ``PatchMerging``): ``(B, C, H, W)`` -> ``(B, C', ceil(H/2),
-    ceil(W/2))``."""
-
-    def __init__(self, in_dims: int, out_dims: int,
-                 init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        self.reduction = nn.Conv2d(in_dims, out_dims, 3, 2, 1)
-        self.norm = nn.BatchNorm2d(out_dims)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.norm(self.reduction(x))
-
-
-class PolaPPStage(BaseModule):
-    """The blocks of one stage, then (unless last) the downsampling. The
-    authors' ``BasicLayer``."""
-
-    def __init__(self, embed_dims: int, depth: int, num_heads: int,
-                 attn_type: str, mlp_ratio: float,
-                 drop_path_rates: List[float],
-                 layer_scale_init: Optional[float],
-                 out_dims: Optional[int], with_cp: bool = False,
-                 init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        self.blocks = nn.ModuleList([
-            PolaPPBlock(embed_dims, num_heads, attn_type, mlp_ratio,
-                        drop_path_rates[j], layer_scale_init, with_cp)
-            for j in range(depth)
-        ])
-        self.downsample = (Downsample(embed_dims, out_dims)
-                           if out_dims is not None else None)
-
-    def forward(self, x: Tensor, hw: Size2) -> Tensor:
-        """Tokens ``(B, H * W, C)`` -> tokens after the blocks."""
-        for block in self.blocks:
-            x = block(x, hw)
-        return x
-
-
-def stem(in_channels: int, embed_dims: int) -> nn.Sequential:
-    """The authors' ``patch_embed.proj``: four 3x3 convs (strides 2, 1, 1,
-    2) with BatchNorm, GELU between them; stride 4."""
-    c = embed_dims // 2
-    return nn.Sequential(
-        nn.Conv2d(in_channels, c, 3, 2, 1), nn.BatchNorm2d(c), nn.GELU(),
-        nn.Conv2d(c, c, 3, 1, 1), nn.BatchNorm2d(c), nn.GELU(),
-        nn.Conv2d(c, c, 3, 1, 1), nn.BatchNorm2d(c), nn.GELU(),
-        nn.Conv2d(c, embed_dims, 3, 2, 1), nn.BatchNorm2d(embed_dims))
-
-
-class PatchEmbedStem(nn.Module):
-    """Holds :func:`stem` as ``proj`` (the authors' names)."""
-
-    def __init__(self, in_channels: int, embed_dims: int) -> None:
-        super().__init__()
-        self.proj = stem(in_channels, embed_dims)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x)
 
 
 @register_model
@@ -342,7 +147,7 @@ class PolaPP(PolaBackbone):
                          attn_layout=layout)
         self.drop_path_rate = drop_path_rate
 
-        self.patch_embed = PatchEmbedStem(in_channels, dims[0])
+        self.patch_embed = ConvStem(in_channels, dims[0])
         dpr = linspace(drop_path_rate, sum(depths))
         self.layers = nn.ModuleList()
         for i in range(self.num_built):
@@ -371,8 +176,7 @@ class PolaPP(PolaBackbone):
             elif isinstance(m, nn.Linear):
                 m.reset_parameters()
             elif isinstance(m, PaCSAttention):
-                nn.init.zeros_(m.s1)
-                nn.init.zeros_(m.s2)
+                reset_pacs_temperatures(m)
 
     def _expected_missing(self, key: str) -> bool:
         # An ImageNet classifier file (the authors' or pola_mm's) has no

@@ -1,0 +1,86 @@
+"""Global softmax attention with 2-D rotary encoding: the softmax blocks of
+PolaFormer++ (the authors' ``VanillaSelfAttention``)."""
+from typing import Optional
+
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+from torch import Tensor
+
+from ...ops import dispatch
+from ...typing import Size2
+from .rotary import rotary_tables, theta_shift
+from .token_map import to_map, to_tokens
+
+__all__ = ['RotarySelfAttention', 'softmax_attention']
+
+
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor,
+                      scale: float) -> Tensor:
+    """``softmax(scale q k^T) v``, written out (the plain reference of
+    ``scaled_dot_product_attention`` without mask or dropout).
+
+    Args:
+        q: ``(B, h, N, d)``.
+        k, v: ``(B, h, M, d)``.
+        scale: factor of the logits.
+
+    Returns:
+        ``(B, h, N, d)``.
+    """
+    return ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+
+
+class RotarySelfAttention(BaseModule):
+    """Global softmax attention with rotary q, k (the authors'
+    ``VanillaSelfAttention``): ``qkvo`` Linear(C, 4C) -> q, k, v, o;
+    ``softmax(d^-0.5 R(q) R(k)^T) v + lepe(v)``, then ``proj(x * o)``;
+    ``lepe`` a depth-wise 5x5 conv of v; ``R`` the rotary encoding of width
+    ``d`` (:func:`~pola_mm.models.layers.rotary.rotary_tables`). ``d`` must
+    be divisible by 4.
+
+    The softmax product runs PyTorch's ``scaled_dot_product_attention``
+    where :func:`~pola_mm.ops.dispatch.use_kernels` allows, else
+    :func:`softmax_attention` (fast paths off, export): the same up to float
+    rounding.
+
+    Args:
+        embed_dims: channels ``C``.
+        num_heads: heads ``h``.
+        kernel_size: kernel of ``lepe``.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int,
+                 kernel_size: int = 5,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if embed_dims % num_heads or (embed_dims // num_heads) % 4:
+            raise ValueError(
+                f'embed_dims {embed_dims} / num_heads {num_heads} must give '
+                'a head width divisible by 4 (rotary encoding)')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = embed_dims // num_heads
+        self.qkvo = nn.Linear(embed_dims, embed_dims * 4)
+        self.lepe = nn.Conv2d(embed_dims, embed_dims, kernel_size,
+                              padding=kernel_size // 2, groups=embed_dims)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+
+    def extra_repr(self) -> str:
+        return f'embed_dims={self.embed_dims}, num_heads={self.num_heads}'
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """``(B, N, C)`` tokens on the grid ``hw`` -> ``(B, N, C)``."""
+        B, N, C = x.shape
+        h, d = self.num_heads, self.head_dims
+        q, k, v, o = self.qkvo(x).unflatten(-1, (4, C)).unbind(-2)
+        lepe = to_tokens(self.lepe(to_map(v, hw)))
+        sin, cos = rotary_tables(hw, d, device=x.device, dtype=x.dtype)
+        q, k, v = (t.unflatten(-1, (h, d)).transpose(1, 2) for t in (q, k, v))
+        q, k = theta_shift(q, sin, cos), theta_shift(k, sin, cos)
+        if dispatch.use_kernels(q):
+            out = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
+        else:
+            out = softmax_attention(q, k, v, d**-0.5)
+        out = out.transpose(1, 2).reshape(B, N, C) + lepe
+        return self.proj(out * o)
