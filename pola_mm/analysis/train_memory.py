@@ -461,17 +461,20 @@ def _is_config_file(spec: ModelSpec) -> bool:
 
 
 def _build_backbone(cfg: Dict[str, Any]) -> nn.Module:
+    from mmengine.registry import DefaultScope
     cfg = copy.deepcopy(cfg)
     scope = cfg.pop('_scope_', 'pola_mm')
     if scope == 'mmdet':
         import mmdet.models  # noqa: F401  (registers mmdet's backbones)
-        from mmdet.registry import MODELS as MMDET_MODELS
-        return MMDET_MODELS.build(cfg)
-    if scope != 'pola_mm':
+        from mmdet.registry import MODELS as registry
+    elif scope == 'pola_mm':
+        import pola_mm  # noqa: F401
+        from ..registry import MODELS as registry
+    else:
         raise ValueError(f'unsupported scope {scope!r} (pola_mm or mmdet)')
-    import pola_mm  # noqa: F401
-    from ..registry import MODELS
-    return MODELS.build(cfg)
+    # (a config built before may have left another default scope)
+    with DefaultScope.overwrite_default_scope(scope):
+        return registry.build(cfg)
 
 
 def _load_config(path: str) -> Any:
@@ -481,14 +484,14 @@ def _load_config(path: str) -> Any:
     return Config.fromfile(path)
 
 
-def _config_model(path: str) -> Tuple[Any, Dict[str, Any], bool]:
+def _config_model(path: str) -> Tuple[Any, Any, bool]:
     """The config of ``path``, its ``model`` dict and whether that is a
     whole model (with a ``backbone``) rather than a bare backbone."""
     cfg = _load_config(path)
     model = cfg.get('model')
     if model is None:
         raise ValueError(f'{path}: the config has no "model"')
-    model = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
+    model = copy.deepcopy(model)  # a ConfigDict: mmdet reads attributes
     return cfg, model, 'backbone' in model
 
 
@@ -543,7 +546,8 @@ def _backbone_of(spec: ModelSpec) -> Tuple[Dict[str, Any], bool]:
     model of a config file."""
     if _is_config_file(spec):
         _, model, whole = _config_model(spec)
-        return (dict(model['backbone']) if whole else model), whole
+        bb = model['backbone'] if whole else model
+        return (bb.to_dict() if hasattr(bb, 'to_dict') else dict(bb)), whole
     if isinstance(spec, str):
         if spec not in BACKBONES:
             raise KeyError(f'unknown model {spec!r}: use a config file '
@@ -688,13 +692,19 @@ def _to_fake_cuda(model: nn.Module, mode: Any) -> None:
 
 
 @contextlib.contextmanager
-def _meta_autocast_noop() -> Iterator[None]:
+def _meta_autocast_noop(dtype: Optional[torch.dtype] = None
+                        ) -> Iterator[None]:
     """While measuring on ``meta``: ``torch.autocast(device_type='meta',
     ...)`` is a no-op instead of raising (torch has no autocast dtype for
     meta; the models disable autocast around their float32 attention with
     ``torch.autocast(device_type=x.device.type, enabled=False)``, which
-    has nothing to disable there)."""
+    has nothing to disable there). With ``dtype`` (the fp16/bf16
+    emulation) it is also the default dtype, so that masks and tables
+    models create on the fly match the half-precision parameters."""
     original = torch.autocast
+    prev_default = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
 
     def autocast(device_type: str, *args: Any, **kwargs: Any) -> Any:
         if device_type == 'meta':
@@ -706,6 +716,7 @@ def _meta_autocast_noop() -> Iterator[None]:
         yield
     finally:
         torch.autocast = original  # type: ignore[misc]
+        torch.set_default_dtype(prev_default)
 
 
 def _check_args(batch: int, hw: Size2, precision: str, device: str) -> None:
@@ -769,7 +780,7 @@ def measure(spec: ModelSpec, batch: int = 2, hw: Size2 = (224, 224),
         elif device == 'cpu' and amp is not None:
             amp_ctx = torch.autocast('cpu', dtype=amp)
         elif device == 'meta':
-            amp_ctx = _meta_autocast_noop()
+            amp_ctx = _meta_autocast_noop(amp)
         else:
             amp_ctx = contextlib.nullcontext()
         with amp_ctx:
