@@ -1,11 +1,15 @@
 """Deployment: ONNX export of the backbones, verified by onnxruntime
 (:mod:`pola_mm.deployment.onnx`, used by
-``tools/deployment/pytorch2onnx.py``)."""
+``tools/deployment/pytorch2onnx.py``), and whole models through MMDeploy,
+verified against PyTorch (:mod:`pola_mm.deployment.mmdeploy_verify`, used
+by ``tools/deployment/deploy.py``)."""
 from .onnx import (EXPORTERS, ExportError, OutputCheck, build_backbone,
                    example_inputs, export_and_verify, export_onnx,
                    verify_onnx)
+from .mmdeploy_verify import DeployError, DeployReport, deploy_and_verify
 
 __all__ = [
     'EXPORTERS', 'ExportError', 'OutputCheck', 'build_backbone',
-    'example_inputs', 'export_onnx', 'verify_onnx', 'export_and_verify'
+    'example_inputs', 'export_onnx', 'verify_onnx', 'export_and_verify',
+    'DeployError', 'DeployReport', 'deploy_and_verify'
 ]

@@ -1,0 +1,303 @@
+"""Narrow fixes that let MMDeploy 1.3.1 export on torch >= 2.9.
+
+MMDeploy 1.3.1 (December 2023) was written for torch 1.x / 2.0. On the torch
+pola_mm installs (2.14) its ``torch2onnx`` fails for every model, mmdet's own
+included, for two reasons, both fixed here and nowhere else:
+
+1. **The default exporter.** ``torch.onnx.export`` uses the ``torch.export``
+   based exporter by default since torch 2.9 (``dynamo=True``). MMDeploy's
+   rewriters patch functions and symbolics for the TorchScript tracer, and
+   its ``export`` calls ``torch.onnx.export`` without ``dynamo=``, so the
+   export fails ("Failed to export the model with torch.export"). A function
+   rewriter for ``torch.onnx.export``, registered in MMDeploy's own
+   ``FUNCTION_REWRITER``, adds ``dynamo=False`` unless the caller chose.
+   MMDeploy applies its rewriters only inside its ``RewriterContext``, that
+   is, while its ``export`` runs: ``torch.onnx.export`` everywhere else
+   (pola_mm's own ``tools/deployment/pytorch2onnx.py`` included) keeps
+   torch's default. The same rewriter refuses a pola_mm backbone with a
+   dynamic input height/width (:class:`DynamicSizeError`): their traced
+   graphs hold the input size as constants, so such a file would be wrong
+   at every other size (MMDeploy's stock ``*_dynamic.py`` configs free
+   both; dynamic shapes for other models are untouched).
+
+2. **Removed symbolic helpers.** MMDeploy's ``RoIAlign`` symbolic (every
+   two-stage detector: Mask R-CNN, Cascade) imports
+   ``torch.onnx.symbolic_opset9._cast_Long``, which torch removed (the
+   ``torch.onnx.symbolic_opset*`` modules are now thin re-exports of
+   ``torch.onnx._internal.torchscript_exporter``). It is provided again as
+   the same one-line symbolic torch had (``Cast`` to INT64). Two more names
+   MMDeploy rewrites for other backends (``symbolic_opset11.
+   _prepare_onnx_paddings`` for TensorRT, ``symbolic_opset9._generic_rnn``
+   for ncnn) are still in torch's internal modules and are re-exported from
+   there. Only missing names are added; nothing of torch is replaced.
+
+Both are applied when MMDeploy is imported (an import hook waits for
+``mmdeploy.core``; nothing of MMDeploy is imported by ``import pola_mm``),
+or at once if it already was. Nothing here runs the models: what mmdet's,
+mmseg's and pola_mm's models compute is unchanged (the export runs their
+code as MMDeploy patches it).
+"""
+import importlib.abc
+import importlib.machinery
+import inspect
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+from mmengine.logging import print_log
+
+__all__ = [
+    'DynamicSizeError', 'fixed_size_backbones', 'refuse_dynamic_hw',
+    'needs_torchscript_exporter', 'provide_removed_symbolics',
+    'register_mmdeploy_rewriters', 'install_mmdeploy_fixes', 'applied'
+]
+
+#: What has been applied: ``'symbolics'`` (the names added to torch's
+#: modules) and ``'rewriters'`` (True once the export rewriter is
+#: registered).
+applied: Dict[str, Any] = {'symbolics': [], 'rewriters': False}
+
+_lock = threading.Lock()
+
+
+def needs_torchscript_exporter() -> bool:
+    """True when ``torch.onnx.export`` defaults to the ``torch.export``
+    based exporter (torch >= 2.9: ``dynamo=True`` by default)."""
+    try:
+        param = inspect.signature(torch.onnx.export).parameters.get('dynamo')
+    except (TypeError, ValueError):  # not introspectable
+        return False
+    return param is not None and param.default is True
+
+
+def _cast_long(g: Any, input: Any, non_blocking: Any = False) -> Any:
+    """The symbolic ``torch.onnx.symbolic_opset9._cast_Long`` had: an ONNX
+    ``Cast`` of ``input`` to INT64 (``non_blocking`` is ignored, as it was).
+
+    Args:
+        g: the TorchScript ONNX graph context.
+        input: the value to cast.
+        non_blocking: unused (kept for the old signature).
+
+    Returns:
+        The ``Cast`` node's output.
+    """
+    return g.op('Cast', input, to_i=torch._C._onnx.TensorProtoDataType.INT64)
+
+
+def provide_removed_symbolics() -> List[str]:
+    """Add the symbolic helpers MMDeploy imports that torch removed from
+    ``torch.onnx.symbolic_opset9`` / ``symbolic_opset11``.
+
+    Only names that are missing are added (idempotent); on a torch that
+    still has them nothing changes.
+
+    Returns:
+        The ``module.name`` entries added by this call.
+    """
+    import importlib
+    internal = 'torch.onnx._internal.torchscript_exporter.'
+    wanted = [
+        ('torch.onnx.symbolic_opset9', '_cast_Long', lambda: _cast_long),
+        ('torch.onnx.symbolic_opset9', '_generic_rnn',
+         lambda: importlib.import_module(internal +
+                                         'symbolic_opset9')._generic_rnn),
+        ('torch.onnx.symbolic_opset11', '_prepare_onnx_paddings',
+         lambda: importlib.import_module(internal + 'symbolic_opset11').
+         _prepare_onnx_paddings),
+    ]
+    added = []
+    for module_name, name, get in wanted:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, name):
+            continue
+        try:
+            value = get()
+        except (ImportError, AttributeError):
+            continue  # not in this torch either: nothing to re-export
+        setattr(module, name, value)
+        added.append(f'{module_name}.{name}')
+    applied['symbolics'].extend(added)
+    return added
+
+
+class DynamicSizeError(RuntimeError):
+    """A pola_mm backbone asked to export with a free input height/width."""
+
+
+def fixed_size_backbones(model: torch.nn.Module) -> List[str]:
+    """Class names of the pola_mm backbones in ``model``.
+
+    Their traced graphs hold the input size as constants (position tables
+    resized to the stage maps, padding to patch and window sizes, Swin's
+    windows and shifted-window masks), so a file exported with a free height
+    or width would compute something else at other sizes.
+    """
+    names = []
+    for module in model.modules():
+        cls = type(module)
+        if cls.__module__.startswith('pola_mm.models.backbones') and \
+                cls.__name__ not in names and hasattr(module, 'out_indices'):
+            names.append(cls.__name__)
+    return names
+
+
+def dynamic_hw_axes(dynamic_axes: Any, input_names: Any) -> bool:
+    """Whether ``dynamic_axes`` (``torch.onnx.export``'s) frees axis 2 or 3
+    of the first input."""
+    if not dynamic_axes:
+        return False
+    first = (list(input_names) or ['input'])[0] if input_names else 'input'
+    spec = dynamic_axes.get(first)
+    if spec is None:
+        return False
+    dims = spec.keys() if isinstance(spec, dict) else spec
+    return 2 in dims or 3 in dims
+
+
+def refuse_dynamic_hw(model: torch.nn.Module, dynamic_axes: Any,
+                      input_names: Any) -> None:
+    """Raise :class:`DynamicSizeError` when ``model`` has a pola_mm backbone
+    and the export would free the input's height or width."""
+    found = fixed_size_backbones(model)
+    if found and dynamic_hw_axes(dynamic_axes, input_names):
+        raise DynamicSizeError(
+            f'{", ".join(found)} exports at a fixed input size (position '
+            'tables, padding and windows are constants of the traced graph), '
+            'so a file with a dynamic height/width would be wrong at other '
+            'sizes; use a static deploy config (e.g. '
+            'detection_onnxruntime_static.py, instance-seg_onnxruntime_'
+            'static.py, segmentation_onnxruntime_static-512x512.py, '
+            'classification_onnxruntime_static.py), one file per input size')
+
+
+def _onnx_export__torchscript(*args: Any, **kwargs: Any) -> Any:
+    """MMDeploy function rewriter of ``torch.onnx.export``: the TorchScript
+    exporter (``dynamo=False``) unless the caller passed ``dynamo``.
+
+    Active only inside MMDeploy's ``RewriterContext`` (its ``export``).
+    Refuses (:class:`DynamicSizeError`) a pola_mm backbone with a dynamic
+    input height/width instead of writing a file that is wrong at other
+    sizes.
+    """
+    from mmdeploy.core import FUNCTION_REWRITER
+    ctx = FUNCTION_REWRITER.get_context('torch.onnx.export')
+    model = args[0] if args else kwargs.get('model')
+    if isinstance(model, torch.nn.Module):
+        refuse_dynamic_hw(model, kwargs.get('dynamic_axes'),
+                          kwargs.get('input_names'))
+    kwargs.setdefault('dynamo', False)
+    return ctx.origin_func(*args, **kwargs)
+
+
+def register_mmdeploy_rewriters(core: Optional[ModuleType] = None) -> bool:
+    """Register the ``torch.onnx.export`` rewriter in MMDeploy's
+    ``FUNCTION_REWRITER`` (only where torch defaults to the dynamo exporter;
+    idempotent).
+
+    Args:
+        core: the imported ``mmdeploy.core`` (imported here if None).
+
+    Returns:
+        True if the rewriter is registered.
+    """
+    if not needs_torchscript_exporter():
+        return False
+    with _lock:
+        if applied['rewriters']:
+            return True
+        if core is None:
+            import mmdeploy.core as core
+        core.FUNCTION_REWRITER.register_rewriter(
+            func_name='torch.onnx.export')(_onnx_export__torchscript)
+        applied['rewriters'] = True
+    return True
+
+
+def _apply(core: ModuleType) -> None:
+    """Both fixes, once ``mmdeploy.core`` is importable."""
+    provide_removed_symbolics()
+    register_mmdeploy_rewriters(core)
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    """A loader that runs ``callback(module)`` after the wrapped loader has
+    executed the module; everything else is the wrapped loader's."""
+
+    def __init__(self, loader: importlib.abc.Loader,
+                 callback: Callable[[ModuleType], None]) -> None:
+        self._loader = loader
+        self._callback = callback
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        try:
+            self._callback(module)
+        except Exception as exc:  # never break the user's import
+            print_log(
+                f'pola_mm: could not apply the MMDeploy fixes '
+                f'({type(exc).__name__}: {exc}); exports with torch '
+                f'{torch.__version__} may fail', logger='current',
+                level=30)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, ...
+        return getattr(self._loader, name)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback right after one module is first imported (then
+    removes itself from ``sys.meta_path``)."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType],
+                                                     None]) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Optional[ModuleType] = None
+                  ) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname != self.name:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, 'find_spec', None)
+            spec = find(fullname, path, target) if find else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None:
+            spec.loader = _CallbackLoader(spec.loader, self.callback)
+        return spec
+
+
+def install_mmdeploy_fixes() -> str:
+    """Apply the fixes now if ``mmdeploy.core`` is imported, else when it
+    is. Does nothing on a torch whose ``torch.onnx.export`` still defaults
+    to the TorchScript exporter (torch < 2.9).
+
+    Returns:
+        ``'applied'``, ``'deferred'`` (the import hook is installed) or
+        ``'not needed'``.
+    """
+    if not needs_torchscript_exporter():
+        return 'not needed'
+    core = sys.modules.get('mmdeploy.core')
+    if core is not None:
+        _apply(core)
+        return 'applied'
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport('mmdeploy.core', _apply))
+    return 'deferred'
+
+
+install_mmdeploy_fixes()

@@ -1,0 +1,1 @@
+backend_config = dict(type='onnxruntime')

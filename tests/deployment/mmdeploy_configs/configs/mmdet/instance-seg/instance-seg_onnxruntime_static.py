@@ -1,0 +1,4 @@
+_base_ = [
+    '../_base_/base_instance-seg_static.py',
+    '../../_base_/backends/onnxruntime.py'
+]

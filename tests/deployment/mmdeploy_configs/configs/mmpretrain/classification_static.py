@@ -1,0 +1,3 @@
+_base_ = ['../_base_/onnx_config.py']
+
+codebase_config = dict(type='mmpretrain', task='Classification')

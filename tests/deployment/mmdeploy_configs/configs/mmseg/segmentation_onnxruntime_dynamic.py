@@ -1,0 +1,1 @@
+_base_ = ['./segmentation_dynamic.py', '../_base_/backends/onnxruntime.py']
