@@ -55,9 +55,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..models.layers import PolarityAttention, WindowMSA
-from ..models.layers.window import (MASK_VALUE, cyclic_shift, effective_window,
-                                    grid_padding, shift_region_mask,
-                                    window_partition)
+from ..models.layers.window import (MASK_VALUE, cyclic_shift, grid_padding,
+                                    shift_region_mask, window_partition)
 from ..ops import plain_paths
 from ..typing import Size2
 
@@ -475,18 +474,25 @@ def softmax_rows(cap: BlockCapture, rows: Tensor) -> Tensor:
     """Softmax rows of chosen queries of a Swin window block, over the whole
     stage map (zero outside the query's window).
 
+    The window and shift are the block's own (``window_plan``). Where the
+    map is padded to the window and the block does not mask padded keys
+    (mmdet's Swin rule, the default), part of each row's mass lies on the
+    zero-padded tokens, outside the map: those rows sum to less than 1, and
+    the missing mass times the value of a zero token (the ``qkv`` bias) is
+    the rest of the block's output.
+
     Args:
         cap: a softmax block's capture.
         rows: ``(R,)`` query token indices.
 
     Returns:
-        ``(B, h, R, N)`` float64, rows summing to 1.
+        ``(B, h, R, N)`` float64, rows summing to at most 1.
     """
     blk, attn = cap.block_module, cap.attn
     hw = cap.hw
     B, N, C = cap.x.shape
     h = attn.num_heads
-    win, shift = effective_window(hw, blk.window_size, blk.shift_size)
+    win, shift = blk.window_plan(hw)
     ids = _window_ids(hw, win, shift)  # (nW, Nw)
     nW, Nw = ids.shape
     pad = grid_padding(hw, win)
@@ -494,9 +500,12 @@ def softmax_rows(cap: BlockCapture, rows: Tensor) -> Tensor:
     if shift != (0, 0):
         mask += shift_region_mask((hw[0] + pad[1], hw[1] + pad[3]), win,
                                   shift).double()
-    mask += torch.where(ids < 0, MASK_VALUE, 0.0).double()[:, None, :]
+    if blk.mask_padding:
+        mask += torch.where(ids < 0, MASK_VALUE, 0.0).double()[:, None, :]
     qkv = attn.qkv(cap.x).double().reshape(B, N, 3, h, C // h)
     q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+    # a zero-padded token's key: the qkv bias (zeros without a bias)
+    k_pad = attn.qkv(cap.x.new_zeros(1, C)).double().reshape(3, h, C // h)[1]
     bias = attn.relative_bias(win).double()  # (h, Nw, Nw)
     # where each query sits: its window and its position inside it
     flat = ids.flatten()
@@ -506,6 +515,8 @@ def softmax_rows(cap: BlockCapture, rows: Tensor) -> Tensor:
     w_idx, p_idx = pos // Nw, pos % Nw
     keys = ids[w_idx]  # (R, Nw)
     kr = k[:, :, keys.clamp_min(0)]  # (B, h, R, Nw, d)
+    kr = torch.where((keys < 0)[None, None, :, :, None],
+                     k_pad[None, :, None, None], kr)
     logits = torch.einsum('bhrd,bhrnd->bhrn', q[:, :, rows] * attn.scale, kr)
     logits = logits + bias[:, p_idx][None] + mask[w_idx, p_idx][None, None]
     a = logits.softmax(-1)

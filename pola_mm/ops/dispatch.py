@@ -13,10 +13,13 @@ off:
 - ``with pola_mm.ops.plain_paths(): ...`` for a block of code (process-wide,
   not per thread), or :func:`set_fast_paths`.
 
-Without fast paths the polarity attention runs the readable formula
-(:func:`~pola_mm.models.layers.polarity_attention.polarity_linear_attention`)
-and every layer its plain PyTorch forward. ``POLA_MM_CPU_EXT=0`` turns off
-only the fused CPU loops (see :mod:`pola_mm.ops.cpu_ext`).
+Without fast paths every attention runs its plain PyTorch reference (e.g.
+:func:`~pola_mm.ops.polarity_kernel.polarity_attention_pytorch`), softmax
+windows run without ``scaled_dot_product_attention``, and every layer its
+plain PyTorch forward; the same holds while a graph is captured (export,
+tracing, ``torch.compile``: :func:`capturing`), so the kernels never see a
+capture. ``POLA_MM_CPU_EXT=0`` is a debugging override that turns off only
+the compiled CPU loops (see :mod:`pola_mm.ops.cpu_ext`).
 
 One word for tiling, everywhere: a *run* is a contiguous range of tokens (or
 of sequences) processed at a time; the constants below size them in elements
@@ -33,7 +36,8 @@ from torch import Tensor
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'set_fast_paths', 'plain_paths',
     'is_compiling', 'exporting', 'capturing', 'cpu_autocast_enabled',
-    'cpu_inference', 'cpu_training', 'train_in_runs'
+    'use_kernels', 'use_sdpa', 'cpu_inference', 'cpu_training',
+    'train_in_runs'
 ]
 
 #: Environment variable: ``0`` (or ``false``/``off``/``no``) turns every fast
@@ -135,6 +139,27 @@ def capturing() -> bool:
     scratch buffers or ``out=`` writes into views (which ``torch.jit.trace``
     mistranslates)."""
     return is_compiling() or exporting()
+
+
+def use_kernels(x: Tensor) -> bool:
+    """Whether an attention on ``x`` runs its kernel (same outputs and
+    gradients as its plain reference, any device) rather than the plain
+    PyTorch reference: fast paths on and no graph captured (exporters,
+    ``torch.jit.trace`` and ``torch.compile`` see the reference, which is
+    written in standard operations)."""
+    return _enabled and not capturing()
+
+
+def use_sdpa(x: Tensor, *modules: nn.Module) -> bool:
+    """Whether softmax window attention on ``x`` runs the fused
+    ``scaled_dot_product_attention`` (the same result up to float rounding)
+    instead of the explicit product-softmax-product: fast paths on, no graph
+    captured, and on GPUs always, on the CPU where the CPU inference paths
+    apply (there it is several times faster, while for forward + backward
+    the explicit form is faster; docs/performance.md)."""
+    if not _enabled or capturing():
+        return False
+    return x.device.type != 'cpu' or cpu_inference(x, *modules)
 
 
 def cpu_inference(x: Tensor, *modules: nn.Module) -> bool:

@@ -30,14 +30,16 @@ then :func:`polarity_query_apply` on runs of queries), so that a caller can
 stream a stage without holding any full-size intermediate.
 
 Everything is whole-tensor torch operations without host synchronisation or
-data-dependent Python control flow; on GPUs and under ``torch.compile`` the
-whole input is one run, which traces into a single graph. While a graph is
-captured for export (``torch.jit.trace``, ``torch.export``, ONNX; see
-:func:`~.dispatch.exporting`) the forward runs as plain operations that every
-exporter translates: one run, no fused loops or buffers written through
-``out=``, no ``copysign`` (ONNX has no ``signbit``), no autograd function.
+data-dependent Python control flow; on GPUs the whole input is one run.
+
+Beside the kernel, :func:`polarity_attention_pytorch` is the same
+computation in plain PyTorch operations (the reference, as mmcv keeps a
+``*_pytorch`` function beside each kernel): what runs when the fast paths
+are off and whenever a graph is captured (``torch.compile``, tracing,
+export; see :func:`~.dispatch.capturing`), so the kernel itself never sees
+a capture.
 """
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -45,11 +47,10 @@ from torch import Tensor
 
 from . import dispatch
 from .cpu_ext import cpu_ext
-from .dispatch import capturing
 
 __all__ = [
-    'polarity_attention_kernel', 'PolarityAttentionFunction',
-    'polarity_key_state', 'polarity_query_apply'
+    'polarity_attention_kernel', 'polarity_attention_pytorch',
+    'PolarityAttentionFunction', 'polarity_key_state', 'polarity_query_apply'
 ]
 
 _EPS = 1e-6
@@ -58,17 +59,14 @@ _EPS = 1e-6
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
     """Runs for ``x`` ``(B, h, N, d)``: slices of B, and a token step.
 
-    One run on GPUs, while a graph is captured (``torch.compile``,
-    tracing, export) and when everything fits.
-    Otherwise seq_runs of ``b`` sequences (as many as fit with at least
+    One run on GPUs and when everything fits. Otherwise seq_runs of ``b``
+    sequences (as many as fit with at least
     ``min(N, _MIN_TOKENS)`` tokens each), each walked in equal runs of
     tokens that fit.
     """
     B, h, N, d = x.shape
     budget = dispatch.KERNEL_RUN_ELEMENTS
-    if (x.device.type != 'cpu' or capturing()
-            or not dispatch.fast_paths_enabled()
-            or B * h * N * d <= budget):
+    if x.device.type != 'cpu' or B * h * N * d <= budget:
         return [slice(0, B)], N
     per_token = max(h * d, 1)
     b = max(1, min(B, budget //
@@ -89,13 +87,13 @@ def _token_major(q: Tensor) -> Tensor:
     return q.new_empty(B, N, h, d).transpose(1, 2)
 
 
-def _mix_matrix(r: Tensor, n: Union[float, Tensor]) -> Tensor:
+def _mix_matrix(r: Tensor, n: float) -> Tensor:
     """The (2d, d + 2) matrix that both flows and normalisers multiply.
 
     Args:
         r: ``(B, h, 2d, d + 1)`` = ``[f+(k), f-(k)]^T [v, 1]`` =
             ``[[P, sum f+(k)], [Q, sum f-(k)]]``.
-        n: number of keys (float, or ``(B, 1, 1, 1)``).
+        n: number of keys.
 
     Returns:
         ``(B, h, 2d, d + 2)``: rows for ``f+(q)`` are ``[P1, Q2, kp, kn]``,
@@ -111,7 +109,7 @@ def _mix_matrix(r: Tensor, n: Union[float, Tensor]) -> Tensor:
     return torch.cat([m_top, m_bot], dim=-2) / n
 
 
-def _mix_matrix_grad(dm: Tensor, n: Union[float, Tensor]) -> Tensor:
+def _mix_matrix_grad(dm: Tensor, n: float) -> Tensor:
     """Adjoint of :func:`_mix_matrix`: ``(B, h, 2d, d + 2)`` ->
     ``(B, h, 2d, d + 1)``."""
     d = dm.shape[-1] - 2
@@ -147,13 +145,12 @@ class _Params:
         self.kb_s = None if k_bias is None else k_bias * self.inv_s
         self.ext: Optional[Any] = None
 
-    def fused_for(self, x: Tensor) -> bool:
-        """Whether the runs of ``x`` ``(B, h, N, d)`` take the fused CPU
-        loops (:mod:`.cpu_ext`): float32 on CPU, no graph captured (the
-        loops are invisible to ``torch.jit.trace`` and export),
-        built. Prepares their ``(h, d)`` constants."""
+    def uses_cpu_loops(self, x: Tensor) -> bool:
+        """Whether the runs of ``x`` ``(B, h, N, d)`` take the compiled
+        CPU loops (:mod:`.cpu_ext`): float32 on CPU, built. Prepares their
+        ``(h, d)`` constants."""
         if (x.device.type != 'cpu' or x.dtype != torch.float32
-                or x.stride(-1) != 1 or capturing()):
+                or x.stride(-1) != 1):
             return False
         if self.ext is None:
             self.ext = cpu_ext()
@@ -175,8 +172,7 @@ def _scaled_keys(k: Tensor, c: slice, prm: _Params) -> Tensor:
     return torch.addcmul(prm.kb_s[:, :, c], k[:, :, c], prm.inv_s)
 
 
-def _features(xs: Tensor, p: Tensor, mask: Optional[Tensor],
-              with_log: bool,
+def _features(xs: Tensor, p: Tensor, with_log: bool,
               buf: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor],
                                                      Optional[Tensor]]:
     """``[f+, f-]`` ``(..., 2d)`` of scaled inputs ``xs`` ``(..., d)``.
@@ -191,34 +187,14 @@ def _features(xs: Tensor, p: Tensor, mask: Optional[Tensor],
     ``buf`` (``(B, h, >= n, 2d)``), when given, is reused for the features
     instead of a fresh allocation per run.
 
-    While a graph is captured (see :func:`~.dispatch.capturing`) the split
-    is ``where(xs > 0, |xs|^p, 0)`` and ``where(xs < 0, |xs|^p, 0)``,
-    out of place: the same features (exactly 0 at ``xs = 0``), in
-    operations every exporter translates.
-
     Returns:
-        ``[f+, f-]`` (times ``mask`` when given) and, when ``with_log``,
+        ``[f+, f-]`` and, when ``with_log``,
         ``xs`` with ``|xs|`` clamped (the divisor of the derivative) and
         ``log|xs|``.
     """
-    if capturing():  # out of place, no copysign, no out= into views
-        ax = xs.abs().clamp_min(torch.finfo(xs.dtype).tiny)
-        la = ax.log()
-        t = (la * p).exp()
-        if mask is not None:
-            t = t * mask
-        zero = torch.zeros((), dtype=t.dtype, device=t.device)
-        f = torch.cat([torch.where(xs > 0, t, zero),
-                       torch.where(xs < 0, t, zero)], dim=-1)
-        if with_log:
-            return f, torch.where(xs < 0, -ax, ax), la
-        return f, None, None
     ax = xs.abs().clamp_min_(torch.finfo(xs.dtype).tiny)
     la = ax.log()
-    t = (la * p).exp_()
-    if mask is not None:
-        t = t.mul_(mask)
-    t = t.copysign_(xs)
+    t = (la * p).exp_().copysign_(xs)
     # written straight into the halves of one buffer
     d = xs.shape[-1]
     f = _feature_buffer(xs, buf)
@@ -241,7 +217,7 @@ def _scratch(x: Tensor, step: int) -> Optional[Tensor]:
     """A feature buffer ``(B, h, step, 2d)`` reused by every run of a
     walk over tokens (None when there is one run)."""
     B, h, N, d = x.shape
-    if step >= N or capturing():
+    if step >= N:
         return None
     return x.new_empty(B, h, step, 2 * d)
 
@@ -250,87 +226,75 @@ _NONE = torch.empty(0)  # "no tensor" for the fused loops' optional inputs
 _ROWS = 64  # tokens per block of the fused loops' partial sums (kRows)
 
 
-def _fused_args(x: Tensor, c: slice, prm: _Params, mask: Optional[Tensor],
-                key: bool) -> Tuple[Tensor, Tensor]:
-    """Key bias and ``(b, n)`` mask of tokens ``c`` for the fused loops."""
-    kb = prm.kb_s[:, :, c] if key and prm.kb_s is not None else _NONE
-    m = _NONE
-    if mask is not None:
-        m = mask[:, :, c].reshape(x.shape[0], -1).contiguous()
-    return kb, m
+def _loop_key_bias(c: slice, prm: _Params, key: bool) -> Tensor:
+    """Key bias of tokens ``c`` for the CPU loops (empty: none)."""
+    return prm.kb_s[:, :, c] if key and prm.kb_s is not None else _NONE
 
 
-def _fused_features(x: Tensor, c: slice, prm: _Params,
-                    mask: Optional[Tensor], key: bool,
-                    buf: Optional[Tensor],
-                    with_sum: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-    """:func:`_features` of tokens ``c`` of ``x`` (keys: with the key bias
-    and ``mask``) in one fused pass; with ``with_sum`` also their sum over
+def _loop_features(x: Tensor, c: slice, prm: _Params, key: bool,
+                   buf: Optional[Tensor],
+                   with_sum: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    """:func:`_features` of tokens ``c`` of ``x`` (keys: with the key bias)
+    in one pass of the CPU loops; with ``with_sum`` also their sum over
     the tokens ``(B, h, 2d)``."""
     B, h, _, d = x.shape
     xc = x[:, :, c]
     n = xc.shape[-2]
     f = _feature_buffer(xc, buf)
-    kb, m = _fused_args(x, c, prm, mask, key)
     fsum = xc.new_empty(B, h, -(-n // _ROWS), 2 * d) if with_sum else _NONE
-    prm.ext.features(xc, prm.inv_hd, prm.p_hd, kb, m, f, fsum)
+    prm.ext.features(xc, prm.inv_hd, prm.p_hd, _loop_key_bias(c, prm, key),
+                     f, fsum)
     return f, (fsum.sum(2) if with_sum else None)
 
 
-def _fused_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
-                         mask: Optional[Tensor], key: bool,
-                         buf: Optional[Tensor], dx_out: Optional[Tensor]
-                         ) -> Tuple[Tensor, Tensor, Tensor]:
+def _loop_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
+                        key: bool, buf: Optional[Tensor],
+                        dx_out: Optional[Tensor]
+                        ) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`_features` and :func:`_power_grads` of tokens ``c`` of ``x``
-    in one fused pass. Returns the features, ``dL/dx`` and the sums of
-    ``[g, g log|xs|]`` over ``B`` and the tokens ``(1, h, 1, 2d)``."""
+    in one pass of the CPU loops. Returns the features, ``dL/dx`` and the
+    sums of ``[g, g log|xs|]`` over ``B`` and the tokens ``(1, h, 1, 2d)``.
+    """
     xc = x[:, :, c]
     B, h, n, d = xc.shape
     f = _feature_buffer(xc, buf)
     dx = _token_major(xc) if dx_out is None else dx_out
-    kb, m = _fused_args(x, c, prm, mask, key)
     w = xc.new_empty(B, h, -(-n // _ROWS), 2 * d)
-    prm.ext.power_grads(df, xc, prm.inv_hd, prm.p_hd, kb, m, dx, w, f)
+    prm.ext.power_grads(df, xc, prm.inv_hd, prm.p_hd,
+                        _loop_key_bias(c, prm, key), dx, w, f)
     return f, dx, w.sum(dim=(0, 2), keepdim=True)
 
 
-def _run_features(x: Tensor, c: slice, prm: _Params,
-                  mask: Optional[Tensor], key: bool, buf: Optional[Tensor],
-                  fused: bool, with_log: bool = False,
+def _run_features(x: Tensor, c: slice, prm: _Params, key: bool,
+                  buf: Optional[Tensor], loops: bool, with_log: bool = False,
                   with_sum: bool = False):
-    """``[f+, f-]`` of tokens ``c`` of ``x`` (keys: with the key bias and
-    ``mask``), by the fused loops or by :func:`_features`.
+    """``[f+, f-]`` of tokens ``c`` of ``x`` (keys: with the key bias), by
+    the CPU loops or by :func:`_features`.
 
     Returns:
         the features ``(B, h, n, 2d)``, their sum over the tokens
         ``(B, h, 2d)`` when ``with_sum``, and, by the torch ops with
         ``with_log``, ``(xs, log|xs|)`` for :func:`_power_grads` (None for
-        the fused loops, whose backward pass recomputes them).
+        the CPU loops, whose backward pass recomputes them).
     """
-    if fused:
-        f, fsum = _fused_features(x, c, prm, mask, key, buf, with_sum)
+    if loops:
+        f, fsum = _loop_features(x, c, prm, key, buf, with_sum)
         return f, fsum, None
-    if key:
-        xs = _scaled_keys(x, c, prm)
-        mc = None if mask is None else mask[:, :, c]
-    else:
-        xs, mc = x[:, :, c] * prm.inv_s, None
-    f, xsafe, la = _features(xs, prm.p, mc, with_log, buf)
+    xs = _scaled_keys(x, c, prm) if key else x[:, :, c] * prm.inv_s
+    f, xsafe, la = _features(xs, prm.p, with_log, buf)
     return f, (f.sum(-2) if with_sum else None), (xsafe, la)
 
 
-def _key_product(k: Tensor, v: Tensor, prm: _Params, mask: Optional[Tensor],
-                 step: int) -> Tensor:
+def _key_product(k: Tensor, v: Tensor, prm: _Params, step: int) -> Tensor:
     """``[f+, f-]^T [v, 1]`` of the keys, summed over tokens:
     ``(B, h, 2d, d + 1)``."""
     N = k.shape[-2]
     r: Optional[Tensor] = None
     buf = _scratch(k, step)
-    fused = prm.fused_for(k)
+    loops = prm.uses_cpu_loops(k)
     for c in _token_runs(N, step):
-        f, fsum, _ = _run_features(k, c, prm, mask, True, buf, fused,
+        f, fsum, _ = _run_features(k, c, prm, True, buf, loops,
                                    with_sum=True)
-        # v needs no mask: the masked rows of the features are exactly 0
         rc = torch.cat([f.transpose(-2, -1) @ v[:, :, c],
                         fsum.unsqueeze(-1)], dim=-1)
         r = rc if r is None else r.add_(rc)
@@ -346,9 +310,9 @@ def _query_run(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
     d = q.shape[-1]
     half = d // 2
     buf = _scratch(q, step)
-    fused = prm.fused_for(q)
+    loops = prm.uses_cpu_loops(q)
     for c in _token_runs(q.shape[-2], step):
-        f, _, _ = _run_features(q, c, prm, None, False, buf, fused)
+        f, _, _ = _run_features(q, c, prm, False, buf, loops)
         u = f @ S  # (B, h, n_c, d + 2): [numerators, z_sim, z_opp]
         num = u[..., :d].unflatten(-1, (2, half))
         if x is None or rz is None:
@@ -362,15 +326,13 @@ def _query_run(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
     return x, rz
 
 
-def _key_state(k: Tensor, v: Tensor, prm: _Params,
-               mask: Optional[Tensor]) -> Tensor:
+def _key_state(k: Tensor, v: Tensor, prm: _Params) -> Tensor:
     """:func:`_key_product` of all keys, run by run:
     ``(B, h, 2d, d + 1)``."""
     seq_runs, step = _plan(k)
     if len(seq_runs) == 1:
-        return _key_product(k, v, prm, mask, step)
-    return torch.cat([
-        _key_product(k[b], v[b], prm, _sub(mask, b), step) for b in seq_runs])
+        return _key_product(k, v, prm, step)
+    return torch.cat([_key_product(k[b], v[b], prm, step) for b in seq_runs])
 
 
 def _queries(q: Tensor, S: Tensor, prm: _Params,
@@ -389,18 +351,12 @@ def _queries(q: Tensor, S: Tensor, prm: _Params,
     return x, rz
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, prm: _Params,
-             mask: Optional[Tensor], n: Union[float, Tensor], eps: float):
+def _forward(q: Tensor, k: Tensor, v: Tensor, prm: _Params, eps: float):
     """Both flows: ``x``, the mix matrix ``S`` ``(B, h, 2d, d + 2)`` and
     ``1 / z`` ``(B, h, N, 2)``."""
-    S = _mix_matrix(_key_state(k, v, prm, mask), n)
+    S = _mix_matrix(_key_state(k, v, prm), float(k.shape[-2]))
     x, rz = _queries(q, S, prm, eps)
     return x, S, rz
-
-
-def _sub(t: Optional[Union[Tensor, float]], b: slice):
-    """Rows ``b`` of a per-sequence tensor (masks, key counts)."""
-    return t[b] if isinstance(t, Tensor) else t
 
 
 def _power_grads(df: Tensor, f: Tensor, xsafe: Tensor, la: Tensor,
@@ -420,13 +376,9 @@ def _power_grads(df: Tensor, f: Tensor, xsafe: Tensor, la: Tensor,
     """
     d = la.shape[-1]
     prod = df * f
-    if capturing():
-        g = prod[..., :d] + prod[..., d:]
-        w = torch.cat([g, g * la], dim=-1)
-    else:
-        w = prod.new_empty(prod.shape)
-        g = torch.add(prod[..., :d], prod[..., d:], out=w[..., :d])
-        torch.mul(g, la, out=w[..., d:])
+    w = prod.new_empty(prod.shape)
+    g = torch.add(prod[..., :d], prod[..., d:], out=w[..., :d])
+    torch.mul(g, la, out=w[..., d:])
     g = g * pinv
     if dx_out is None:
         return g.div_(xsafe), w
@@ -434,31 +386,28 @@ def _power_grads(df: Tensor, f: Tensor, xsafe: Tensor, la: Tensor,
 
 
 def _run_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
-                       mask: Optional[Tensor], key: bool,
-                       buf: Optional[Tensor], fused: bool, pinv: Tensor,
-                       dx_out: Optional[Tensor]
+                       key: bool, buf: Optional[Tensor], loops: bool,
+                       pinv: Tensor, dx_out: Optional[Tensor]
                        ) -> Tuple[Tensor, Tensor, Tensor]:
     """Backward through the features of tokens ``c`` of ``x`` (keys: with
-    the key bias and ``mask``), given ``df = dL/d[f+, f-]``: the fused
-    loops in one pass, or :func:`_features` and :func:`_power_grads`.
+    the key bias), given ``df = dL/d[f+, f-]``: the CPU loops in one pass,
+    or :func:`_features` and :func:`_power_grads`.
 
     Returns:
         the features ``(B, h, n, 2d)`` (which the caller's products need),
         ``dL/dx`` (into ``dx_out`` when given) and the sums of
         ``[g, g log|xs|]`` over ``B`` and the tokens, ``(1, h, 1, 2d)``.
     """
-    if fused:
-        return _fused_feature_grads(df, x, c, prm, mask, key, buf, dx_out)
-    f, _, aux = _run_features(x, c, prm, mask, key, buf, False,
-                              with_log=True)
+    if loops:
+        return _loop_feature_grads(df, x, c, prm, key, buf, dx_out)
+    f, _, aux = _run_features(x, c, prm, key, buf, False, with_log=True)
     assert aux is not None
     dx, w = _power_grads(df, f, aux[0], aux[1], pinv, dx_out)
     return f, dx, w.sum(dim=(0, 2), keepdim=True)
 
 
 def _backward_run(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
-                  rz: Tensor, x: Tensor, mask: Optional[Tensor],
-                  n: Union[float, Tensor], prm: _Params, need_v: bool,
+                  rz: Tensor, x: Tensor, n: float, prm: _Params, need_v: bool,
                   step: int, out: Optional[Tuple[Tensor, Tensor,
                                                  Optional[Tensor]]]):
     """Gradients on whole sequences, walking tokens by ``step``.
@@ -488,27 +437,22 @@ def _backward_run(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     S_flip = torch.cat([S[..., :d], -S[..., d:]], -1)
     S_t = S_flip.transpose(-2, -1)  # (B, h, d + 2, 2d)
     buf = _scratch(q, step)
-    fused = prm.fused_for(q)
+    loops = prm.uses_cpu_loops(q)
     for c in runs:
         rz_c = rz[:, :, c]
         dx_c = dx[:, :, c]
-        if fused and dx_c.stride(-1) == 1:
-            du = q.new_empty(B, h, c.stop - c.start, d + 2)
+        du = q.new_empty(B, h, c.stop - c.start, d + 2)
+        if loops and dx_c.stride(-1) == 1:
             prm.ext.query_du(dx_c, x[:, :, c], rz_c, du)
         else:
             dxh = dx_c.unflatten(-1, (2, half))
             dz = (dx_c * x[:, :, c]).unflatten(-1, (2, half)).sum(-1)
-            if capturing():
-                du = torch.cat([(dxh * rz_c.unsqueeze(-1)).flatten(-2),
-                                dz * rz_c], dim=-1)
-            else:
-                du = q.new_empty(B, h, c.stop - c.start, d + 2)
-                torch.mul(dxh, rz_c.unsqueeze(-1),
-                          out=du[..., :d].unflatten(-1, (2, half)))
-                torch.mul(dz, rz_c, out=du[..., d:])
+            torch.mul(dxh, rz_c.unsqueeze(-1),
+                      out=du[..., :d].unflatten(-1, (2, half)))
+            torch.mul(dz, rz_c, out=du[..., d:])
         dq_out = None if dq is None else dq[:, :, c]
-        f, dq_c, w_c = _run_feature_grads(du @ S_t, q, c, prm, None, False,
-                                          buf, fused, pinv, dq_out)
+        f, dq_c, w_c = _run_feature_grads(du @ S_t, q, c, prm, False, buf,
+                                          loops, pinv, dq_out)
         dS = acc(dS, f.transpose(-2, -1) @ du)
         if dq is None:
             dq = dq_c
@@ -522,11 +466,10 @@ def _backward_run(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     dR_vt = dR_v.transpose(-2, -1)  # (B, h, d, 2d)
     dR_1 = dR[..., d:].transpose(-2, -1)  # (B, h, 1, 2d)
     for c in runs:
-        # at masked keys the features are 0, so the gradients there vanish
         df = (v[:, :, c] @ dR_vt).add_(dR_1)
         dk_out = None if out is None else dk[:, :, c]
-        f, dk_c, w_c = _run_feature_grads(df, k, c, prm, mask, True, buf,
-                                          fused, pinv, dk_out)
+        f, dk_c, w_c = _run_feature_grads(df, k, c, prm, True, buf, loops,
+                                          pinv, dk_out)
         if need_v:
             if dv is None:
                 dv = f @ dR_v
@@ -541,39 +484,34 @@ def _backward_run(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
 class PolarityAttentionFunction(torch.autograd.Function):
     """Polarity attention with feature maps recomputed in backward.
 
-    Saves ``q``, ``k``, ``v``, the parameters, the mask, the key bias, the
-    output, its normalisers ``1 / z`` (``(B, h, N, 2)``) and the small mix
-    matrix, but none of the ``(B, h, N, 2d)`` feature maps, which backward
+    Saves ``q``, ``k``, ``v``, the parameters, the key bias, the output,
+    its normalisers ``1 / z`` (``(B, h, N, 2)``) and the small mix matrix,
+    but none of the ``(B, h, N, 2d)`` feature maps, which backward
     recomputes elementwise (no matrix product is recomputed). See
     :func:`polarity_attention_kernel` for the arguments.
     """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
-                power: Tensor, alpha: float, mask: Optional[Tensor],
-                n: Union[float, Tensor], eps: float,
+                power: Tensor, alpha: float, eps: float,
                 k_bias: Optional[Tensor]) -> Tensor:
         prm = _Params(scale, power, alpha, k_bias)
-        x, S, rz = _forward(q, k, v, prm, mask, n, eps)
-        ctx.save_for_backward(q, k, v, scale, power, mask,
-                              n if isinstance(n, Tensor) else None, S, rz, x,
-                              k_bias)
+        x, S, rz = _forward(q, k, v, prm, eps)
+        ctx.save_for_backward(q, k, v, scale, power, S, rz, x, k_bias)
         ctx.alpha = alpha
-        ctx.n = n if not isinstance(n, Tensor) else None
         return x
 
     @staticmethod
     def backward(ctx, dx: Tensor):
-        q, k, v, scale, power, mask, n_t, S, rz, x, k_bias = \
-            ctx.saved_tensors
-        n = n_t if n_t is not None else ctx.n
+        q, k, v, scale, power, S, rz, x, k_bias = ctx.saved_tensors
+        n = float(k.shape[-2])
         alpha = ctx.alpha
         prm = _Params(scale, power, alpha, k_bias)
         need_v = ctx.needs_input_grad[2]
         seq_runs, step = _plan(q)
         if len(seq_runs) == 1 and step >= q.shape[-2]:
-            dq, dk, dv, w = _backward_run(dx, q, k, v, S, rz, x, mask, n,
-                                          prm, need_v, step, None)
+            dq, dk, dv, w = _backward_run(dx, q, k, v, S, rz, x, n, prm,
+                                          need_v, step, None)
         else:
             dq = _token_major(q)
             dk = _token_major(k)
@@ -581,8 +519,8 @@ class PolarityAttentionFunction(torch.autograd.Function):
             w = None
             for b in seq_runs:
                 _, _, _, wb = _backward_run(
-                    dx[b], q[b], k[b], v[b], S[b], rz[b], x[b],
-                    _sub(mask, b), _sub(n, b), prm, need_v, step,
+                    dx[b], q[b], k[b], v[b], S[b], rz[b], x[b], n, prm,
+                    need_v, step,
                     (dq[b], dk[b], None if dv is None else dv[b]))
                 w = wb if w is None else w.add_(wb)
         assert w is not None and dk is not None
@@ -597,9 +535,9 @@ class PolarityAttentionFunction(torch.autograd.Function):
         if ctx.needs_input_grad[4]:
             sig_p = torch.sigmoid(power)
             dpower = _sum_to(dp * alpha * sig_p * (1 - sig_p), power.shape)
-        if ctx.needs_input_grad[9]:
+        if ctx.needs_input_grad[7]:
             dbias = _sum_to(dk, k_bias.shape)
-        return dq, dk, dv, dscale, dpower, None, None, None, None, dbias
+        return dq, dk, dv, dscale, dpower, None, None, dbias
 
 
 def polarity_key_state(k: Tensor, v: Tensor, scale: Tensor, power: Tensor,
@@ -620,7 +558,7 @@ def polarity_key_state(k: Tensor, v: Tensor, scale: Tensor, power: Tensor,
     Returns:
         ``(B, h, 2d, d + 1)``: ``[f+(k), f-(k)]^T [v, 1]``.
     """
-    return _key_state(k, v, _Params(scale, power, alpha, k_bias), None)
+    return _key_state(k, v, _Params(scale, power, alpha, k_bias))
 
 
 def polarity_query_apply(q: Tensor, state: Tensor, n: float, scale: Tensor,
@@ -642,10 +580,36 @@ def polarity_attention_kernel(q: Tensor,
                               scale: Tensor,
                               power: Tensor,
                               alpha: float,
-                              valid: Optional[Tensor] = None,
                               eps: float = _EPS,
                               k_bias: Optional[Tensor] = None) -> Tensor:
-    """Polarity-aware linear attention (the published formula).
+    """Polarity-aware linear attention (the published formula), fast.
+
+    Computes :func:`polarity_attention_pytorch` (see there for the formula
+    and the arguments) with the rearrangements of this module's docstring.
+
+    Returns:
+        ``(B, h, N, d)`` in the dtype of ``q``, laid out ``(B, N, h, d)``
+        in memory on the CPU path.
+    """
+    if torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad
+            for t in (q, k, v, scale, power, k_bias)):
+        return PolarityAttentionFunction.apply(q, k, v, scale, power, alpha,
+                                               eps, k_bias)
+    return _forward(q, k, v, _Params(scale, power, alpha, k_bias), eps)[0]
+
+
+def polarity_attention_pytorch(q: Tensor,
+                               k: Tensor,
+                               v: Tensor,
+                               scale: Tensor,
+                               power: Tensor,
+                               alpha: float,
+                               eps: float = _EPS,
+                               k_bias: Optional[Tensor] = None) -> Tensor:
+    """Polarity-aware linear attention (the published formula) in plain
+    PyTorch operations: the reference of :func:`polarity_attention_kernel`,
+    and what runs with the fast paths off and in captured graphs (export).
 
     With ``h`` heads of width ``d`` (even), ``s = softplus(scale)``,
     ``p = 1 + alpha * sigmoid(power)``, ``f+(t) = relu(t)^p``,
@@ -657,40 +621,57 @@ def polarity_attention_kernel(q: Tensor,
         x_opp = q_opp (k'^T v2 / n) / (q_opp . mean(k') + eps)
         out   = [x_sim, x_opp]
 
-    With ``valid``, padded keys contribute nothing (``k'`` and ``v`` are
-    zero there) and ``n`` is the number of valid keys of each sequence
-    (at least 1); without it ``n = N``. The outputs at padded queries are
-    computed like any other and meant to be discarded.
+    written in its cheap algebraic form: ``f+`` and ``f-`` come from one
+    ``|t|^p`` and a sign mask (disjoint supports); the opposite-signed flow
+    uses the same key products with the roles of ``f+(q)`` and ``f-(q)``
+    swapped, so both flows and both normalisers are two products of the
+    query features with one small ``(d, d + 2)`` matrix each:
+
+        x_sim = (f+(q) P1 + f-(q) Q1) / (f+(q) kp + f-(q) kn + eps n)
+        x_opp = (f+(q) Q2 + f-(q) P2) / (f+(q) kn + f-(q) kp + eps n)
+
+    with ``P = f+(k)^T v``, ``Q = f-(k)^T v`` (halves 1, 2 of the value
+    channels), ``kp``, ``kn`` the sums of ``f+(k)``, ``f-(k)`` over keys.
+    No feature map is concatenated; every operation exports to ONNX opset
+    11. (The paper's form, with the concatenated features, is kept in the
+    tests as the arbiter.)
 
     Args:
         q: ``(B, h, N, d)`` queries.
-        k: ``(B, h, N, d)`` keys.
-        v: ``(B, h, N, d)`` values.
+        k: ``(B, h, n, d)`` keys (``n`` may differ from ``N``).
+        v: ``(B, h, n, d)`` values.
         scale: raw ``scale`` broadcastable to ``(1, h, 1, d)``.
         power: raw ``power``, ``(1, h, 1, d)``.
         alpha: exponent range; ``p`` lies in ``(1, 1 + alpha)``.
-        valid: optional ``(B, N)`` bool, True for real keys.
-        eps: added to the normalisers.
-        k_bias: optional ``(1, h, N, d)`` added to the keys (a positional
-            table shared by the batch).
+        eps: added to the normalisers (of the means over keys).
+        k_bias: optional tensor broadcastable to ``k``, added to the keys
+            (a positional table).
 
     Returns:
-        ``(B, h, N, d)`` in the dtype of ``q``, laid out ``(B, N, h, d)``
-        in memory on the CPU path.
+        ``(B, h, N, d)``.
     """
-    N = q.shape[-2]
-    if valid is None:
-        mask = None
-        n: Union[float, Tensor] = float(N)
-    else:
-        mask = valid[:, None, :, None].to(q.dtype)  # (B, 1, N, 1)
-        n = mask.sum(dim=-2, keepdim=True).clamp(min=1.0)  # (B, 1, 1, 1)
-    if torch.is_grad_enabled() and not dispatch.exporting() and any(
-            t is not None and t.requires_grad
-            for t in (q, k, v, scale, power, k_bias)):
-        # (exporters capture the forward only, and cannot see inside an
-        # autograd function)
-        return PolarityAttentionFunction.apply(q, k, v, scale, power, alpha,
-                                               mask, n, eps, k_bias)
-    prm = _Params(scale, power, alpha, k_bias)
-    return _forward(q, k, v, prm, mask, n, eps)[0]
+    if k_bias is not None:
+        k = k + k_bias
+    inv_s = 1 / F.softplus(scale)
+    p = 1 + alpha * torch.sigmoid(power)
+    n = k.shape[-2]
+    half = q.shape[-1] // 2
+
+    def features(t: Tensor) -> Tuple[Tensor, Tensor]:
+        a = (t * inv_s).abs() ** p  # |t / s|^p
+        pos = a * (t > 0).to(a.dtype)
+        return pos, a - pos  # relu(t / s)^p, relu(-t / s)^p
+
+    qp, qn = features(q)
+    kp, kn = features(k)
+    P = kp.transpose(-2, -1) @ v  # (B, h, d, d)
+    Q = kn.transpose(-2, -1) @ v
+    sp = kp.sum(-2, keepdim=True).transpose(-2, -1)  # (B, h, d, 1)
+    sn = kn.sum(-2, keepdim=True).transpose(-2, -1)
+    m_pos = torch.cat([P[..., :half], Q[..., half:], sp, sn], -1)
+    m_neg = torch.cat([Q[..., :half], P[..., half:], sn, sp], -1)
+    u = qp @ m_pos + qn @ m_neg  # (B, h, N, d + 2): [num_sim, num_opp, z]
+    d = 2 * half
+    z = u[..., d:] + eps * n  # n (mean + eps) = sum + eps n
+    return torch.cat([u[..., :half] / z[..., :1],
+                      u[..., half:d] / z[..., 1:]], -1)

@@ -9,10 +9,9 @@ import torch.nn.functional as F
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
 from pola_mm.models.layers import (PolarityAttention, WindowMSA,
                                    relative_position_index, resize_pos_table)
-from pola_mm.models.layers.polarity_attention import \
-    polarity_linear_attention
 from pola_mm.ops.depthwise_conv import depthwise_conv2d
-from helpers import randomise
+from helpers import polarity_attention_textbook, randomise
+from pola_mm.ops import dispatch
 from pola_mm.models.layers.window import (crop_map, cyclic_shift,
                                           effective_window, grid_padding,
                                           key_padding_logits, key_valid_mask,
@@ -46,10 +45,12 @@ def test_window_msa_fused_inference_equals_explicit(mask_kind):
             'shift': shift_region_mask((14, 21), (7, 7), (3, 3)),
             'padding': key_padding_logits(torch.rand(6, 49) > 0.3)}[mask_kind]
     xg = x.clone().requires_grad_()
-    assert not attn.use_fused(xg)
+    assert not dispatch.use_sdpa(xg, attn)
     explicit = attn(xg, (7, 7), mask)
     with torch.no_grad():
-        assert attn.use_fused(x)
+        assert dispatch.use_sdpa(x, attn)
+        with dispatch.plain_paths():  # the switch turns SDPA off too
+            assert not dispatch.use_sdpa(x, attn)
         fused = attn(x, (7, 7), mask)
     torch.testing.assert_close(fused, explicit.detach(), rtol=1e-12,
                                atol=1e-12)
@@ -142,7 +143,8 @@ def test_bf16_autocast(fused):
 def _global_polarity_reference(attn, x, hw):
     """The published computation written out over the whole map: ``qkvg``
     split, the positional table bicubic-resized to the map and added to k,
-    the readable :func:`polarity_linear_attention`, the per-head depth-wise
+    the paper's formula (``helpers.polarity_attention_textbook``), the
+    per-head depth-wise
     conv of v, gate and output projection."""
     B, L, C = x.shape
     h, d = attn.num_heads, attn.head_dims
@@ -155,9 +157,9 @@ def _global_polarity_reference(attn, x, hw):
     def heads(t):
         return t.view(B, L, h, d).transpose(1, 2)
 
-    y = polarity_linear_attention(heads(q), heads(k), heads(v),
-                                  attn.scale.view(1, h, 1, d), attn.power,
-                                  attn.alpha)
+    y = polarity_attention_textbook(heads(q), heads(k), heads(v),
+                                    attn.scale.view(1, h, 1, d), attn.power,
+                                    attn.alpha)
     vmap = heads(v).reshape(B * h, L, d).transpose(1, 2).reshape(
         B * h, d, *hw)
     conv = attn.dwc(vmap).view(B, h, d, L).permute(0, 1, 3, 2)

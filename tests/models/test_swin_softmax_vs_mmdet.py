@@ -28,9 +28,11 @@ def pair():
     mmdet = SwinTransformer(embed_dims=32, depths=(2, 2, 2, 2),
                             num_heads=(1, 2, 4, 8), window_size=7,
                             drop_path_rate=0., out_indices=(0, 1, 2, 3),
-                            convert_weights=False).eval()
-    missing, unexpected = mmdet.load_state_dict(
-        swin_converter(pola.state_dict()), strict=False)
+                            convert_weights=False)
+    mmdet.eval()  # (mmdet's train() returns None)
+    converted = {k.removeprefix('backbone.'): t for k, t in
+                 swin_converter(pola.state_dict()).items()}
+    missing, unexpected = mmdet.load_state_dict(converted, strict=False)
     assert not unexpected
     assert all(k.endswith('relative_position_index') for k in missing)
     masked = PolaSwinTransformer(arch=ARCH, attn_layout='SSSS',
@@ -64,4 +66,4 @@ def test_at_224_equal_up_to_the_one_window_stage(pair):
     for i in range(3):
         assert scale_err(ours[i], theirs[i]) <= 1e-5
     assert torch.equal(ours[3], old[3])  # both: the authors' rule
-    assert scale_err(ours[3], theirs[3]) > 1e-3
+    assert scale_err(ours[3], theirs[3]) > 1e-4  # (agreement: <= 1e-6)

@@ -31,7 +31,7 @@ def test_extension_builds_here():
     assert callable(mod.features) and callable(mod.power_grads)
 
 
-def _inputs(B, h, N, d, masked, seed=1, token_major=True):
+def _inputs(B, h, N, d, seed=1, token_major=True):
     g = torch.Generator().manual_seed(seed)
 
     def t(*shape, s=1.0):
@@ -44,10 +44,7 @@ def _inputs(B, h, N, d, masked, seed=1, token_major=True):
     scale = t(1, h, 1, d, s=0.3)
     power = t(1, h, 1, d)
     k_bias = t(1, h, N, d, s=0.2)
-    valid = (torch.rand(B, N, generator=g) > 0.3) if masked else None
-    if valid is not None:
-        valid[:, 0] = True
-    return q, k, v, scale, power, k_bias, valid
+    return q, k, v, scale, power, k_bias
 
 
 def _count_ext_calls(monkeypatch, module, ext, calls):
@@ -64,7 +61,7 @@ def _count_ext_calls(monkeypatch, module, ext, calls):
 
 def _run(args, fused, monkeypatch, grad=True):
     monkeypatch.setenv(CPU_EXT_ENV, '1' if fused else '0')
-    q, k, v, scale, power, k_bias, valid = (
+    q, k, v, scale, power, k_bias = (
         None if a is None else a.clone().requires_grad_(grad and
                                                         a.is_floating_point())
         for a in args)
@@ -75,8 +72,7 @@ def _run(args, fused, monkeypatch, grad=True):
         _count_ext_calls(monkeypatch, pk, ext, calls)
     else:
         monkeypatch.setattr(pk, 'cpu_ext', cpu_ext)
-    x = polarity_attention_kernel(q, k, v, scale, power, 4.0, valid=valid,
-                                  k_bias=k_bias)
+    x = polarity_attention_kernel(q, k, v, scale, power, 4.0, k_bias=k_bias)
     if not grad:
         return [x], calls
     x.backward(torch.randn(x.shape, generator=torch.Generator()
@@ -87,14 +83,12 @@ def _run(args, fused, monkeypatch, grad=True):
 
 @pytest.mark.parametrize('shape', [(2, 3, 200, 32), (3, 1, 77, 16),
                                    (1, 2, 9, 64)])
-@pytest.mark.parametrize('masked', [False, True])
 @pytest.mark.parametrize('chunk', [1 << 18, 1000])
-def test_fused_loops_match_the_torch_kernel(monkeypatch, shape, masked,
-                                            chunk):
+def test_fused_loops_match_the_torch_kernel(monkeypatch, shape, chunk):
     """Outputs and every gradient (q, k, v, scale, power, key bias), in one
-    piece and in many pieces (``chunk``), with and without a key mask."""
+    piece and in many pieces (``chunk``)."""
     monkeypatch.setattr(dispatch, 'KERNEL_RUN_ELEMENTS', chunk)
-    args = _inputs(*shape, masked)
+    args = _inputs(*shape)
     fused, calls = _run(args, True, monkeypatch)
     plain, no_calls = _run(args, False, monkeypatch)
     # forward: features of keys and queries; backward: one pass per side
@@ -108,9 +102,8 @@ def test_fused_loops_match_the_torch_kernel(monkeypatch, shape, masked,
 
 
 def test_fused_loops_with_contiguous_inputs_and_without_bias(monkeypatch):
-    q, k, v, scale, power, _, _ = _inputs(2, 2, 50, 8, False,
-                                          token_major=False)
-    args = (q, k, v, scale, power, None, None)
+    q, k, v, scale, power, _ = _inputs(2, 2, 50, 8, token_major=False)
+    args = (q, k, v, scale, power, None)
     fused, _ = _run(args, True, monkeypatch)
     plain, _ = _run(args, False, monkeypatch)
     for a, b in zip(fused[:6], plain[:6]):
@@ -120,14 +113,14 @@ def test_fused_loops_with_contiguous_inputs_and_without_bias(monkeypatch):
 def test_fused_features_at_zero_tiny_and_large_inputs(monkeypatch):
     """|x| = 0, subnormal, tiny and large inputs: finite and equal to the
     torch path (0 features at 0, no NaN in any gradient)."""
-    q, k, v, scale, power, k_bias, _ = _inputs(1, 1, 64, 16, False)
+    q, k, v, scale, power, k_bias = _inputs(1, 1, 64, 16)
     special = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1e-30, -1e-20, 30.0,
                             -30.0, 1e-3, -1e-3, 5.0, -5.0, 0.5, -0.5, 2.0,
                             -2.0])
     q[0, 0, :16] = special
     k[0, 0, :16] = special
     k_bias = torch.zeros_like(k_bias)
-    args = (q, k, v, scale, power, k_bias, None)
+    args = (q, k, v, scale, power, k_bias)
     fused, _ = _run(args, True, monkeypatch)
     plain, _ = _run(args, False, monkeypatch)
     for a, b in zip(fused, plain):
@@ -138,7 +131,7 @@ def test_fused_features_at_zero_tiny_and_large_inputs(monkeypatch):
 def test_streamed_inference_uses_the_fused_loops(monkeypatch):
     """polarity_key_state / polarity_query_apply (PVT's runs) give the same
     results with the fused loops as without."""
-    q, k, v, scale, power, k_bias, _ = _inputs(1, 2, 300, 32, False)
+    q, k, v, scale, power, k_bias = _inputs(1, 2, 300, 32)
     outs = []
     for fused in (True, False):
         monkeypatch.setenv(CPU_EXT_ENV, '1' if fused else '0')
@@ -152,7 +145,7 @@ def test_streamed_inference_uses_the_fused_loops(monkeypatch):
 def test_float64_and_the_switch_keep_the_torch_path(monkeypatch):
     """float64 (gradcheck) never takes the float32 loops, and
     POLA_MM_CPU_EXT=0 turns them off."""
-    args = _inputs(1, 1, 20, 8, False)
+    args = _inputs(1, 1, 20, 8)
     double = tuple(None if a is None else a.double() for a in args)
     _, calls = _run(double, True, monkeypatch)
     assert calls == []
@@ -180,7 +173,7 @@ def test_failed_build_falls_back_with_one_message(monkeypatch):
     assert len(warnings) == 1
     assert 'no C++ compiler found' in warnings[0]
     assert 'ninja' in warnings[0] and CPU_EXT_ENV in warnings[0]
-    q, k, v, scale, power, k_bias, _ = _inputs(1, 1, 30, 8, False)
+    q, k, v, scale, power, k_bias = _inputs(1, 1, 30, 8)
     out = polarity_attention_kernel(q, k, v, scale, power, 4.0,
                                     k_bias=k_bias)
     assert torch.isfinite(out).all()
@@ -219,22 +212,32 @@ def test_depthwise_conv_gradients(monkeypatch, shape, k, channels_last):
         torch.testing.assert_close(a, b.float(), rtol=1e-5, atol=1e-4)
 
 
-def test_tracing_keeps_the_torch_kernel(monkeypatch):
-    """torch.jit.trace (the route of ONNX export) cannot see the fused
-    loops, so a traced module must record the torch kernel and reproduce
-    the eager outputs on new inputs."""
+def test_tracing_records_the_plain_reference(monkeypatch):
+    """torch.jit.trace (the route of ONNX export) cannot see the compiled
+    loops: a traced attention runs its plain reference (no loop is called
+    while tracing) and reproduces the eager outputs on new inputs."""
+    from pola_mm.models.layers import PolarityAttention
+
+    class Grid(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = PolarityAttention(16, 2, (5, 8))
+
+        def forward(self, t):
+            return self.attn(t, (5, 8))
+
     monkeypatch.setenv(CPU_EXT_ENV, '1')
-    q, k, v, scale, power, k_bias, _ = _inputs(
-        1, 2, 40, 8, False, token_major=False)
-
-    def fn(q, k, v):
-        return polarity_attention_kernel(q, k, v, scale, power, 4.0,
-                                         k_bias=k_bias)
-
+    model = Grid().eval()
+    x = torch.randn(1, 40, 16)
+    calls = []
+    _count_ext_calls(monkeypatch, pk, cpu_ext(), calls)
     with torch.no_grad():
-        traced = torch.jit.trace(fn, (q, k, v), check_trace=False)
-        q2, k2, v2 = (t * 1.5 + 0.1 for t in (q, k, v))
-        _close(traced(q2, k2, v2), fn(q2, k2, v2))
+        traced = torch.jit.trace(model, (x, ), check_trace=False)
+        assert calls == []
+        x2 = x * 1.5 + 0.1
+        eager = model(x2)
+        assert calls  # eager CPU inference does use the loops
+        _close(traced(x2), eager)
 
 
 def test_a_build_is_reported(monkeypatch):

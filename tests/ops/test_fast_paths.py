@@ -16,7 +16,7 @@ from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops import cpu_ext as cpu_ext_mod
 from pola_mm.ops import dispatch, inference_runs, polarity_kernel, token_runs
 from helpers import (PVT_MINI, PVT_TINY, SWIN_MINI, SWIN_TINY_DEPTH2,
-                     randomise, reference_file)
+                     count_calls, randomise, reference_file)
 
 BACKBONES = [(PolaSwinTransformer, SWIN_TINY_DEPTH2), (PolaPVT, PVT_TINY)]
 IDS = ['swin', 'pvt']
@@ -116,26 +116,30 @@ def test_plain_paths_reproduce_the_authors_logits(reference_dir, name, cls,
 
 
 @pytest.mark.parametrize('fused', [True, False])
-def test_reference_impl_equals_kernel(fused):
-    """``impl='reference'`` (the formula as written) and the kernel give the
-    same outputs and gradients (float64)."""
+def test_plain_reference_equals_kernel(fused, monkeypatch):
+    """The module's plain reference (fast paths off) and the kernel give
+    the same outputs and gradients (float64); each side runs only its
+    own."""
+    import pola_mm.models.layers.polarity_attention as pa
     torch.manual_seed(0)
     a = PolarityAttention(16, 2, (5, 6), fused_qkvg=fused).double()
     randomise(a, std=0.3)
-    b = PolarityAttention(16, 2, (5, 6), fused_qkvg=fused,
-                          impl='reference').double()
-    b.load_state_dict(a.state_dict())
     x = torch.randn(2, 7 * 9, 16, dtype=torch.float64)
+    kernel = count_calls(monkeypatch, pa, 'polarity_attention_kernel')
+    plain = count_calls(monkeypatch, pa, 'polarity_attention_pytorch')
     ya = a(x.clone().requires_grad_(), (7, 9))
-    yb = b(x.clone().requires_grad_(), (7, 9))
+    assert (len(kernel), len(plain)) == (1, 0)
+    b = PolarityAttention(16, 2, (5, 6), fused_qkvg=fused).double()
+    b.load_state_dict(a.state_dict())
+    with ops.plain_paths():
+        yb = b(x.clone().requires_grad_(), (7, 9))
+    assert (len(kernel), len(plain)) == (1, 1)
     torch.testing.assert_close(ya, yb, rtol=1e-10, atol=1e-10)
     ya.square().sum().backward()
     yb.square().sum().backward()
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-8, atol=1e-10,
                                    msg=n)
-    with pytest.raises(ValueError, match='impl'):
-        PolarityAttention(16, 2, (5, 6), impl='fast')
 
 
 def test_attn_drop_is_refused():

@@ -1,12 +1,13 @@
-"""The fast polarity attention kernel against the published formula."""
+"""The fast polarity attention kernel and its plain PyTorch reference
+against the published formula as the paper writes it."""
 import pytest
 import torch
 
 from pola_mm.ops import dispatch, polarity_kernel
-from pola_mm.models.layers.polarity_attention import \
-    polarity_linear_attention as reference  # the plain published formula
 from pola_mm.ops.polarity_kernel import (PolarityAttentionFunction,
-                                         polarity_attention_kernel)
+                                         polarity_attention_kernel,
+                                         polarity_attention_pytorch)
+from helpers import polarity_attention_textbook as reference
 
 # slab sizes (elements) that make the CPU path work on: everything at once;
 # a few whole sequences at a time; runs of tokens of one sequence
@@ -20,7 +21,7 @@ def chunking(request, monkeypatch):
     return request.param
 
 
-def _inputs(B=2, h=3, N=11, d=6, dtype=torch.float64, masked=False, seed=0,
+def _inputs(B=2, h=3, N=11, d=6, dtype=torch.float64, seed=0,
             scale_heads=True):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, h, N, d, generator=g, dtype=dtype)
@@ -28,32 +29,44 @@ def _inputs(B=2, h=3, N=11, d=6, dtype=torch.float64, masked=False, seed=0,
     scale = torch.randn(1, h if scale_heads else 1, 1, d, generator=g,
                         dtype=dtype)
     power = torch.randn(1, h, 1, d, generator=g, dtype=dtype)
-    valid = None
-    if masked:
-        valid = torch.rand(B, N, generator=g) > 0.4
-        valid[:, 0] = True
-        if B > 1:
-            valid[1] = False  # a sequence with no valid key: n clamps to 1
-    return q, k, v, scale, power, valid
+    return q, k, v, scale, power
 
 
-@pytest.mark.parametrize('masked', [False, True])
 @pytest.mark.parametrize('shape', [(2, 3, 11, 6), (1, 1, 5, 2),
                                    (2, 2, 64, 32)])
-def test_forward_matches_reference_float64(masked, shape, chunking):
+def test_forward_matches_reference_float64(shape, chunking):
     B, h, N, d = shape
-    q, k, v, scale, power, valid = _inputs(B, h, N, d, masked=masked)
-    out = polarity_attention_kernel(q, k, v, scale, power, 4.0, valid)
-    ref = reference(q, k, v, scale, power, 4.0, valid)
+    q, k, v, scale, power = _inputs(B, h, N, d)
+    out = polarity_attention_kernel(q, k, v, scale, power, 4.0)
+    ref = reference(q, k, v, scale, power, 4.0)
     assert out.shape == (B, h, N, d) and out.dtype == torch.float64
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize('n', [11, 4])  # n < N: spatially reduced keys
+def test_pytorch_reference_is_the_textbook_formula(n):
+    """polarity_attention_pytorch (one |t|^p, no concatenated features, the
+    flows sharing the key products) equals the paper's form: values and
+    every gradient, float64, with a key bias and fewer keys than queries."""
+    q, k, v, scale, power = _inputs(2, 3, 11, 6)
+    k, v = k[:, :, :n], v[:, :, :n]
+    bias = torch.randn(1, 3, n, 6, dtype=torch.float64)
+    k[0, 1, :2] = 0  # exact zeros, where |t|^p has its kink
+    args = [t.requires_grad_(True) for t in (q, k, v, scale, power, bias)]
+    out = polarity_attention_pytorch(*args[:5], 2.5, k_bias=args[5])
+    ref = reference(q, k + bias, v, scale, power, 2.5)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, args, g),
+                    torch.autograd.grad(ref, args, g)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
 def test_forward_float32_close_to_float64_reference():
-    q, k, v, scale, power, valid = _inputs(2, 4, 300, 32, masked=True)
-    ref = reference(q, k, v, scale, power, 4.0, valid)
+    q, k, v, scale, power = _inputs(2, 4, 300, 32)
+    ref = reference(q, k, v, scale, power, 4.0)
     out = polarity_attention_kernel(q.float(), k.float(), v.float(),
-                                    scale.float(), power.float(), 4.0, valid)
+                                    scale.float(), power.float(), 4.0)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
 
@@ -61,50 +74,47 @@ def test_forward_float32_close_to_float64_reference():
 def test_exact_zeros_and_shared_scale():
     """Exact zeros in q/k (where |t|^p has a kink) and a scale shared by
     all heads, as a (1, 1, 1, d) tensor."""
-    q, k, v, scale, power, _ = _inputs(2, 2, 9, 4, scale_heads=False)
+    q, k, v, scale, power = _inputs(2, 2, 9, 4, scale_heads=False)
     q[0, 0, :3] = 0
     k[1, 1, 2:5, 1] = 0
     out = polarity_attention_kernel(q, k, v, scale, power, 4.0)
     torch.testing.assert_close(out, reference(q, k, v, scale, power, 4.0))
 
 
-@pytest.mark.parametrize('masked', [False, True])
 @pytest.mark.parametrize('scale_heads', [True, False])
-def test_gradcheck_float64(masked, scale_heads, chunking):
-    q, k, v, scale, power, valid = _inputs(2, 2, 7, 4, masked=masked,
-                                           scale_heads=scale_heads)
+def test_gradcheck_float64(scale_heads, chunking):
+    q, k, v, scale, power = _inputs(2, 2, 7, 4, scale_heads=scale_heads)
     for t in (q, k, v, scale, power):
         t.requires_grad_(True)
 
     def fn(q, k, v, scale, power):
-        return polarity_attention_kernel(q, k, v, scale, power, 4.0, valid)
+        return polarity_attention_kernel(q, k, v, scale, power, 4.0)
 
     assert torch.autograd.gradcheck(fn, (q, k, v, scale, power))
 
 
 def test_gradients_match_reference_autograd(chunking):
-    q, k, v, scale, power, valid = _inputs(2, 3, 40, 8, masked=True)
+    q, k, v, scale, power = _inputs(2, 3, 40, 8)
     args = [t.requires_grad_(True) for t in (q, k, v, scale, power)]
     g = torch.randn(2, 3, 40, 8, dtype=torch.float64)
-    out = polarity_attention_kernel(*args, 2.5, valid)
+    out = polarity_attention_kernel(*args, 2.5)
     grads = torch.autograd.grad(out, args, g)
-    ref_out = reference(*args, 2.5, valid)
+    ref_out = reference(*args, 2.5)
     ref_grads = torch.autograd.grad(ref_out, args, g)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
-@pytest.mark.parametrize('masked', [False, True])
-def test_key_bias_equals_adding_it_to_the_keys(masked, chunking):
+def test_key_bias_equals_adding_it_to_the_keys(chunking):
     """k_bias (a positional table shared by the batch) is added inside the
     kernel: same values and gradients as adding it to k beforehand, and its
     gradient is the batch sum of the keys' gradient."""
-    q, k, v, scale, power, valid = _inputs(3, 2, 13, 6, masked=masked)
+    q, k, v, scale, power = _inputs(3, 2, 13, 6)
     bias = torch.randn(1, 2, 13, 6, dtype=torch.float64)
     args = [t.requires_grad_(True) for t in (q, k, v, scale, power, bias)]
     g = torch.randn(3, 2, 13, 6, dtype=torch.float64)
-    out = polarity_attention_kernel(*args[:5], 4.0, valid, k_bias=args[5])
-    ref = reference(q, k + bias, v, scale, power, 4.0, valid)
+    out = polarity_attention_kernel(*args[:5], 4.0, k_bias=args[5])
+    ref = reference(q, k + bias, v, scale, power, 4.0)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
     grads = torch.autograd.grad(out, args, g)
     ref_grads = torch.autograd.grad(ref, args, g)
@@ -112,14 +122,14 @@ def test_key_bias_equals_adding_it_to_the_keys(masked, chunking):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
     with torch.no_grad():
         torch.testing.assert_close(
-            polarity_attention_kernel(q, k, v, scale, power, 4.0, valid,
+            polarity_attention_kernel(q, k, v, scale, power, 4.0,
                                       k_bias=bias), ref)
 
-    q, k, v, scale, power, valid = _inputs(2, 2, 5, 4, masked=masked)
+    q, k, v, scale, power = _inputs(2, 2, 5, 4)
     bias = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
 
     def fn(k, scale, bias):
-        return polarity_attention_kernel(q, k, v, scale, power, 4.0, valid,
+        return polarity_attention_kernel(q, k, v, scale, power, 4.0,
                                          k_bias=bias)
 
     assert torch.autograd.gradcheck(
@@ -127,7 +137,7 @@ def test_key_bias_equals_adding_it_to_the_keys(masked, chunking):
 
 
 def test_partial_requires_grad_and_no_grad_path():
-    q, k, v, scale, power, _ = _inputs(1, 2, 6, 4)
+    q, k, v, scale, power = _inputs(1, 2, 6, 4)
     v.requires_grad_(True)
     out = polarity_attention_kernel(q, k, v, scale, power, 4.0)
     (gv, ) = torch.autograd.grad(out.sum(), [v])
@@ -142,7 +152,7 @@ def test_partial_requires_grad_and_no_grad_path():
 def test_function_saves_only_inputs():
     """The autograd graph keeps q, k, v and the parameters, not the
     (B, h, N, 2d) feature maps."""
-    q, k, v, scale, power, _ = _inputs(1, 1, 50, 8)
+    q, k, v, scale, power = _inputs(1, 1, 50, 8)
     args = [t.requires_grad_(True) for t in (q, k, v, scale, power)]
     out = polarity_attention_kernel(*args, 4.0)
     assert isinstance(out.grad_fn.__self__ if hasattr(
@@ -152,21 +162,24 @@ def test_function_saves_only_inputs():
     assert PolarityAttentionFunction.__name__ in type(out.grad_fn).__name__
 
 
-def test_dynamo_has_no_graph_breaks():
+def test_compiled_module_runs_the_reference_without_graph_breaks(
+        monkeypatch):
+    """Under torch.compile the attention traces its plain reference (the
+    kernel, with its compiled CPU loops, is never entered), in one graph."""
     explain = pytest.importorskip('torch._dynamo').explain
-    q, k, v, scale, power, valid = _inputs(2, 2, 16, 8, dtype=torch.float32,
-                                           masked=True)
-    for t in (q, k, v, scale, power):
-        t.requires_grad_(True)
+    from pola_mm.models.layers import PolarityAttention
+    attn = PolarityAttention(16, 2, (4, 5))
+    x = torch.randn(2, 20, 16)
 
-    def fn(q, k, v, scale, power, valid):
-        return polarity_attention_kernel(q, k, v, scale, power, 4.0, valid)
+    def kernel(*args, **kwargs):
+        raise AssertionError('the kernel ran while a graph was captured')
 
-    for m in (valid, None):
-        result = explain(fn)(q, k, v, scale, power, m)
-        assert result.graph_break_count == 0, result.break_reasons
-        with torch.no_grad():
-            result = explain(fn)(q, k, v, scale, power, m)
+    monkeypatch.setattr(
+        'pola_mm.models.layers.polarity_attention.polarity_attention_kernel',
+        kernel)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            result = explain(attn)(x, (4, 5))
         assert result.graph_break_count == 0, result.break_reasons
 
 

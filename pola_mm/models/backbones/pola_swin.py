@@ -96,15 +96,18 @@ class PolaSwinBlock(PreNormBlock):
         self.shift_size = ((window_size[0] // 2, window_size[1] // 2)
                            if shift and attn_type == 'S' else (0, 0))
 
+    def window_plan(self, hw: Size2) -> Tuple[Size2, Size2]:
+        """The window and shift an ``'S'`` block uses on a map ``hw`` (see
+        the class docstring): ``((wh, ww), (sh, sw))``."""
+        if self.mask_padding:
+            return effective_window(hw, self.window_size, self.shift_size)
+        if hw[0] <= self.window_size[0] and hw[1] <= self.window_size[1]:
+            return (hw[0], hw[1]), (0, 0)  # one window: the map
+        return self.window_size, self.shift_size  # mmdet's Swin
+
     def _softmax(self, x: Tensor, hw: Size2) -> Tensor:
         B, L, C = x.shape
-        if self.mask_padding:
-            win, shift = effective_window(hw, self.window_size,
-                                          self.shift_size)
-        elif hw[0] <= self.window_size[0] and hw[1] <= self.window_size[1]:
-            win, shift = (hw[0], hw[1]), (0, 0)  # one window: the map
-        else:  # mmdet's Swin: window and shift kept, zero padding
-            win, shift = self.window_size, self.shift_size
+        win, shift = self.window_plan(hw)
         pad = grid_padding(hw, win)
         padded = pad_map(x.view(B, hw[0], hw[1], C), pad)
         padded_hw = (padded.shape[1], padded.shape[2])

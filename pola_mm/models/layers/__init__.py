@@ -6,8 +6,7 @@ from .mlp import Mlp
 from .pacs_attention import (PaCSAttention, pacs_attend, pacs_features,
                              pacs_linear_attention)
 from .polapp_block import PolaPPBlock, PolaPPStage, TokenLayerNorm
-from .polarity_attention import (PolarityAttention, polarity_linear_attention,
-                                 resize_pos_table)
+from .polarity_attention import PolarityAttention, resize_pos_table
 from .rotary import rotary_tables, theta_shift
 from .rotary_attention import RotarySelfAttention, softmax_attention
 from .spatial_reduction_attention import SpatialReductionAttention
@@ -18,7 +17,7 @@ __all__ = [
     'PatchEmbed', 'PatchMerging', 'Mlp', 'PaCSAttention', 'pacs_features',
     'pacs_linear_attention', 'rotary_tables', 'theta_shift',
     'PolarityAttention',
-    'polarity_linear_attention', 'resize_pos_table',
+    'resize_pos_table',
     'SpatialReductionAttention', 'WindowMSA', 'relative_position_index',
     'ConvStem', 'ConvDownsample', 'ConvFFN', 'pacs_attend', 'PolaPPBlock',
     'PolaPPStage', 'TokenLayerNorm', 'RotarySelfAttention',

@@ -4,7 +4,8 @@ PolaFormer++'s)."""
 IMPLS = ('kernel', 'reference')
 
 
-def polarity_head_dims(embed_dims: int, num_heads: int, impl: str) -> int:
+def polarity_head_dims(embed_dims: int, num_heads: int,
+                       impl: str = 'kernel') -> int:
     """The head width of a polarity attention, after checking its arguments.
 
     Both flows read one half of v per head, so the head width must be even;

@@ -14,83 +14,16 @@ from torch import Tensor
 
 from ...ops import dispatch
 from ...ops.depthwise_conv import depthwise_conv2d
-from ...ops.polarity_kernel import polarity_attention_kernel
+from ...ops.polarity_kernel import (polarity_attention_kernel,
+                                    polarity_attention_pytorch)
 from ...ops.token_runs import split_linear_in_runs
 from ...typing import Size2
+from .embed import pad_for_stride
 from .heads import polarity_head_dims
 from .pacs_attention import add_pacs_temperatures, pacs_attend
-from .embed import pad_for_stride
 from .position import check_resize_mode, resize_pos_table
 
 FEATURE_MAPS = ('power', 'pacs')
-
-
-def polarity_linear_attention(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
-                              power: Tensor, alpha: float,
-                              valid: Optional[Tensor] = None) -> Tensor:
-    """The polarity-aware linear attention of the published models.
-
-    All tensors are expected in float32 (or float64). With ``h`` heads of
-    width ``d``:
-
-    - ``s = softplus(scale)``; ``q, k <- q / s, k / s``;
-    - ``p = 1 + alpha * sigmoid(power)``; ``f+(t) = relu(t)^p``,
-      ``f-(t) = relu(-t)^p``;
-    - ``q_sim = [f+(q), f-(q)]``, ``q_opp = [f-(q), f+(q)]``,
-      ``k' = [f+(k), f-(k)]``; ``v = [v1, v2]`` split per head;
-    - ``x_sim = q_sim (k'^T v1 / n) / (q_sim . mean(k') + 1e-6)``, ``x_opp``
-      the same with ``q_opp`` and ``v2``; output per head ``[x_sim, x_opp]``.
-
-    Like the authors, ``k'`` and ``v`` are each scaled by ``n^-1/2`` before
-    their product. With ``valid``, padded keys contribute nothing (``k'`` and
-    ``v`` are zeroed there) and ``n`` is the number of valid keys of each
-    sequence; without it ``n`` is the number of keys (``N``, or fewer with
-    the authors' spatial reduction of keys and values).
-
-    Args:
-        q: ``(B, h, N, d)``.
-        k: ``(B, h, n, d)``, positional encoding already added.
-        v: ``(B, h, n, d)``, ``d`` even.
-        scale: ``(1, 1, 1, d)`` or broadcastable raw ``scale`` per head.
-        power: ``(1, h, 1, d)`` raw ``power``.
-        alpha: exponent range, ``p`` lies in ``(1, 1 + alpha)``.
-        valid: optional ``(B, n)`` bool, True for real keys.
-
-    Returns:
-        ``(B, h, N, d)``.
-    """
-    N = k.shape[-2]
-    s = F.softplus(scale)
-    q = q / s
-    k = k / s
-    p = 1 + alpha * torch.sigmoid(power)
-    q_pos = F.relu(q) ** p
-    q_neg = F.relu(-q) ** p
-    k_pos = F.relu(k) ** p
-    k_neg = F.relu(-k) ** p
-    if valid is None:
-        n_inv_sqrt = N ** -0.5
-        n = float(N)
-    else:
-        m = valid[:, None, :, None].to(q.dtype)  # (B, 1, N, 1)
-        k_pos = k_pos * m
-        k_neg = k_neg * m
-        v = v * m
-        n = m.sum(dim=-2, keepdim=True).clamp(min=1.0)  # (B, 1, 1, 1)
-        n_inv_sqrt = n.rsqrt()
-
-    q_sim = torch.cat([q_pos, q_neg], dim=-1)
-    q_opp = torch.cat([q_neg, q_pos], dim=-1)
-    kk = torch.cat([k_pos, k_neg], dim=-1)  # (B, h, N, 2d)
-    v1, v2 = torch.chunk(v, 2, dim=-1)
-    k_mean = kk.sum(dim=-2, keepdim=True) / n  # (B, h, 1, 2d)
-    kt = kk.transpose(-2, -1) * n_inv_sqrt  # (B, h, 2d, N)
-
-    z_sim = 1 / (q_sim @ k_mean.transpose(-2, -1) + 1e-6)
-    x_sim = q_sim @ (kt @ (v1 * n_inv_sqrt)) * z_sim
-    z_opp = 1 / (q_opp @ k_mean.transpose(-2, -1) + 1e-6)
-    x_opp = q_opp @ (kt @ (v2 * n_inv_sqrt)) * z_opp
-    return torch.cat([x_sim, x_opp], dim=-1)
 
 
 class PolarityAttention(BaseModule):
@@ -100,13 +33,13 @@ class PolarityAttention(BaseModule):
     :meth:`mix` (attention + dwc over the stage map, float32 under
     autocast) and :meth:`output` (gate and output projection).
 
-    ``mix`` runs the published formula either as written
-    (:func:`polarity_linear_attention`, ``impl='reference'``, or whenever
-    the fast paths are off, see :mod:`pola_mm.ops.dispatch`) or through the
-    fast kernel (``impl='kernel'``, the default,
-    :func:`~pola_mm.ops.polarity_kernel.polarity_attention_kernel`): same
+    ``mix`` runs the published formula through the fast kernel
+    (:func:`~pola_mm.ops.polarity_kernel.polarity_attention_kernel`: same
     outputs and gradients, without storing the ``(B, h, N, 2d)`` feature
-    maps.
+    maps) or, with the fast paths off and while a graph is captured
+    (export), its plain PyTorch reference
+    (:func:`~pola_mm.ops.polarity_kernel.polarity_attention_pytorch`); the
+    choice is :func:`pola_mm.ops.dispatch.use_kernels`.
 
     Args:
         embed_dims: channels ``C``.
@@ -124,7 +57,6 @@ class PolarityAttention(BaseModule):
             matrix to drop (a non-zero rate raises instead of being
             ignored).
         proj_drop: dropout after ``proj``.
-        impl: ``'kernel'`` or ``'reference'`` (see above).
         feature_map: ``'power'`` (PolaFormer, the default: ``relu(+-t)^p``
             with the learned ``power``) or ``'pacs'`` (PolaFormer++'s PaCS:
             the same-signed and opposite-signed query flows take
@@ -161,7 +93,6 @@ class PolarityAttention(BaseModule):
                  kernel_size: int = 5,
                  attn_drop: float = 0.,
                  proj_drop: float = 0.,
-                 impl: str = 'kernel',
                  feature_map: str = 'power',
                  sr_ratio: int = 1,
                  interpolate_mode: str = 'bicubic',
@@ -181,7 +112,7 @@ class PolarityAttention(BaseModule):
                 f'attn_drop={attn_drop}: polarity attention has no attention '
                 'matrix to drop; use attn_drop=0 (attn_drop_rate=0 in the '
                 'backbone) and drop_rate / drop_path_rate instead')
-        head_dims = polarity_head_dims(embed_dims, num_heads, impl)
+        head_dims = polarity_head_dims(embed_dims, num_heads)
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = head_dims
@@ -190,7 +121,6 @@ class PolarityAttention(BaseModule):
         self.interpolate_mode = check_resize_mode(interpolate_mode)
         self.fused_qkvg = fused_qkvg
         self.alpha = alpha
-        self.impl = impl
         self.feature_map = feature_map
         if fused_qkvg:
             self.qkvg = nn.Linear(embed_dims, embed_dims * 4, bias=qkv_bias)
@@ -243,7 +173,7 @@ class PolarityAttention(BaseModule):
         def split(linear: nn.Linear, parts: int) -> Sequence[Tensor]:
             if dispatch.train_in_runs(x, parts * C, linear):
                 return split_linear_in_runs(x, linear, parts)
-            return linear(x).unflatten(-1, (parts, C)).unbind(-2)
+            return linear(x).reshape(*x.shape[:-1], parts, C).unbind(-2)
 
         if self.fused_qkvg:
             q, k, v, g = split(self.qkvg, 4)
@@ -284,22 +214,21 @@ class PolarityAttention(BaseModule):
         h, d = self.num_heads, self.head_dims
 
         def heads(t: Tensor) -> Tensor:  # (B', N, C) -> (B', h, N, d)
-            return t.to(dt).unflatten(-1, (h, d)).transpose(1, 2)
+            return t.to(dt).reshape(t.shape[0], t.shape[1], h,
+                                    d).transpose(1, 2)
 
         with torch.autocast(device_type=q.device.type, enabled=False):
             q, k, v = heads(q), heads(k), heads(v)
             pos = heads(self.positional_table(hw))  # (1, h, N, d)
             scale = self.scale.to(dt).reshape(1, h, 1, d)
-            fast = self.impl == 'kernel' and dispatch.fast_paths_enabled()
+            fast = dispatch.use_kernels(q)
             if self.feature_map == 'pacs':
                 x = self._pacs(q, k + pos, v, scale, dt, fast)
-            elif fast:
-                x = polarity_attention_kernel(q, k, v, scale,
-                                              self.power.to(dt), self.alpha,
-                                              k_bias=pos)
             else:
-                x = polarity_linear_attention(q, k + pos, v, scale,
-                                              self.power.to(dt), self.alpha)
+                attend = (polarity_attention_kernel
+                          if fast else polarity_attention_pytorch)
+                x = attend(q, k, v, scale, self.power.to(dt), self.alpha,
+                           k_bias=pos)
             # depth-wise conv on v: the per-head kernel repeated over the
             # heads, on the channels-last (B, C, H, W) map, so its output is
             # token-major like the attention's
@@ -355,20 +284,21 @@ class PolarityAttention(BaseModule):
         ``(B, N, C)``."""
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dims
-        q, g = self.qg(x).unflatten(-1, (2, C)).unbind(-2)
+        q, g = self.qg(x).reshape(B, N, 2, C).unbind(-2)
         # like the authors' conv; a side shorter than r is padded to r
         reduced = self.sr(pad_for_stride(
             x.transpose(1, 2).reshape(B, C, hw[0], hw[1]), self.sr_ratio,
             pad_input=False))
         kv_hw = (reduced.shape[2], reduced.shape[3])
         k, v = self.kv(self.norm(reduced.flatten(2).transpose(1, 2))
-                       ).unflatten(-1, (2, C)).unbind(-2)
+                       ).reshape(B, -1, 2, C).unbind(-2)
         n = k.shape[1]
         out_dtype = q.dtype
         dt = torch.promote_types(out_dtype, torch.float32)
 
         def heads(t: Tensor) -> Tensor:  # (B', L, C) -> (B', h, L, d)
-            return t.to(dt).unflatten(-1, (h, d)).transpose(1, 2)
+            return t.to(dt).reshape(t.shape[0], t.shape[1], h,
+                                    d).transpose(1, 2)
 
         with torch.autocast(device_type=x.device.type, enabled=False):
             q, k, v = heads(q), heads(k), heads(v)
@@ -377,8 +307,8 @@ class PolarityAttention(BaseModule):
             if self.feature_map == 'pacs':
                 y = self._pacs(q, k, v, scale, dt, fast=False)
             else:
-                y = polarity_linear_attention(q, k, v, scale,
-                                              self.power.to(dt), self.alpha)
+                y = polarity_attention_pytorch(q, k, v, scale,
+                                               self.power.to(dt), self.alpha)
             # v back to N tokens (linear along the token sequence), then
             # the depth-wise conv on the stage map
             v = F.interpolate(v.transpose(-2, -1).reshape(B * h, d, n),

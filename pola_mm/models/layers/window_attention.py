@@ -106,8 +106,8 @@ class WindowMSA(BaseModule):
         h = self.num_heads
         qkv = self.qkv(x).reshape(B_, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        if self.use_fused(x):
-            return self._fused(q, k, v, window, mask)
+        if dispatch.use_sdpa(x, self):
+            return self._sdpa(q, k, v, window, mask)
         attn = (q * self.scale) @ k.transpose(-2, -1)
         attn = attn + self.relative_bias(window).unsqueeze(0)
         if mask is not None:
@@ -119,16 +119,7 @@ class WindowMSA(BaseModule):
         x = (attn @ v).transpose(1, 2).reshape(B_, N, C)
         return self.proj_drop(self.proj(x))
 
-    def use_fused(self, x: Tensor) -> bool:
-        """Whether to run the fused ``scaled_dot_product_attention`` (same
-        result up to float rounding): always on GPUs; on CPU where the CPU
-        inference paths apply (:func:`~pola_mm.ops.dispatch.cpu_inference`:
-        nothing computed by this module needs a gradient), because there it
-        is several times faster, while for forward + backward the explicit
-        product-softmax-product is faster (docs/performance.md)."""
-        return x.device.type != 'cpu' or dispatch.cpu_inference(x, self)
-
-    def _fused(self, q: Tensor, k: Tensor, v: Tensor, window: Size2,
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, window: Size2,
                mask: Optional[Tensor]) -> Tensor:
         B_, h, N, d = q.shape
         # a 4-D mask: with 3-D or 5-D operands torch 2.14's CPU kernel falls

@@ -7,7 +7,7 @@
 // that the torch version does in six to ten elementwise operations:
 //
 //   features:    f = [relu(t), relu(-t)], t = sign(xs) |xs|^p,
-//                xs = x * inv + kbs, optionally masked; optional sums of f
+//                xs = x * inv + kbs; optional sums of f
 //                over the tokens.
 //   power_grads: the chain rule through the features (see _power_grads in
 //                polarity_kernel.py): dx, and per-block sums of
@@ -124,15 +124,15 @@ inline float abs_pow(float a, float l2, float p) {
   return a <= 3.40282347e38f ? t : a;
 }
 
-// One row of features: t = sign(xs)|xs|^p (masked), split by sign.
+// One row of features: t = sign(xs)|xs|^p, split by sign.
 inline void feature_row(const float* __restrict xsr,
-                        const float* __restrict p, float m, int64_t d,
+                        const float* __restrict p, int64_t d,
                         float* __restrict fpos, float* __restrict fneg) {
 #pragma omp simd
   for (int64_t c = 0; c < d; ++c) {
     const float xs = xsr[c];
     const float a = safe_abs(xs);
-    const float t = abs_pow(a, log2_pos(a), p[c]) * m;
+    const float t = abs_pow(a, log2_pos(a), p[c]);
     const bool pos = xs > 0.f;
     fpos[c] = pos ? t : 0.f;
     fneg[c] = pos ? 0.f : t;
@@ -144,7 +144,7 @@ inline void feature_row(const float* __restrict xsr,
 template <bool kFeatures>
 inline void grad_row(const float* __restrict xsr, const float* __restrict df,
                      const float* __restrict p, const float* __restrict pinv,
-                     float m, int64_t d, float* __restrict dx,
+                     int64_t d, float* __restrict dx,
                      float* __restrict acc, float* __restrict fpos,
                      float* __restrict fneg) {
   constexpr float kLn2 = 0.69314718f;
@@ -153,7 +153,7 @@ inline void grad_row(const float* __restrict xsr, const float* __restrict df,
     const float xs = xsr[c];
     const float a = safe_abs(xs);
     const float l2 = log2_pos(a);
-    const float t = abs_pow(a, l2, p[c]) * m;
+    const float t = abs_pow(a, l2, p[c]);
     const bool pos = xs > 0.f;
     const float g = (pos ? df[c] : df[c + d]) * t;
     acc[c] += g;
@@ -167,26 +167,22 @@ inline void grad_row(const float* __restrict xsr, const float* __restrict df,
 }
 
 // The inputs of a feature computation: x (B, h, n, d); inv, p (h, d);
-// kbs (1, h, n, d) or empty; mask (B, n) or empty.
+// kbs (1, h, n, d) or empty.
 struct FeatureInputs {
   Seq x, kb;
   bool has_kb;
   const float* inv;
   const float* p;
-  const float* mask;
   int64_t B, H, n, d, nblk;
 
   FeatureInputs(const torch::Tensor& x_, const torch::Tensor& inv_,
-                const torch::Tensor& p_, const torch::Tensor& kbs,
-                const torch::Tensor& mask_)
+                const torch::Tensor& p_, const torch::Tensor& kbs)
       : x((check(x_, 4, "x"), x_)),
         kb(kbs.defined() && kbs.numel() > 0 ? (check(kbs, 4, "kbs"), kbs)
                                              : x_),
         has_kb(kbs.defined() && kbs.numel() > 0),
         inv(inv_.data_ptr<float>()),
         p(p_.data_ptr<float>()),
-        mask(mask_.defined() && mask_.numel() > 0 ? mask_.data_ptr<float>()
-                                                   : nullptr),
         B(x_.size(0)),
         H(x_.size(1)),
         n(x_.size(2)),
@@ -195,8 +191,6 @@ struct FeatureInputs {
     TORCH_CHECK(inv_.is_contiguous() && p_.is_contiguous() &&
                     inv_.numel() == H * d && p_.numel() == H * d,
                 "inv, p: expected contiguous (h, d)");
-    TORCH_CHECK(!mask || (mask_.is_contiguous() && mask_.numel() == B * n),
-                "mask: expected contiguous (B, n)");
   }
 
   void check_sums(const torch::Tensor& t, const char* name) const {
@@ -223,10 +217,6 @@ struct FeatureInputs {
       }
     });
   }
-
-  float mask_of(int64_t b, int64_t i) const {
-    return mask ? mask[b * n + i] : 1.f;
-  }
 };
 
 }  // namespace
@@ -236,9 +226,8 @@ struct FeatureInputs {
 // tokens) or empty.
 void features(const torch::Tensor& x, const torch::Tensor& inv,
               const torch::Tensor& p, const torch::Tensor& kbs,
-              const torch::Tensor& mask, torch::Tensor& f,
-              torch::Tensor& fsum) {
-  const FeatureInputs in(x, inv, p, kbs, mask);
+              torch::Tensor& f, torch::Tensor& fsum) {
+  const FeatureInputs in(x, inv, p, kbs);
   const int64_t d = in.d;
   check(f, 4, "f");
   TORCH_CHECK(f.size(0) == in.B && f.size(1) == in.H && f.size(2) == in.n &&
@@ -256,7 +245,7 @@ void features(const torch::Tensor& x, const torch::Tensor& inv,
       for (int64_t c = 0; c < 2 * d; ++c) acc[c] = 0.f;
     for (int64_t i = i0; i < i1; ++i) {
       float* fr = fs.row(b, h, i);
-      feature_row(scaled(i), pw, in.mask_of(b, i), d, fr, fr + d);
+      feature_row(scaled(i), pw, d, fr, fr + d);
       if (acc) {
 #pragma omp simd
         for (int64_t c = 0; c < 2 * d; ++c) acc[c] += fr[c];
@@ -273,9 +262,9 @@ void features(const torch::Tensor& x, const torch::Tensor& inv,
 // caller that needs them after df, saving a second pass of features()).
 void power_grads(const torch::Tensor& df, const torch::Tensor& x,
                  const torch::Tensor& inv, const torch::Tensor& p,
-                 const torch::Tensor& kbs, const torch::Tensor& mask,
-                 torch::Tensor& dx, torch::Tensor& w, torch::Tensor& f) {
-  const FeatureInputs in(x, inv, p, kbs, mask);
+                 const torch::Tensor& kbs, torch::Tensor& dx,
+                 torch::Tensor& w, torch::Tensor& f) {
+  const FeatureInputs in(x, inv, p, kbs);
   const int64_t d = in.d;
   check(df, 4, "df");
   check(dx, 4, "dx");
@@ -303,13 +292,11 @@ void power_grads(const torch::Tensor& df, const torch::Tensor& x,
     for (int64_t i = i0; i < i1; ++i) {
       if (has_f) {
         float* fr = fs.row(b, h, i);
-        grad_row<true>(scaled(i), dfs.row(b, h, i), pw, pinv.data(),
-                       in.mask_of(b, i), d, dxs.row(b, h, i), acc, fr,
-                       fr + d);
+        grad_row<true>(scaled(i), dfs.row(b, h, i), pw, pinv.data(), d,
+                       dxs.row(b, h, i), acc, fr, fr + d);
       } else {
-        grad_row<false>(scaled(i), dfs.row(b, h, i), pw, pinv.data(),
-                        in.mask_of(b, i), d, dxs.row(b, h, i), acc, nullptr,
-                        nullptr);
+        grad_row<false>(scaled(i), dfs.row(b, h, i), pw, pinv.data(), d,
+                        dxs.row(b, h, i), acc, nullptr, nullptr);
       }
     }
   });
