@@ -15,6 +15,7 @@ from mmengine.logging import print_log
 from mmengine.runner import Runner
 
 from .compat import exit_process, finish_distributed, setup_cpu_distributed
+from .data_paths import first_missing
 from .engine import (NonFiniteLossError, TrainingInterrupted,
                      install_checked_loader, stop_on_sigterm)
 from .fileio import CheckpointFileError
@@ -153,6 +154,15 @@ def prepare_train_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
+def _raise_if_missing(cfg: Config, mode: str) -> None:
+    """One line (:class:`ToolError`) for the first dataset, annotation file
+    or pretrained checkpoint the config needs that is not on disk
+    (:func:`pola_mm.data_paths.first_missing`)."""
+    missing = first_missing(cfg, mode)
+    if missing:
+        raise ToolError(missing)
+
+
 def add_reliability_hooks(cfg: Config) -> None:
     """Make a training config crash-safe and divergence-safe, in place.
 
@@ -261,7 +271,9 @@ def train_main(argv: Optional[Sequence[str]] = None) -> None:
     args = train_parser().parse_args(argv)
     install_checked_loader(allow_inert=False)
     stop_on_sigterm()
-    runner = build_runner(prepare_train_config(args))
+    cfg = prepare_train_config(args)
+    _raise_if_missing(cfg, 'train')
+    runner = build_runner(cfg)
     runner.train()
     finish_distributed()
 
@@ -270,7 +282,9 @@ def test_main(argv: Optional[Sequence[str]] = None) -> dict:
     """Entry point of ``tools/test.py``; returns the metrics."""
     args = test_parser().parse_args(argv)
     install_checked_loader(allow_inert=False)
-    runner = build_runner(prepare_test_config(args))
+    cfg = prepare_test_config(args)
+    _raise_if_missing(cfg, 'test')
+    runner = build_runner(cfg)
     metrics = runner.test()
     finish_distributed()
     return metrics

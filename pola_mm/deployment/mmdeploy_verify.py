@@ -52,7 +52,7 @@ from torch import Tensor
 __all__ = [
     'DeployError', 'Check', 'DeployReport', 'load_deploy_configs',
     'is_dynamic_hw', 'export_with_mmdeploy', 'compare_on_image',
-    'deploy_and_verify', 'TASKS'
+    'deploy_and_verify', 'draw_results', 'TASKS'
 ]
 
 #: MMDeploy tasks this module can verify.
@@ -471,3 +471,35 @@ def deploy_and_verify(deploy_cfg: Union[str, Config],
         return report
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def draw_results(deploy_cfg: Union[str, Config],
+                 model_cfg: Union[str, Config],
+                 checkpoint: Optional[str],
+                 onnx_file: str,
+                 img: ImageLike,
+                 out_dir: str,
+                 device: str = 'cpu',
+                 cfg_options: Optional[Dict[str, Any]] = None) -> List[str]:
+    """Draw PyTorch's and the ONNX Runtime model's results on ``img`` with
+    MMDeploy's ``visualize_model`` (files, no window).
+
+    Returns:
+        The image files written in ``out_dir`` (PyTorch's only with a
+        ``checkpoint``: a new initialisation would draw another model).
+    """
+    deploy_cfg, model_cfg = load_deploy_configs(deploy_cfg, model_cfg,
+                                                cfg_options)
+    _quiet_import_mmdeploy()
+    from mmdeploy.apis import visualize_model
+    from mmdeploy.utils import Backend
+    files = []
+    runs = [(Backend.ONNXRUNTIME, [onnx_file], 'output_onnxruntime.jpg')]
+    if checkpoint is not None:  # without weights PyTorch's would differ
+        runs.insert(0, (Backend.PYTORCH, checkpoint, 'output_pytorch.jpg'))
+    for backend, model, name in runs:
+        out = osp.join(out_dir, name)
+        visualize_model(model_cfg, deploy_cfg, model, img, device,
+                        backend=backend, output_file=out, show_result=False)
+        files.append(out)
+    return files
