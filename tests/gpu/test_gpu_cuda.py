@@ -78,10 +78,16 @@ def test_backbone_cuda_matches_cpu(name):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-4,
                                    msg=f'{name} output {i}')
     assert grads_c.keys() == grads_g.keys()
+    assert all(g is not None for g in grads_c.values())
+    # gradients span orders of magnitude (BatchNorm'd stems get ~1e-6):
+    # each agrees to 2e-5 of the largest gradient (CPU fast vs plain paths
+    # differ by ~2e-7 of it) and to 1e-3 relative
+    scale = max(float(g.abs().max()) for g in grads_c.values())
     for n, g in grads_c.items():
-        assert g is not None and grads_g[n] is not None, n
+        assert grads_g[n] is not None, n
         torch.testing.assert_close(grads_g[n].cpu(), g, rtol=1e-3,
-                                   atol=1e-4, msg=f'{name} grad of {n}')
+                                   atol=2e-5 * scale,
+                                   msg=f'{name} grad of {n}')
 
 
 @pytest.mark.parametrize('dtype', ['float16', 'bfloat16'])
@@ -135,12 +141,12 @@ def test_one_training_step_of_a_real_config(tmp_path):
         ds.metainfo = dict(classes=e2e_data.COCO_NAMES)
         if 'filter_cfg' in ds:
             ds.filter_cfg = dict(filter_empty_gt=True, min_size=4)
-    cfg.val_evaluator.ann_file = cfg.test_evaluator.ann_file = \
-        data['ann_file']
+    cfg.test_evaluator.ann_file = data['ann_file']
     cfg.train_dataloader.batch_size = 2
     cfg.train_dataloader.pop('batch_sampler', None)
     cfg.train_cfg.max_epochs = 1
-    cfg.train_cfg.val_interval = 2
+    # no validation (mmengine validates after the last epoch)
+    cfg.val_cfg = cfg.val_dataloader = cfg.val_evaluator = None
     cfg.model.backbone.init_cfg = None
     cfg.optim_wrapper.type = 'AmpOptimWrapper'
     cfg.optim_wrapper.loss_scale = 'dynamic'
