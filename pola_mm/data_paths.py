@@ -140,7 +140,7 @@ def _dataset_missing(key: str, ds: dict) -> List[str]:
     ann = ds.get('ann_file')
     if _local(ann):
         path = _join(root, ann)
-        if not osp.isfile(path):
+        if _local(path) and not osp.isfile(path):
             out.append(f'{kind} annotation file not found: {path} (expected '
                        f'by {key}.ann_file; or {where}){_layout(ds)}')
     prefix = ds.get('data_prefix')
@@ -149,7 +149,7 @@ def _dataset_missing(key: str, ds: dict) -> List[str]:
             if not _local(sub):
                 continue
             path = _join(root, sub)
-            if not osp.isdir(path):
+            if _local(path) and not osp.isdir(path):
                 out.append(
                     f'{kind} {name} directory not found: {path} (expected by '
                     f'{key}.data_prefix.{name}; or {where}){_layout(ds)}')
