@@ -13,7 +13,8 @@ each applies and holds the switch (``POLA_MM_FAST_PATHS=0`` or
 - :mod:`~pola_mm.ops.depthwise_conv`: depth-wise conv with a fast backward;
 - :mod:`~pola_mm.ops.token_runs`: CPU training of MLPs and projections in
   runs of tokens;
-- :mod:`~pola_mm.ops.inference_runs`: CPU inference of blocks in runs.
+- :mod:`~pola_mm.ops.inference_runs`: helpers of CPU inference in runs (the
+  blocks' own ``forward_in_runs`` use them).
 """
 from .dispatch import (FAST_PATHS_ENV, fast_paths_enabled, plain_paths,
                        set_fast_paths)

@@ -12,10 +12,11 @@ from pola_mm.deployment import (ExportError, build_backbone,
                                 export_onnx, verify_onnx)
 from pola_mm.deployment import onnx as onnx_mod
 from pola_mm.models import PolaPVT, PolaSwinTransformer
-from pola_mm.ops import dispatch, inference_runs
-from pola_mm.ops import polarity_kernel
+from pola_mm.models.backbones.base import PreNormBlock
+from pola_mm.models.layers import PolarityAttention
+from pola_mm.ops import dispatch, polarity_kernel
 from helpers import (PVT_TINY, REPO, SWIN_TINY_DEPTH1, SWIN_TINY_DEPTH2,
-                     randomise)
+                     randomise, stage_grids)
 
 pytest.importorskip('onnxruntime')
 
@@ -60,21 +61,22 @@ def test_torchscript_export_matches_pytorch(tmp_path, monkeypatch, name,
     _small_runs(monkeypatch)
     model = _model(name)
     calls = []
-    for obj, attr in [(inference_runs, 'polarity_attention_in_runs'),
-                      (inference_runs, 'ffn_in_runs'),
-                      (polarity_kernel, '_fused_features')]:
+    for obj, attr in [(PolarityAttention, 'forward_in_runs'),
+                      (PreNormBlock, 'ffn_in_runs'),
+                      (polarity_kernel, '_loop_features')]:
         _spy(monkeypatch, calls, obj, attr)
     with torch.no_grad():
         model(example_inputs(model, shape))
-    assert {'polarity_attention_in_runs', 'ffn_in_runs'} <= set(calls)
+    assert {'forward_in_runs', 'ffn_in_runs'} <= set(calls)
     calls.clear()
     out = str(tmp_path / 'm.onnx')
     export_onnx(model, shape, out, exporter='torchscript')
     assert calls == []  # no run path, no C++ loop in the graph
     checks = verify_onnx(model, out, [example_inputs(model, shape, seed=3)])
     assert len(checks) == 4
-    for c, s in zip(checks, (4, 8, 16, 32)):
-        assert c.shape[-2:] == (-(-shape[0] // s), -(-shape[1] // s))
+    grids = stage_grids('pvt' if name == 'pvt' else 'swin', *shape)
+    for c, grid in zip(checks, grids):
+        assert tuple(c.shape[-2:]) == grid
         assert c.ok, str(c)
         assert c.max_abs_diff < 1e-4 * c.scale
 

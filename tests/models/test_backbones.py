@@ -224,10 +224,9 @@ def _record_polarity_maps(monkeypatch):
     """Record ``(ref_hw, hw, batch)`` of every polarity attention call, on
     either path (one-shot :meth:`mix` or the CPU inference runs)."""
     from pola_mm.models.layers import PolarityAttention
-    from pola_mm.ops import inference_runs
     seen = []
     mix = PolarityAttention.mix
-    in_runs = inference_runs.polarity_attention_in_runs
+    in_runs = PolarityAttention.forward_in_runs
 
     def spy_mix(self, q, k, v, hw):
         seen.append((self.ref_hw, tuple(hw), q.shape[0]))
@@ -238,8 +237,7 @@ def _record_polarity_maps(monkeypatch):
         return in_runs(attn, x, hw, *args, **kwargs)
 
     monkeypatch.setattr(PolarityAttention, 'mix', spy_mix)
-    monkeypatch.setattr(inference_runs, 'polarity_attention_in_runs',
-                        spy_runs)
+    monkeypatch.setattr(PolarityAttention, 'forward_in_runs', spy_runs)
     return seen
 
 

@@ -12,7 +12,7 @@ import pola_mm.ops as ops
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint)
-from pola_mm.models.layers import PolarityAttention
+from pola_mm.models.layers import Mlp, PolarityAttention
 from pola_mm.ops import cpu_ext as cpu_ext_mod
 from pola_mm.ops import dispatch, inference_runs, polarity_kernel, token_runs
 from helpers import (PVT_MINI, PVT_TINY, SWIN_MINI, SWIN_TINY_DEPTH2,
@@ -47,8 +47,8 @@ def _spy_fast_paths(monkeypatch):
         monkeypatch.setattr(obj, name, wrapped)
 
     spy(polarity_kernel.PolarityAttentionFunction, 'apply')
-    spy(inference_runs, 'polarity_attention_in_runs')
-    spy(inference_runs, 'mlp_into')
+    spy(PolarityAttention, 'forward_in_runs')
+    spy(Mlp, 'forward_into')
     spy(inference_runs, 'norm_in_place')
     spy(token_runs._MlpRuns, 'apply')
     spy(token_runs._SplitLinearRuns, 'apply')
@@ -86,7 +86,7 @@ def test_backbones_equal_with_and_without_fast_paths(monkeypatch, cls,
         return outs + [o.detach() for o in train_outs], grads
 
     fast_outs, fast_grads = run()
-    assert {'apply', 'polarity_attention_in_runs', 'mlp_into'} <= set(calls)
+    assert {'apply', 'forward_in_runs', 'forward_into'} <= set(calls)
     calls.clear()
     with ops.plain_paths():
         assert not ops.fast_paths_enabled()

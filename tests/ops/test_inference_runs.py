@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pola_mm.models.layers.embed as embed
-from pola_mm.ops import dispatch, inference_runs
+from pola_mm.ops import dispatch
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.backbones.pola_pvt import PolaPVTBlock
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
@@ -45,8 +45,7 @@ def test_swin_polarity_block_in_runs_matches_whole_map(monkeypatch, hw,
         _run_sizes(monkeypatch, small=False)
         whole = block(x, hw)
         monkeypatch.setattr(dispatch, 'ATTN_RUN_ELEMENTS', 16 * hw[1] * 3)
-        calls = count_calls(monkeypatch, inference_runs,
-                            'polarity_attention_in_runs')
+        calls = count_calls(monkeypatch, PolarityAttention, 'forward_in_runs')
         runs = block(x, hw)
     assert len(calls) == 1
     torch.testing.assert_close(runs, whole, rtol=1e-5, atol=1e-5)
@@ -66,8 +65,7 @@ def test_training_and_gradients_keep_the_whole_map(monkeypatch):
     x = torch.randn(1, 400, 16)
     for train in (True, False):
         block.train(train)
-        calls = count_calls(monkeypatch, inference_runs,
-                            'polarity_attention_in_runs')
+        calls = count_calls(monkeypatch, PolarityAttention, 'forward_in_runs')
         mlp_calls = count_calls(monkeypatch, block.mlp, 'forward')
         block(x, hw).sum().backward()
         assert not calls and len(mlp_calls) == 1
@@ -76,9 +74,8 @@ def test_training_and_gradients_keep_the_whole_map(monkeypatch):
     # a frozen block under autograd (no parameter, no input needing grad)
     # takes the run paths
     block.eval().requires_grad_(False)
-    calls = count_calls(monkeypatch, inference_runs,
-                        'polarity_attention_in_runs')
-    mlp_calls = count_calls(monkeypatch, inference_runs, 'mlp_into')
+    calls = count_calls(monkeypatch, PolarityAttention, 'forward_in_runs')
+    mlp_calls = count_calls(monkeypatch, Mlp, 'forward_into')
     block(x, hw)
     assert len(calls) == 1 and len(mlp_calls) > 1
 
@@ -103,9 +100,8 @@ def test_backbone_inference_paths_match(monkeypatch, cls, arch):
             whole = [t.detach() for t in model(x.clone().requires_grad_())]
         with torch.no_grad():
             _run_sizes(monkeypatch, small=True)
-            mlp_calls = count_calls(monkeypatch, inference_runs, 'mlp_into')
-            run_calls = count_calls(monkeypatch, inference_runs,
-                                    'polarity_attention_in_runs')
+            mlp_calls = count_calls(monkeypatch, Mlp, 'forward_into')
+            run_calls = count_calls(monkeypatch, PolarityAttention, 'forward_in_runs')
             parts = model(x)
         assert len(mlp_calls) > 2 * sum(arch['depths'])
         # the polarity stages more than a run tall
@@ -149,7 +145,7 @@ def test_mlp_into_matches_forward(act):
     out = torch.empty(10, 8)
     hidden = torch.full((16, 24), float('nan'))  # larger than needed
     with torch.no_grad():
-        inference_runs.mlp_into(mlp, x, out, hidden)
+        mlp.forward_into(x, out, hidden)
         torch.testing.assert_close(out, mlp(x))
 
 
@@ -175,8 +171,8 @@ def test_polarity_attention_in_runs_matches_forward(hw, rows, residual,
         ref = attn(norm(x) if norm is not None else x, hw)
         if residual:
             ref = x + ref
-        out = inference_runs.polarity_attention_in_runs(
-            attn, x, hw, rows, norm=norm, residual=residual)
+        out = attn.forward_in_runs(x, hw, rows, norm=norm,
+                                   residual=residual)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -207,8 +203,7 @@ def test_pvt_block_runs_only_at_inference(monkeypatch):
     block = PolaPVTBlock(16, 2, (7, 7), mlp_ratio=2)
     hw = (9, 11)
     x = torch.randn(2, 99, 16)
-    calls = count_calls(monkeypatch, inference_runs,
-                        'polarity_attention_in_runs')
+    calls = count_calls(monkeypatch, PolarityAttention, 'forward_in_runs')
     block.train()(x, hw).sum().backward()
     assert not calls
     block.eval()
@@ -249,9 +244,8 @@ def test_tracing_takes_no_inference_path(monkeypatch):
     _run_sizes(monkeypatch, small=True)
     torch.manual_seed(0)
     model = PolaPVT(arch=PVT_TINY).eval()
-    run_calls = count_calls(monkeypatch, inference_runs,
-                            'polarity_attention_in_runs')
-    mlp_calls = count_calls(monkeypatch, inference_runs, 'mlp_into')
+    run_calls = count_calls(monkeypatch, PolarityAttention, 'forward_in_runs')
+    mlp_calls = count_calls(monkeypatch, Mlp, 'forward_into')
     x = torch.randn(1, 3, 96, 128)
     with torch.no_grad():
         traced = torch.jit.trace(model, x, check_trace=False)

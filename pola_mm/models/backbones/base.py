@@ -2,6 +2,7 @@
 pre-norm block."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
@@ -9,7 +10,6 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ...ops import dispatch
-from ...ops.inference_runs import block_forward_in_runs
 from ...typing import Size2
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
@@ -200,9 +200,58 @@ class PreNormBlock(BaseModule):
 
     def _forward(self, x: Tensor, hw: Size2) -> Tensor:
         if not self.training and dispatch.cpu_inference(x, self):
-            return block_forward_in_runs(self, x, hw)  # the same, in runs
+            return self.forward_in_runs(x, hw)  # the same, in runs
         x = x + self.drop_path(self._attend(self.norm1(x), hw))
         return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    # -- CPU inference in runs (the same computation) ----------------------
+    def forward_in_runs(self, x: Tensor, hw: Size2) -> Tensor:
+        """The block in eval mode with small intermediates: a polarity
+        attention over a map taller than one run goes through
+        :meth:`PolarityAttention.forward_in_runs` (with the residual), any
+        other attention through :meth:`_attend`; then
+        :meth:`ffn_in_runs`."""
+        attn = self.attn
+        rows = max(1, dispatch.ATTN_RUN_ELEMENTS // (hw[1] * x.shape[-1]))
+        if (isinstance(attn, PolarityAttention) and rows < hw[0]
+                and attn.feature_map == 'power' and attn.sr_ratio == 1
+                and x.dtype in (torch.float32, torch.float64)
+                and not dispatch.cpu_autocast_enabled()):
+            x = attn.forward_in_runs(x, hw, rows, norm=self.norm1,
+                                     residual=True)
+            return self.ffn_in_runs(x, inplace=True)
+        return self.ffn_in_runs(x + self._attend(self.norm1(x), hw))
+
+    def ffn_in_runs(self, x: Tensor, inplace: bool = False) -> Tensor:
+        """``x + mlp(norm2(x))`` in eval mode, in runs of tokens (one
+        reused hidden buffer, :meth:`Mlp.forward_into`); with ``inplace``
+        (for a contiguous ``x`` the block itself made) the runs are added
+        into ``x``. Small maps run in one go."""
+        mlp, norm2 = self.mlp, self.norm2
+        C = x.shape[-1]
+        step = max(dispatch.FFN_RUN_ELEMENTS // mlp.fc1.out_features,
+                   dispatch.FFN_MIN_TOKENS)
+        if x.numel() <= step * C:
+            return x + mlp(norm2(x))
+        flat = x.view(-1, C) if inplace else x.reshape(-1, C)
+        out = flat if inplace else torch.empty_like(flat)
+        buffered = (not dispatch.cpu_autocast_enabled()
+                    and mlp.fc1.weight.dtype == x.dtype)
+        hidden = (flat.new_empty(step, mlp.fc1.out_features)
+                  if buffered else None)
+        scratch = flat.new_empty(step, C) if buffered and inplace else None
+        for i in range(0, flat.shape[0], step):
+            t, o = flat[i:i + step], out[i:i + step]
+            if hidden is None:
+                o.copy_(t + mlp(norm2(t)))
+            elif scratch is None:  # one hidden buffer for every run
+                mlp.forward_into(norm2(t), o, hidden)
+                o.add_(t)
+            else:
+                y = scratch[:t.shape[0]]
+                mlp.forward_into(norm2(t), y, hidden)
+                t.add_(y)
+        return out.view(x.shape)
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""

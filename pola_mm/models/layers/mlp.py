@@ -1,12 +1,13 @@
 """Transformer MLP with the authors' parameter names (``fc1``, ``fc2``)."""
 from typing import Optional
 
+import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...ops import dispatch
-from ...ops.token_runs import mlp_in_runs
+from ...ops.token_runs import linear_out, mlp_in_runs
 from .bricks import build_activation_layer
 
 
@@ -45,3 +46,16 @@ class Mlp(BaseModule):
                 and dispatch.train_in_runs(x, self.fc1.out_features, self)):
             return mlp_in_runs(x, self.fc1, self.fc2, self.act.approximate)
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+    def forward_into(self, x: Tensor, out: Tensor, hidden: Tensor) -> None:
+        """:meth:`forward` of tokens ``x`` ``(T, C)`` written into ``out``
+        ``(T, C)``, the hidden layer into ``hidden`` (at least ``(T,
+        hidden_features)``), so that a caller walking runs of tokens reuses
+        one buffer. Dropout is skipped (eval mode); no autograd."""
+        h = hidden[:x.shape[0]]
+        linear_out(x, self.fc1.weight.t(), self.fc1.bias, h)
+        if type(self.act) is nn.GELU:
+            torch.ops.aten.gelu_(h, approximate=self.act.approximate)
+        else:
+            h = self.act(h)
+        linear_out(h, self.fc2.weight.t(), self.fc2.bias, out)

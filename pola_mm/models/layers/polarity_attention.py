@@ -4,7 +4,7 @@ One module serves both backbones: Pola-Swin (fused ``qkvg`` projection) and
 Pola-PVT (``qg`` + ``kv`` projections); both attend to all tokens of a
 stage map. Parameter names are the authors'.
 """
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -15,7 +15,8 @@ from torch import Tensor
 from ...ops import dispatch
 from ...ops.depthwise_conv import depthwise_conv2d
 from ...ops.polarity_kernel import (polarity_attention_kernel,
-                                    polarity_attention_pytorch)
+                                    polarity_attention_pytorch,
+                                    polarity_key_state, polarity_query_apply)
 from ...ops.token_runs import split_linear_in_runs
 from ...typing import Size2
 from .embed import pad_for_stride
@@ -319,3 +320,98 @@ class PolarityAttention(BaseModule):
             y = y.transpose(1, 2).reshape(B, N, C) + conv.flatten(2).transpose(
                 1, 2)
         return self.output(y.to(out_dtype), g)
+
+    # -- CPU inference in runs (the same computation) ----------------------
+    def project_parts(self, x: Tensor,
+                      parts: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+        """Two of :meth:`project`'s ``q, k, v, g`` (indices 0-3) without
+        computing the others: ``(0, 3)`` gives ``q, g`` and ``(1, 2)`` gives
+        ``k, v``, each ``(..., C)``."""
+        C = self.embed_dims
+        if not self.fused_qkvg:
+            linear = self.qg if parts == (0, 3) else self.kv
+            a, b = linear(x).reshape(*x.shape[:-1], 2, C).unbind(-2)
+            return a, b
+        w, bias = self.qkvg.weight, self.qkvg.bias
+        out = []
+        for i in parts:
+            rows = slice(i * C, (i + 1) * C)
+            out.append(F.linear(x, w[rows],
+                                None if bias is None else bias[rows]))
+        return out[0], out[1]
+
+    def forward_in_runs(self, x: Tensor, hw: Size2, rows: int,
+                        norm: Optional[nn.Module] = None,
+                        residual: bool = False) -> Tensor:
+        """:meth:`forward` on runs of ``rows`` grid rows, for CPU inference
+        of large maps: the keys' state summed over all runs
+        (:func:`~pola_mm.ops.polarity_kernel.polarity_key_state`), then each
+        run's queries (:func:`~pola_mm.ops.polarity_kernel.
+        polarity_query_apply`), the depth-wise conv on a halo of rows, gate
+        and output projection. Nothing larger than a run is allocated
+        besides one ``v`` map for the conv, which the results then
+        overwrite. No autograd; float32 or float64; ``sr_ratio`` 1 and the
+        power feature map.
+
+        Args:
+            x: ``(B, N, C)`` tokens of the grid ``hw``.
+            hw: ``(H, W)``.
+            rows: grid rows per run.
+            norm: applied to each run of ``x`` first (a block's ``norm1``,
+                so that the normalised map is never held whole).
+            residual: return ``x + attention`` instead.
+
+        Returns:
+            ``(B, N, C)``.
+        """
+        B, N, C = x.shape
+        H, W = hw
+        h, d = self.num_heads, self.head_dims
+        xmap = x.view(B, H, W, C)
+        pos = self.positional_table(hw).view(1, H, W, C).to(x.dtype)
+        scale = self.scale.to(x.dtype).reshape(1, h, 1, d)
+        power = self.power.to(x.dtype)
+        runs = [(r, min(r + rows, H)) for r in range(0, H, rows)]
+
+        def inputs(r0: int, r1: int) -> Tensor:
+            run = xmap[:, r0:r1]
+            return run if norm is None else norm(run)
+
+        def heads(t: Tensor) -> Tensor:  # (B', r, W, C) -> (B', h, r W, d)
+            return t.reshape(t.shape[0], -1, h, d).transpose(1, 2)
+
+        vmap = x.new_empty(B, H, W, C)
+        state: Optional[Tensor] = None
+        for r0, r1 in runs:
+            k, v = self.project_parts(inputs(r0, r1), (1, 2))
+            vmap[:, r0:r1] = v
+            part = polarity_key_state(heads(k), heads(v), scale, power,
+                                      self.alpha, heads(pos[:, r0:r1]))
+            state = part if state is None else state.add_(part)
+        assert state is not None
+        weight, bias = self.dwc_params(x.dtype)
+        ph, pw = self.dwc.padding
+        vchw = vmap.permute(0, 3, 1, 2)  # channels-last (B, C, H, W)
+        # The results overwrite the v map once no later run's conv halo
+        # reads their rows (one full-size allocation fewer).
+        pending: List[Tuple[int, int, Tensor]] = []
+        for r0, r1 in runs:
+            q, g = self.project_parts(inputs(r0, r1), (0, 3))
+            y = polarity_query_apply(heads(q), state, float(N), scale, power,
+                                     self.alpha)
+            lo, hi = max(r0 - ph, 0), min(r1 + ph, H)
+            halo = F.pad(vchw[:, :, lo:hi],
+                         (0, 0, ph - (r0 - lo), ph - (hi - r1)))
+            conv = depthwise_conv2d(halo, weight, bias, (0, pw))
+            y = torch.add(y.transpose(1, 2).reshape(B, r1 - r0, W, C),
+                          conv.permute(0, 2, 3, 1))
+            y = self.output(y, g)
+            if residual:
+                y = y.add_(xmap[:, r0:r1])
+            pending.append((r0, r1, y))
+            while pending and pending[0][1] <= r1 - ph:
+                a, b, done = pending.pop(0)
+                vmap[:, a:b] = done
+        for a, b, done in pending:
+            vmap[:, a:b] = done
+        return vmap.view(B, N, C)
