@@ -50,7 +50,7 @@ from mmengine.logging import print_log
 from torch import Tensor
 
 __all__ = [
-    'DeployError', 'Check', 'DeployReport', 'load_deploy_configs',
+    'DeployError', 'DeployInputError', 'Check', 'DeployReport', 'load_deploy_configs',
     'is_dynamic_hw', 'export_with_mmdeploy', 'compare_on_image',
     'deploy_and_verify', 'draw_results', 'TASKS'
 ]
@@ -65,6 +65,11 @@ ImageLike = Union[str, np.ndarray]
 class DeployError(RuntimeError):
     """A deployment that failed or whose backend disagrees with PyTorch; the
     message says what went wrong."""
+
+
+class DeployInputError(DeployError):
+    """Bad input: a missing file, an unreadable config or override, a
+    deploy config this module does not verify."""
 
 
 @dataclass
@@ -128,19 +133,26 @@ def load_deploy_configs(deploy_cfg: Union[str, Config],
             cfgs.append(copy.deepcopy(cfg))
             continue
         if not osp.isfile(str(cfg)):
-            raise DeployError(f'{what} not found: {cfg}')
-        cfgs.append(Config.fromfile(str(cfg)))
+            raise DeployInputError(f'{what} not found: {cfg}')
+        try:
+            cfgs.append(Config.fromfile(str(cfg)))
+        except Exception as exc:  # syntax errors, missing bases, ...
+            raise DeployInputError(f'cannot read {what} {cfg}: '
+                                   f'{type(exc).__name__}: {exc}') from exc
     deploy, model = cfgs
     if cfg_options:
-        model.merge_from_dict(cfg_options)
+        try:
+            model.merge_from_dict(cfg_options)
+        except Exception as exc:  # e.g. a dict over a string
+            raise DeployInputError(f'--cfg-options: {exc}') from exc
     for key in ('codebase_config', 'onnx_config', 'backend_config'):
         if key not in deploy:
-            raise DeployError(f'the deploy config has no {key}: is it an '
+            raise DeployInputError(f'the deploy config has no {key}: is it an '
                               'MMDeploy deploy config (e.g. '
                               'configs/mmdet/detection/'
                               'detection_onnxruntime_static.py)?')
     if deploy.backend_config.get('type') != 'onnxruntime':
-        raise DeployError(
+        raise DeployInputError(
             'only the ONNX Runtime backend is verified here; the deploy '
             f"config's backend is {deploy.backend_config.get('type')!r}")
     return deploy, model
@@ -421,9 +433,9 @@ def deploy_and_verify(deploy_cfg: Union[str, Config],
         raise DeployError('no image to export and compare on')
     for img in imgs:
         if isinstance(img, str) and not osp.isfile(img):
-            raise DeployError(f'image not found: {img}')
+            raise DeployInputError(f'image not found: {img}')
     if checkpoint is not None and not osp.isfile(checkpoint):
-        raise DeployError(f'checkpoint not found: {checkpoint}')
+        raise DeployInputError(f'checkpoint not found: {checkpoint}')
     _quiet_import_mmdeploy()
     from mmdeploy.apis import build_task_processor
 

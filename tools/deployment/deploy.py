@@ -76,6 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
     import pola_mm  # noqa: F401  (models, MMDeploy fixes)
     from pola_mm.deployment.mmdeploy_verify import (DeployError,
+                                                    DeployInputError,
                                                     deploy_and_verify,
                                                     draw_results)
     try:
@@ -87,7 +88,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             logit_rtol=args.logit_rtol)
     except DeployError as exc:
         print(f'error: {exc}', file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, DeployInputError) else 1
     for check in report.checks:
         print(check)
     print(f'verified: {report.onnx_file} ({report.task}, input '

@@ -1,0 +1,234 @@
+"""Whole models through MMDeploy 1.3.1 on torch 2.14, with MMDeploy's stock
+ONNX Runtime deploy configs, unchanged (tests/deployment/mmdeploy_configs,
+or a checkout named by $POLA_MM_MMDEPLOY_ROOT), compared with PyTorch on a
+shapes image and a real photo."""
+import glob
+import hashlib
+import inspect
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+mmdeploy = pytest.importorskip('mmdeploy')
+
+import pola_mm  # noqa: E402,F401
+from pola_mm import compat_mmdeploy  # noqa: E402
+from pola_mm.deployment.mmdeploy_verify import (DeployError,  # noqa: E402
+                                                deploy_and_verify)
+
+HERE = osp.dirname(osp.abspath(__file__))
+ROOT = osp.dirname(osp.dirname(HERE))
+CONFIGS = osp.join(ROOT, 'configs')
+STOCK = osp.join(
+    os.environ.get('POLA_MM_MMDEPLOY_ROOT',
+                   osp.join(HERE, 'mmdeploy_configs')), 'configs')
+DATA = osp.join(HERE, 'assets')
+
+PVT_TINY = dict(_delete_=True, embed_dims=[16, 32, 64, 64],
+                depths=[1, 1, 1, 1],
+                num_heads=[1, 2, 2, 4], mlp_ratios=[2, 2, 2, 2],
+                sr_ratios=[8, 4, 2, 1])
+
+
+def stock(rel: str) -> str:
+    return osp.join(STOCK, rel)
+
+
+@pytest.fixture(scope='module')
+def photo(tmp_path_factory) -> str:
+    import mmcv
+    import skimage.data
+    path = str(tmp_path_factory.mktemp('img') / 'astronaut.png')
+    mmcv.imwrite(skimage.data.astronaut()[..., ::-1].copy(), path)
+    return path
+
+
+@pytest.fixture(scope='module')
+def shapes_image(tmp_path_factory) -> str:
+    from pola_mm.demo.shapes import make_shapes_dataset
+    out = tmp_path_factory.mktemp('shapes')
+    make_shapes_dataset(str(out), num_train=1, num_val=4, img_size=128,
+                        seed=0)
+    return sorted(glob.glob(str(out / 'val' / '*')))[0]
+
+
+def _git_blob_id(path: str) -> str:
+    data = open(path, 'rb').read()
+    return hashlib.sha1(b'blob %d\0' % len(data) + data).hexdigest()
+
+
+def test_stock_configs_are_mmdeploy_v131_files():
+    """Each kept deploy config is byte for byte the file of MMDeploy's
+    v1.3.1 tag (git blob ids recorded in BLOBS.txt)."""
+    lines = open(osp.join(HERE, 'mmdeploy_configs', 'BLOBS.txt')).read()
+    entries = [line.split() for line in lines.splitlines() if line.strip()]
+    assert len(entries) == 18
+    for blob, rel in entries:
+        path = osp.join(HERE, 'mmdeploy_configs', 'configs', rel)
+        assert _git_blob_id(path) == blob, rel
+
+
+def test_compat_fixes_are_in_place_and_narrow():
+    import mmdeploy.core  # noqa: F401  (the import hook applies the fixes)
+    import torch.onnx.symbolic_opset9 as opset9
+    from mmdeploy.core import FUNCTION_REWRITER
+    assert compat_mmdeploy.needs_torchscript_exporter()
+    assert opset9._cast_Long is compat_mmdeploy._cast_long
+    assert compat_mmdeploy.applied['rewriters'] is True
+    names = [r for r in FUNCTION_REWRITER._registry._rewrite_records]
+    assert 'torch.onnx.export' in names
+    # outside MMDeploy's export torch's default exporter is untouched
+    param = inspect.signature(torch.onnx.export).parameters['dynamo']
+    assert param.default is True
+    assert compat_mmdeploy.provide_removed_symbolics() == []  # idempotent
+
+
+def test_cast_long_symbolic_exports_a_cast(tmp_path):
+    """The restored helper builds a real INT64 Cast in a traced graph."""
+    import onnx
+    import onnxruntime as ort
+    from torch.onnx import register_custom_op_symbolic
+
+    def trunc_symbolic(g, x):  # aten::trunc -> Cast(x, INT64) -> Float
+        import torch.onnx.symbolic_opset9 as opset9
+        as_long = opset9._cast_Long(g, x, False)
+        return g.op('Cast', as_long,
+                    to_i=torch._C._onnx.TensorProtoDataType.FLOAT)
+
+    register_custom_op_symbolic('aten::trunc', trunc_symbolic, 11)
+    try:
+        path = str(tmp_path / 'cast.onnx')
+        torch.onnx.export(_Trunc(), (torch.randn(3, 4) * 5, ), path,
+                          dynamo=False, opset_version=11,
+                          input_names=['x'])
+    finally:
+        torch.onnx.unregister_custom_op_symbolic('aten::trunc', 11)
+    kinds = [n.op_type for n in onnx.load(path).graph.node]
+    assert kinds.count('Cast') == 2
+    x = np.array([[-2.7, 2.7, 0.4, -0.4]] * 3, dtype=np.float32)
+    sess = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+    out = sess.run(None, {'x': x})[0]
+    np.testing.assert_array_equal(out, np.trunc(x))
+
+
+class _Trunc(torch.nn.Module):
+
+    def forward(self, x):
+        return torch.trunc(x)
+
+
+def _retinanet_cfg():
+    from mmengine.config import Config
+    return Config.fromfile(osp.join(DATA, 'retinanet_pola_pvt_shapes.py'))
+
+
+def test_retinanet_static_matches_pytorch(tmp_path, shapes_image, photo):
+    """A trained RetinaNet (Pola-PVT) through the stock static detection
+    config: ONNX Runtime finds PyTorch's confident shapes, same labels,
+    boxes within 1e-3 of the image size, scores within 1e-4."""
+    report = deploy_and_verify(
+        stock('mmdet/detection/detection_onnxruntime_static.py'),
+        _retinanet_cfg(), osp.join(DATA, 'retinanet_pola_pvt_shapes.pth'),
+        [shapes_image, photo], str(tmp_path / 'ret'))
+    assert report.ok and osp.isfile(report.onnx_file)
+    assert report.input_shapes == [(1, 3, 128, 128)] * 2
+    counted = [c for c in report.checks if 'without a counterpart' in c.name]
+    # the shapes image: the trained detector finds shapes with confidence
+    assert 'PyTorch 0,' not in counted[0].detail, counted[0].detail
+    assert not any(f.startswith('.unverified')
+                   for f in os.listdir(tmp_path / 'ret'))
+
+
+def test_dynamic_hw_is_refused_clearly(tmp_path, shapes_image):
+    """Stock dynamic configs free H and W; a pola_mm backbone's graph fixes
+    them, so both MMDeploy's own torch2onnx and the tool refuse."""
+    from mmdeploy.apis import torch2onnx
+    cfg = _retinanet_cfg()
+    with pytest.raises(compat_mmdeploy.DynamicSizeError,
+                       match='fixed input size.*static deploy config'):
+        torch2onnx(shapes_image, str(tmp_path / 'a'), 'end2end.onnx',
+                   stock('mmdet/detection/detection_onnxruntime_dynamic.py'),
+                   cfg, None, 'cpu')
+    assert not osp.exists(tmp_path / 'a' / 'end2end.onnx')
+    with pytest.raises(DeployError, match='PolaPVT exports at a fixed'):
+        deploy_and_verify(
+            stock('mmseg/segmentation_onnxruntime_dynamic.py'),
+            osp.join(CONFIGS, 'sem_fpn_pola_pvt_t_ade20k.py'), None,
+            shapes_image, str(tmp_path / 'b'),
+            cfg_options={'model.backbone.init_cfg': None,
+                         'model.backbone.arch': PVT_TINY,
+                         'model.neck.in_channels': PVT_TINY['embed_dims']})
+    assert os.listdir(tmp_path / 'b') == []
+
+
+def _sem_fpn_options() -> dict:
+    return {
+        'model.backbone.init_cfg': None,
+        'model.backbone.arch': PVT_TINY,
+        'model.neck.in_channels': PVT_TINY['embed_dims'],
+    }
+
+
+@pytest.mark.parametrize('with_argmax', [True, False])
+def test_semantic_fpn_static_matches_pytorch(tmp_path, photo, with_argmax):
+    """Semantic FPN (Pola-PVT) through the stock static 512x512 config on a
+    photo: labels equal PyTorch's argmax (except near-ties), and with
+    ``with_argmax=False`` (the same stock file, one key changed in memory)
+    the logits are within 1e-4 of their scale."""
+    from mmengine.config import Config
+    deploy = Config.fromfile(
+        stock('mmseg/segmentation_onnxruntime_static-512x512.py'))
+    deploy.codebase_config.with_argmax = with_argmax
+    report = deploy_and_verify(
+        deploy, osp.join(CONFIGS, 'sem_fpn_pola_pvt_t_ade20k.py'), None,
+        photo, str(tmp_path), cfg_options=_sem_fpn_options())
+    assert report.ok
+    assert report.input_shapes == [(1, 3, 512, 512)]
+    names = [c.name for c in report.checks]
+    key = 'pixels whose label differs' if with_argmax else 'logit max'
+    assert any(key in n for n in names), names
+
+
+def test_classifier_cli_writes_only_a_verified_file(tmp_path, photo):
+    """tools/deployment/deploy.py with the stock static classification
+    config: the file is written, the class scores printed."""
+    out = tmp_path / 'cls'
+    opts = [
+        'model.backbone.arch._delete_=True',
+        'model.backbone.arch.embed_dims=[16,32,64,64]',
+        'model.backbone.arch.depths=[1,1,1,1]',
+        'model.backbone.arch.num_heads=[1,2,2,4]',
+        'model.backbone.arch.mlp_ratios=[2,2,2,2]',
+        'model.backbone.arch.sr_ratios=[8,4,2,1]',
+        'model.head.in_channels=64'
+    ]
+    cmd = [
+        sys.executable,
+        osp.join(ROOT, 'tools', 'deployment', 'deploy.py'),
+        stock('mmpretrain/classification_onnxruntime_static.py'),
+        osp.join(CONFIGS, 'pola_pvt_t_in1k.py'), 'none', photo,
+        '--work-dir', str(out), '--cfg-options'
+    ] + opts
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert 'class score max abs diff' in res.stdout
+    assert 'verified: ' in res.stdout
+    assert (out / 'end2end.onnx').is_file()
+    # a missing image: exit 2, one line, nothing written
+    bad = subprocess.run(cmd[:5] + [str(tmp_path / 'no.png')] + cmd[6:],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].startswith(
+        'error: image not found')
+    # an override the config cannot take: exit 2, one line, no traceback
+    clash = subprocess.run(cmd[:-len(opts)] + ['model.backbone.arch.x=1'],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert clash.returncode == 2, clash.stderr[-2000:]
+    assert 'Traceback' not in clash.stderr
+    assert clash.stderr.strip().splitlines()[-1].startswith(
+        'error: --cfg-options')
