@@ -535,11 +535,15 @@ def test_benchmark_knows_polapp_b2():
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_autocast_trains(dtype):
     """Under CPU autocast the whole backbone runs forward and backward (PaCS
-    in float32 inside) with finite outputs and gradients."""
+    in float32 inside) with finite outputs and gradients. (At 64x64 the
+    last downsampling BatchNorm sees 2x2 maps; on 1x1 maps with a batch of
+    2 its training statistics are degenerate and bf16 gradients can
+    overflow whatever the attention does.)"""
+    torch.manual_seed(0)
     model = PolaPP(arch=TINY)
     model.init_weights()
     with torch.autocast('cpu', dtype=dtype):
-        outs = model(torch.randn(2, 3, 16, 16))
+        outs = model(torch.randn(2, 3, 64, 64))
     assert all(torch.isfinite(o).all() for o in outs)
     assert outs[0].dtype == dtype  # autocast reached the stem and stage 1
     sum(o.float().square().mean() for o in outs).backward()

@@ -14,6 +14,7 @@ from ...typing import Size2
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
 from ..layers.bricks import DropPath, build_norm_layer
+from ..layers.pacs_attention import reset_pacs_temperatures
 
 
 def pair(x: Union[int, Sequence[int]]) -> Size2:
@@ -83,9 +84,10 @@ def init_module(m: nn.Module) -> None:
         if m.bias is not None:
             nn.init.zeros_(m.bias)
     elif isinstance(m, PolarityAttention):
-        for name in ('power', 's1', 's2'):  # by feature_map
-            if hasattr(m, name):
-                nn.init.zeros_(getattr(m, name))
+        if m.feature_map == 'pacs':
+            reset_pacs_temperatures(m)  # the one place s1 / s2 are zeroed
+        else:
+            nn.init.zeros_(m.power)
         nn.init.zeros_(m.scale)
         nn.init.zeros_(m.positional_encoding)
     elif isinstance(m, WindowMSA):

@@ -112,8 +112,10 @@ class WindowMSA(BaseModule):
         attn = attn + self.relative_bias(window).unsqueeze(0)
         if mask is not None:
             nW = mask.shape[0]
+            # (the mask in the logits' dtype: a float32 mask would promote
+            # a bf16 / fp16 model's logits and break the product with v)
             attn = attn.view(B_ // nW, nW, h, N, N) + \
-                mask.unsqueeze(1).unsqueeze(0)
+                mask.to(attn.dtype).unsqueeze(1).unsqueeze(0)
             attn = attn.view(-1, h, N, N)
         attn = self.attn_drop(attn.softmax(dim=-1))
         x = (attn @ v).transpose(1, 2).reshape(B_, N, C)
