@@ -183,7 +183,7 @@ class PaCSAttention(BaseModule):
         h, d = self.num_heads, self.head_dims
 
         def heads(t: Tensor) -> Tensor:  # (B, N, C) -> (B, h, N, d)
-            return t.to(dt).unflatten(-1, (h, d)).transpose(1, 2)
+            return t.to(dt).reshape(*t.shape[:-1], h, d).transpose(1, 2)
 
         with torch.autocast(device_type=q.device.type, enabled=False):
             sin, cos = rotary_tables(hw, 2 * d, device=q.device, dtype=dt)
@@ -201,6 +201,6 @@ class PaCSAttention(BaseModule):
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, N, C)`` tokens on the grid ``hw`` -> ``(B, N, C)``."""
-        q, k, v, g = self.qkvg(x).unflatten(-1, (4, self.embed_dims)) \
-            .unbind(-2)
+        q, k, v, g = self.qkvg(x).reshape(*x.shape[:-1], 4,
+                                          self.embed_dims).unbind(-2)
         return self.proj(self.mix(q, k, v, hw) * g)

@@ -73,10 +73,10 @@ class RotarySelfAttention(BaseModule):
         """``(B, N, C)`` tokens on the grid ``hw`` -> ``(B, N, C)``."""
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dims
-        q, k, v, o = self.qkvo(x).unflatten(-1, (4, C)).unbind(-2)
+        q, k, v, o = self.qkvo(x).reshape(B, N, 4, C).unbind(-2)
         lepe = to_tokens(self.lepe(to_map(v, hw)))
         sin, cos = rotary_tables(hw, d, device=x.device, dtype=x.dtype)
-        q, k, v = (t.unflatten(-1, (h, d)).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.reshape(B, N, h, d).transpose(1, 2) for t in (q, k, v))
         q, k = theta_shift(q, sin, cos), theta_shift(k, sin, cos)
         if dispatch.use_kernels(q):
             out = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)

@@ -13,7 +13,7 @@ __all__ = ['to_map', 'to_tokens']
 
 def to_map(x: Tensor, hw: Size2) -> Tensor:
     """Tokens ``(B, H * W, C)`` -> map ``(B, C, H, W)``."""
-    return x.transpose(1, 2).unflatten(-1, (hw[0], hw[1]))
+    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])
 
 
 def to_tokens(x: Tensor) -> Tensor:
