@@ -232,3 +232,63 @@ def test_classifier_cli_writes_only_a_verified_file(tmp_path, photo):
     assert 'Traceback' not in clash.stderr
     assert clash.stderr.strip().splitlines()[-1].startswith(
         'error: --cfg-options')
+
+
+def test_mask_rcnn_exports_with_roi_align_at_opset_11(tmp_path, shapes_image):
+    """Mask R-CNN (demo Pola-Swin) through the stock static instance-seg
+    config: MMDeploy's RoIAlign symbolic needs the restored _cast_Long; the
+    file has ONNX RoiAlign with INT64 batch indices and runs in ONNX
+    Runtime. (Its detections are not compared one to one: see
+    docs/deployment.md.)"""
+    import onnx
+    import onnxruntime as ort
+    from mmdeploy.apis import torch2onnx
+    torch2onnx(shapes_image, str(tmp_path), 'end2end.onnx',
+               stock('mmdet/instance-seg/instance-seg_onnxruntime_static.py'),
+               osp.join(CONFIGS, 'demo', 'mask_rcnn_pola_swin_shapes.py'),
+               None, 'cpu')
+    model = onnx.load(str(tmp_path / 'end2end.onnx'))
+    assert model.opset_import[0].version == 11
+    nodes = {n.output[0]: n for n in model.graph.node}
+    rois = [n for n in model.graph.node if n.op_type == 'RoiAlign']
+    assert rois
+    batch_index = nodes[rois[0].input[2]]
+    assert batch_index.op_type == 'Cast'
+    assert batch_index.attribute[0].i == onnx.TensorProto.INT64
+    sess = ort.InferenceSession(str(tmp_path / 'end2end.onnx'),
+                                providers=['CPUExecutionProvider'])
+    outs = sess.run(None, {'input': np.zeros((1, 3, 128, 128), np.float32)})
+    assert [o.name for o in sess.get_outputs()] == ['dets', 'labels', 'masks']
+    assert outs[0].shape[-1] == 5 and outs[2].shape[-2:] == (28, 28)
+
+
+def test_polapp_backbone_exports_at_opset_11(tmp_path):
+    """PolaPP (rotary softmax and PaCS stages) through MMDeploy's export at
+    its default opset 11 (no aten::unflatten), equal to PyTorch."""
+    import onnxruntime as ort
+    from mmdeploy.apis.onnx import export
+    from mmengine.config import Config
+
+    from pola_mm.registry import MODELS
+    torch.manual_seed(0)
+    model = MODELS.build(
+        dict(type='PolaPP',
+             arch=dict(embed_dims=(16, 32, 64, 64), depths=(1, 1, 1, 1),
+                       num_heads=(1, 2, 2, 4),
+                       layer_scale_init=(1, 1, 1, 1)),
+             out_indices=(1, 2, 3), init_cfg=None)).eval()
+    x = torch.randn(1, 3, 128, 160)
+    deploy = Config.fromfile(
+        stock('mmdet/detection/detection_onnxruntime_static.py'))
+    export(model, x, output_path_prefix=str(tmp_path / 'pp'),
+           backend='onnxruntime', input_names=['input'],
+           output_names=['o1', 'o2', 'o3'],
+           context_info={'deploy_cfg': deploy}, opset_version=11)
+    sess = ort.InferenceSession(str(tmp_path / 'pp.onnx'),
+                                providers=['CPUExecutionProvider'])
+    got = sess.run(None, {'input': x.numpy()})
+    with torch.no_grad():
+        ref = model(x)
+    for r, g in zip(ref, got):
+        scale = float(r.abs().max())
+        assert float(np.abs(r.numpy() - g).max()) <= 1e-4 * scale
