@@ -142,6 +142,9 @@ def test_retinanet_static_matches_pytorch(tmp_path, shapes_image, photo):
     assert 'PyTorch 0,' not in counted[0].detail, counted[0].detail
     assert not any(f.startswith('.unverified')
                    for f in os.listdir(tmp_path / 'ret'))
+    # MMDeploy's context is left: torch's own export (dynamo default) again
+    assert torch.onnx.export.__module__ == 'torch.onnx'
+    assert not hasattr(torch.onnx.export, 'origin_func')
 
 
 def test_dynamic_hw_is_refused_clearly(tmp_path, shapes_image):
