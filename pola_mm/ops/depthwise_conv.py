@@ -13,13 +13,25 @@ from . import dispatch
 from .cpu_ext import cpu_ext
 
 
+def _dense(x: Tensor) -> Tensor:
+    """``x`` ``(B, C, H, W)`` if it is contiguous or channels-last
+    contiguous, else a channels-last contiguous copy (PyTorch's CPU conv
+    is several times slower on strided inputs)."""
+    if x.is_contiguous() or x.is_contiguous(
+            memory_format=torch.channels_last):
+        return x
+    return x.contiguous(memory_format=torch.channels_last)
+
+
 class _DepthwiseConv2d(torch.autograd.Function):
     """``F.conv2d(..., groups=C)`` with its bias gradient taken as a plain
     sum: PyTorch's CPU convolution backward computes the bias gradient of a
     channels-last depth-wise conv about as slowly as the weight gradient.
     For channels-last float32 maps with the fused CPU loops built, the
     weight gradient is their ``dwconv_weight_grad`` and the input gradient
-    the conv with the flipped kernel; otherwise both are PyTorch's."""
+    the conv with the flipped kernel; otherwise both are PyTorch's. Saves
+    ``x`` as given (any strides: a view of a tensor kept anyway costs
+    nothing) and convolves a dense copy, made again in backward."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor],
@@ -27,7 +39,7 @@ class _DepthwiseConv2d(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.padding = padding
         ctx.has_bias = bias is not None
-        return F.conv2d(x, weight, bias, padding=padding,
+        return F.conv2d(_dense(x), weight, bias, padding=padding,
                         groups=x.shape[1])
 
     @staticmethod
@@ -38,6 +50,7 @@ class _DepthwiseConv2d(torch.autograd.Function):
         C, _, kh, kw = weight.shape
         ph, pw = ctx.padding
         ext = None
+        x = _dense(x)
         if (x.dtype == torch.float32 and grad.dtype == torch.float32
                 and x.stride(1) == 1 and grad.stride(1) == 1
                 and ph < kh and pw < kw and grad.shape == x.shape):
@@ -66,10 +79,19 @@ def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                      padding: Tuple[int, int]) -> Tensor:
     """Depth-wise 2-D conv (stride 1, ``groups = channels``) of ``x``
     ``(B, C, H, W)`` with ``weight`` ``(C, 1, kh, kw)``; in CPU training
-    (fast paths on, not exporting) through :class:`_DepthwiseConv2d`."""
+    (fast paths on, not exporting) through :class:`_DepthwiseConv2d`.
+
+    ``x`` may have any strides (e.g. a strided view of a projection's
+    output that autograd keeps anyway). Off the CPU it goes to the conv as
+    it is, so that autograd keeps ``x`` itself rather than a copy (the
+    dense copy cuDNN makes of a strided input is freed within the call);
+    the CPU function also keeps ``x`` and convolves a transient dense copy,
+    and the CPU's plain conv gets a dense copy."""
     if (dispatch.fast_paths_enabled() and torch.is_grad_enabled()
             and x.device.type == 'cpu' and not dispatch.exporting() and any(
                 t is not None and t.requires_grad
                 for t in (x, weight, bias))):
         return _DepthwiseConv2d.apply(x, weight, bias, tuple(padding))
+    if x.device.type == 'cpu':
+        x = _dense(x)
     return F.conv2d(x, weight, bias, padding=padding, groups=x.shape[1])

@@ -232,9 +232,10 @@ class PolarityAttention(BaseModule):
                            k_bias=pos)
             # depth-wise conv on v: the per-head kernel repeated over the
             # heads, on the channels-last (B, C, H, W) map, so its output is
-            # token-major like the attention's
+            # token-major like the attention's; v may be a view of the
+            # projection's output (no copy kept for backward on GPUs)
             vmap = v.transpose(1, 2).reshape(B, hw[0], hw[1], C)
-            conv = depthwise_conv2d(vmap.contiguous().permute(0, 3, 1, 2),
+            conv = depthwise_conv2d(vmap.permute(0, 3, 1, 2),
                                     *self.dwc_params(dt),
                                     padding=self.dwc.padding)
             x = torch.add(x.transpose(1, 2).reshape(B, N, C),

@@ -1,0 +1,103 @@
+"""``linear(gelu(h))`` that keeps only ``h`` for backward.
+
+The second half of a transformer MLP, ``fc2(gelu(h))`` with ``h =
+fc1(x)``, makes autograd save two hidden-layer tensors: ``h`` for GELU's
+gradient and ``gelu(h)`` for ``fc2``'s weight gradient. They are the
+largest activations of a block (MLP ratio 4 or 8: each is 4-8 times a
+token-by-channel tensor). :func:`gelu_linear` computes the same values and
+saves only ``h`` (and the weight, a parameter); backward recomputes
+``gelu(h)`` (one elementwise pass) for the weight gradient.
+
+Mixed precision: under autocast the forward runs exactly as the plain
+layers do (GELU and the Linear under the ambient autocast); backward
+repeats the casts autocast made explicitly (GELU in the dtype it ran in,
+the Linear's operands in its output dtype, gradients cast back to each
+input's dtype), so the fp16/bf16 copies of the weight and of ``gelu(h)``
+are not kept either.
+
+:func:`gelu_linear_pytorch` is the plain reference; the MLP picks the
+function where :func:`~pola_mm.ops.dispatch.use_kernels` holds and autograd
+records (``pola_mm.models.layers.Mlp.forward``).
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = ['GeluLinearFunction', 'gelu_linear', 'gelu_linear_pytorch']
+
+
+def gelu_linear_pytorch(h: Tensor, weight: Tensor, bias: Optional[Tensor],
+                        approximate: str = 'none') -> Tensor:
+    """Plain reference: ``F.linear(F.gelu(h, approximate), weight, bias)``.
+
+    Args:
+        h: ``(..., K)`` hidden pre-activation (``fc1``'s output).
+        weight: ``(C, K)``.
+        bias: ``(C,)`` or None.
+        approximate: GELU's ``approximate`` (``'none'`` or ``'tanh'``).
+
+    Returns:
+        ``(..., C)``.
+    """
+    return F.linear(F.gelu(h, approximate=approximate), weight, bias)
+
+
+class GeluLinearFunction(torch.autograd.Function):
+    """:func:`gelu_linear_pytorch` saving ``h`` and ``weight`` only."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, bias: Optional[Tensor],
+                approximate: str) -> Tensor:
+        # the same calls as the plain reference, under the ambient autocast
+        a = F.gelu(h, approximate=approximate)
+        y = F.linear(a, weight, bias)
+        ctx.save_for_backward(h, weight)
+        ctx.approximate = approximate
+        ctx.act_dtype = a.dtype  # the dtype GELU ran in
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        h, weight = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        cdt = grad.dtype  # the Linear's compute dtype (its output's)
+        dh = dw = db = None
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            g = grad.reshape(-1, grad.shape[-1])
+            ha = h.to(ctx.act_dtype)
+            if need_w:  # GELU recomputed, as it ran in the forward
+                a = F.gelu(ha, approximate=ctx.approximate)
+                dw = torch.mm(g.t(), a.reshape(-1, a.shape[-1]).to(cdt))
+                dw = dw.to(weight.dtype)
+            if need_b and ctx.bias_dtype is not None:
+                db = g.sum(0).to(ctx.bias_dtype)
+            if need_h:
+                da = torch.mm(g, weight.to(cdt)).to(ctx.act_dtype)
+                dh = torch.ops.aten.gelu_backward(
+                    da.view(ha.shape), ha, approximate=ctx.approximate)
+                dh = dh.to(h.dtype)
+        return dh, dw, db, None
+
+
+def gelu_linear(h: Tensor, weight: Tensor, bias: Optional[Tensor],
+                approximate: str = 'none') -> Tensor:
+    """``F.linear(F.gelu(h, approximate), weight, bias)`` with gradients,
+    saving only ``h`` (and ``weight``) for backward; see the module
+    docstring. Same values as :func:`gelu_linear_pytorch`, gradients up to
+    float rounding.
+
+    Args:
+        h: ``(..., K)``.
+        weight: ``(C, K)``.
+        bias: ``(C,)`` or None.
+        approximate: GELU's ``approximate`` (``'none'`` or ``'tanh'``).
+
+    Returns:
+        ``(..., C)``.
+    """
+    return GeluLinearFunction.apply(h, weight, bias, approximate)

@@ -1,0 +1,165 @@
+"""``linear(gelu(h))`` saving only ``h`` (``ops/gelu_linear.py``): the
+plain reference's values and gradients (float64 gradcheck, autocast), what
+it saves for backward, and where the MLP takes it (fast paths on, not
+while a graph is captured, not with the CPU runs)."""
+import pytest
+import torch
+import torch.nn as nn
+from torch.autograd import gradcheck
+
+import pola_mm.models.layers.mlp as mlp_mod
+import pola_mm.ops as ops
+from pola_mm.models.layers import Mlp
+from pola_mm.ops import dispatch, token_runs
+from pola_mm.ops.gelu_linear import (GeluLinearFunction, gelu_linear,
+                                     gelu_linear_pytorch)
+
+from helpers import count_calls
+
+
+def _saved_storages(fn, *args):
+    """Storages (``untyped_storage()._cdata``) saved for backward by
+    ``fn(*args)``, with the saved tensors' dtypes."""
+    saved = []
+
+    def pack(t):
+        saved.append((t.untyped_storage()._cdata, t.dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    return out, saved
+
+
+@pytest.mark.parametrize('approximate', ['none', 'tanh'])
+@pytest.mark.parametrize('bias', [True, False])
+def test_gradcheck_and_equals_reference(approximate, bias):
+    torch.manual_seed(0)
+    h = torch.randn(2, 7, 10, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 10, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, dtype=torch.float64, requires_grad=True) \
+        if bias else None
+    inputs = (h, w, b)
+    assert gradcheck(lambda *t: GeluLinearFunction.apply(*t, approximate),
+                     inputs)
+    out = gelu_linear(h, w, b, approximate)
+    ref = gelu_linear_pytorch(h, w, b, approximate)
+    assert out.grad_fn.name() == 'GeluLinearFunctionBackward'
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    g = torch.randn(ref.shape, dtype=torch.float64)
+    wanted = [t for t in inputs if t is not None]
+    for a, r in zip(torch.autograd.grad(out, wanted, g),
+                    torch.autograd.grad(ref, wanted, g)):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+
+
+def test_only_needed_gradients():
+    """A frozen weight or an input without gradient: the other gradients
+    still match the reference."""
+    torch.manual_seed(1)
+    h = torch.randn(9, 6, dtype=torch.float64)
+    w = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    for a, r in zip(torch.autograd.grad(gelu_linear(h, w, b).sum(), [w, b]),
+                    torch.autograd.grad(gelu_linear_pytorch(h, w, b).sum(),
+                                        [w, b])):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+    h.requires_grad_(True)
+    w.requires_grad_(False)
+    torch.testing.assert_close(
+        torch.autograd.grad(gelu_linear(h, w, b).sum(), h)[0],
+        torch.autograd.grad(gelu_linear_pytorch(h, w, b).sum(), h)[0],
+        rtol=1e-12, atol=1e-12)
+
+
+def test_saves_only_the_pre_activation():
+    """The function keeps ``h`` and the weight (a parameter, no extra
+    memory); the plain layers keep ``gelu(h)`` too."""
+    torch.manual_seed(2)
+    h = torch.randn(3, 8, 12, requires_grad=True)
+    fc2 = nn.Linear(12, 8)
+    params = {fc2.weight.untyped_storage()._cdata,
+              fc2.bias.untyped_storage()._cdata}
+    out, saved = _saved_storages(gelu_linear, h, fc2.weight, fc2.bias)
+    kept = {s for s, _ in saved} - params
+    assert kept == {h.untyped_storage()._cdata}
+    ref, ref_saved = _saved_storages(gelu_linear_pytorch, h, fc2.weight,
+                                     fc2.bias)
+    assert len({s for s, _ in ref_saved} - params) == 2  # h and gelu(h)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_autocast_saves_low_precision_h_and_matches_plain():
+    """Under (CPU bf16) autocast: same output dtype and values as the
+    plain layers, the bf16 ``h`` kept and neither bf16 copy of the weight
+    nor ``gelu(h)``; gradients in each input's dtype, equal to the plain
+    layers' up to bf16 rounding."""
+    torch.manual_seed(3)
+    fc1, fc2 = nn.Linear(16, 64), nn.Linear(64, 16)
+    x = torch.randn(2, 50, 16)
+    params = [fc2.weight, fc2.bias]
+    results = []
+    for fn in (gelu_linear, gelu_linear_pytorch):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            h = fc1(x).detach().requires_grad_()
+            out, saved = _saved_storages(fn, h, *params)
+        assert h.dtype == out.dtype == torch.bfloat16
+        kept = [dt for s, dt in saved if s not in {
+            p.untyped_storage()._cdata for p in params}]
+        results.append((out, kept, torch.autograd.grad(
+            out.float().square().sum(), [h] + params)))
+    (out, kept, grads), (ref, ref_kept, ref_grads) = results
+    assert kept == [torch.bfloat16]  # h only
+    assert len(ref_kept) > 1
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    for a, r in zip(grads, ref_grads):
+        assert a.dtype == r.dtype
+        torch.testing.assert_close(a, r, rtol=2e-2, atol=1e-2)
+
+
+def _mlp_step(m: Mlp, x: torch.Tensor):
+    m.zero_grad()
+    xi = x.clone().requires_grad_()
+    out = m(xi)
+    out.backward(torch.linspace(-1, 1, out.numel()).view(out.shape))
+    return out.detach(), [xi.grad] + [p.grad.clone()
+                                      for p in m.parameters()]
+
+
+@pytest.mark.parametrize('approximate', ['none', 'tanh'])
+def test_mlp_fast_and_plain_paths_agree(monkeypatch, approximate):
+    """The MLP takes the function with fast paths on and the plain layers
+    with them off; outputs and every gradient agree."""
+    torch.manual_seed(4)
+    m = Mlp(24, 96, act_cfg=dict(type='GELU', approximate=approximate))
+    x = torch.randn(2, 33, 24)
+    calls = count_calls(monkeypatch, mlp_mod, 'gelu_linear')
+    fast_out, fast_grads = _mlp_step(m, x)
+    assert len(calls) == 1
+    with ops.plain_paths():
+        plain_out, plain_grads = _mlp_step(m, x)
+    assert len(calls) == 1
+    torch.testing.assert_close(fast_out, plain_out, rtol=0, atol=0)
+    for a, b in zip(fast_grads, plain_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_mlp_where_the_function_runs(monkeypatch):
+    """Not in inference, not with active dropout, not while tracing, and
+    the CPU runs take precedence where they apply."""
+    torch.manual_seed(5)
+    calls = count_calls(monkeypatch, mlp_mod, 'gelu_linear')
+    runs = count_calls(monkeypatch, token_runs._MlpRuns, 'apply')
+    m = Mlp(8, 32)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        m(x)
+    Mlp(8, 32, drop=0.5).train()(x)
+    m.eval()
+    traced = torch.jit.trace(m, (x.requires_grad_(), ))
+    assert 'GeluLinear' not in str(traced.graph)
+    assert calls == []
+    monkeypatch.setattr(dispatch, 'TRAIN_RUN_ELEMENTS', 1 << 6)
+    monkeypatch.setattr(dispatch, 'TRAIN_MIN_TOKENS', 1)
+    m(torch.randn(64, 8, requires_grad=True)).sum().backward()
+    assert (len(calls), len(runs)) == (0, 1)
