@@ -50,9 +50,9 @@ from mmengine.logging import print_log
 from torch import Tensor
 
 __all__ = [
-    'DeployError', 'DeployInputError', 'Check', 'DeployReport', 'load_deploy_configs',
-    'is_dynamic_hw', 'export_with_mmdeploy', 'compare_on_image',
-    'deploy_and_verify', 'draw_results', 'TASKS'
+    'DeployError', 'DeployInputError', 'Check', 'DeployReport',
+    'load_deploy_configs', 'is_dynamic_hw', 'export_with_mmdeploy',
+    'compare_on_image', 'deploy_and_verify', 'draw_results', 'TASKS'
 ]
 
 #: MMDeploy tasks this module can verify.
@@ -147,10 +147,10 @@ def load_deploy_configs(deploy_cfg: Union[str, Config],
             raise DeployInputError(f'--cfg-options: {exc}') from exc
     for key in ('codebase_config', 'onnx_config', 'backend_config'):
         if key not in deploy:
-            raise DeployInputError(f'the deploy config has no {key}: is it an '
-                              'MMDeploy deploy config (e.g. '
-                              'configs/mmdet/detection/'
-                              'detection_onnxruntime_static.py)?')
+            raise DeployInputError(
+                f'the deploy config has no {key}: is it an MMDeploy deploy '
+                'config (e.g. configs/mmdet/detection/'
+                'detection_onnxruntime_static.py)?')
     if deploy.backend_config.get('type') != 'onnxruntime':
         raise DeployInputError(
             'only the ONNX Runtime backend is verified here; the deploy '

@@ -91,8 +91,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2 if isinstance(exc, DeployInputError) else 1
     for check in report.checks:
         print(check)
-    print(f'verified: {report.onnx_file} ({report.task}, input '
-          f'{", ".join("x".join(map(str, s[2:])) for s in report.input_shapes)})')
+    sizes = ', '.join('x'.join(map(str, s[2:])) for s in report.input_shapes)
+    print(f'verified: {report.onnx_file} ({report.task}, input {sizes})')
     if args.show:
         for path in draw_results(args.deploy_cfg, args.model_cfg, checkpoint,
                                  report.onnx_file, args.img, args.work_dir,
