@@ -481,10 +481,17 @@ def _backward_run(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     return dq, dk, dv, w
 
 
+def _compute_dtype(q: Tensor, scale: Tensor) -> torch.dtype:
+    """The kernel's dtype: ``q``'s promoted with the parameters' (fp16/bf16
+    inputs with float32 parameters compute in float32)."""
+    return torch.promote_types(q.dtype, scale.dtype)
+
+
 class PolarityAttentionFunction(torch.autograd.Function):
     """Polarity attention with feature maps recomputed in backward.
 
-    Saves ``q``, ``k``, ``v``, the parameters, the key bias, the output,
+    Saves ``q``, ``k``, ``v`` as given (fp16/bf16 inputs stay fp16/bf16:
+    upcast again in backward), the parameters, the key bias, the output,
     its normalisers ``1 / z`` (``(B, h, N, 2)``) and the small mix matrix,
     but none of the ``(B, h, N, 2d)`` feature maps, which backward
     recomputes elementwise (no matrix product is recomputed). See
@@ -496,7 +503,8 @@ class PolarityAttentionFunction(torch.autograd.Function):
                 power: Tensor, alpha: float, eps: float,
                 k_bias: Optional[Tensor]) -> Tensor:
         prm = _Params(scale, power, alpha, k_bias)
-        x, S, rz = _forward(q, k, v, prm, eps)
+        dt = _compute_dtype(q, scale)
+        x, S, rz = _forward(q.to(dt), k.to(dt), v.to(dt), prm, eps)
         ctx.save_for_backward(q, k, v, scale, power, S, rz, x, k_bias)
         ctx.alpha = alpha
         return x
@@ -504,6 +512,9 @@ class PolarityAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dx: Tensor):
         q, k, v, scale, power, S, rz, x, k_bias = ctx.saved_tensors
+        in_dtypes = (q.dtype, k.dtype, v.dtype)
+        dt = _compute_dtype(q, scale)
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
         n = float(k.shape[-2])
         alpha = ctx.alpha
         prm = _Params(scale, power, alpha, k_bias)
@@ -537,6 +548,8 @@ class PolarityAttentionFunction(torch.autograd.Function):
             dpower = _sum_to(dp * alpha * sig_p * (1 - sig_p), power.shape)
         if ctx.needs_input_grad[7]:
             dbias = _sum_to(dk, k_bias.shape)
+        dq, dk = dq.to(in_dtypes[0]), dk.to(in_dtypes[1])
+        dv = None if dv is None else dv.to(in_dtypes[2])
         return dq, dk, dv, dscale, dpower, None, None, dbias
 
 
@@ -587,16 +600,23 @@ def polarity_attention_kernel(q: Tensor,
     Computes :func:`polarity_attention_pytorch` (see there for the formula
     and the arguments) with the rearrangements of this module's docstring.
 
+    ``q``, ``k``, ``v`` may be in a lower precision than the parameters
+    (fp16/bf16 under autocast, float32 ``scale``): the kernel computes in
+    the promoted dtype and keeps the inputs as given for backward (no
+    float32 copies saved).
+
     Returns:
-        ``(B, h, N, d)`` in the dtype of ``q``, laid out ``(B, N, h, d)``
-        in memory on the CPU path.
+        ``(B, h, N, d)`` in the dtype of ``q`` promoted with ``scale``'s,
+        laid out ``(B, N, h, d)`` in memory on the CPU path.
     """
     if torch.is_grad_enabled() and any(
             t is not None and t.requires_grad
             for t in (q, k, v, scale, power, k_bias)):
         return PolarityAttentionFunction.apply(q, k, v, scale, power, alpha,
                                                eps, k_bias)
-    return _forward(q, k, v, _Params(scale, power, alpha, k_bias), eps)[0]
+    dt = _compute_dtype(q, scale)
+    return _forward(q.to(dt), k.to(dt), v.to(dt),
+                    _Params(scale, power, alpha, k_bias), eps)[0]
 
 
 def polarity_attention_pytorch(q: Tensor,

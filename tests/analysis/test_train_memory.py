@@ -90,9 +90,10 @@ def test_views_of_one_storage_count_once(device):
 
 def test_fake_cuda_takes_cuda_autocast():
     """fp16 on the fake CUDA device is CUDA's autocast: Linear inputs are
-    saved in fp16, the polarity kernel's upcast q, k, v in float32, and
-    less is saved than in float32 (at a size where activations outweigh
-    the fp16 weight copies autocast keeps)."""
+    saved in fp16, the polarity kernel keeps q, k, v as the fp16 views of
+    the projection output (one 4C-wide storage, no float32 copies) and its
+    float32 output, and less is saved than in float32 (at a size where
+    activations outweigh the fp16 weight copies autocast keeps)."""
     fp32 = measure(TINY_SWIN, 2, (256, 384), 'fp32', 'cuda')
     fp16 = measure(TINY_SWIN, 2, (256, 384), 'fp16', 'cuda')
     assert fp16.device == 'cuda' and fp16.total < fp32.total
@@ -100,7 +101,11 @@ def test_fake_cuda_takes_cuda_autocast():
     assert lin and all(s.dtype == 'float16' for s in lin)
     kern = [s for s in fp16.saved if s.module.endswith('blocks.0.attn')
             and s.op == '(autograd.Function)' and len(s.shape) == 4]
-    assert kern and {s.dtype for s in kern} == {'float32'}
+    assert kern and {s.dtype for s in kern} == {'float16', 'float32'}
+    half = [s for s in kern if s.dtype == 'float16']  # one per stage
+    assert half and all(  # (B, h, N, d) view of a (B, N, 4 h d) storage
+        s.nbytes == 4 * s.shape[0] * s.shape[1] * s.shape[2] * s.shape[3] * 2
+        for s in half)
     assert not any(s.dtype in ('float16', 'bfloat16') for s in fp32.saved)
 
 

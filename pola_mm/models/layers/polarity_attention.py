@@ -214,21 +214,26 @@ class PolarityAttention(BaseModule):
         B, N, C = q.shape
         h, d = self.num_heads, self.head_dims
 
-        def heads(t: Tensor) -> Tensor:  # (B', N, C) -> (B', h, N, d)
-            return t.to(dt).reshape(t.shape[0], t.shape[1], h,
-                                    d).transpose(1, 2)
+        def heads(t: Tensor, cast: bool = True) -> Tensor:
+            # (B', N, C) -> (B', h, N, d)
+            return (t.to(dt) if cast else t).reshape(
+                t.shape[0], t.shape[1], h, d).transpose(1, 2)
 
         with torch.autocast(device_type=q.device.type, enabled=False):
-            q, k, v = heads(q), heads(k), heads(v)
+            fast = dispatch.use_kernels(q)
+            # the kernel upcasts inside and keeps q, k, v as given (under
+            # autocast fp16/bf16 views of the projection, not float32 copies)
+            kernel = fast and self.feature_map != 'pacs'
+            q, k = heads(q, not kernel), heads(k, not kernel)
+            v_in, v = heads(v, not kernel), heads(v)
             pos = heads(self.positional_table(hw))  # (1, h, N, d)
             scale = self.scale.to(dt).reshape(1, h, 1, d)
-            fast = dispatch.use_kernels(q)
             if self.feature_map == 'pacs':
                 x = self._pacs(q, k + pos, v, scale, dt, fast)
             else:
                 attend = (polarity_attention_kernel
-                          if fast else polarity_attention_pytorch)
-                x = attend(q, k, v, scale, self.power.to(dt), self.alpha,
+                          if kernel else polarity_attention_pytorch)
+                x = attend(q, k, v_in, scale, self.power.to(dt), self.alpha,
                            k_bias=pos)
             # depth-wise conv on v: the per-head kernel repeated over the
             # heads, on the channels-last (B, C, H, W) map, so its output is

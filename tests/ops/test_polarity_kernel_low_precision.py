@@ -1,0 +1,83 @@
+"""The polarity kernel on fp16/bf16 q, k, v with float32 parameters (what
+``PolarityAttention.mix`` passes under autocast): it computes in float32
+exactly what it computes on float32 copies, and keeps the low-precision
+inputs for backward instead of float32 copies."""
+import pytest
+import torch
+
+import pola_mm.ops as ops
+from pola_mm.models.layers import PolarityAttention
+from pola_mm.ops.polarity_kernel import polarity_attention_kernel
+
+from helpers import randomise
+
+
+def _inputs(dtype, seed=0, B=2, h=2, N=13, d=8):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, N, d, generator=g).to(dtype)
+               for _ in range(3))
+    scale, power = (torch.randn(1, h, 1, d, generator=g) for _ in range(2))
+    bias = torch.randn(1, h, N, d, generator=g)
+    return q, k, v, scale, power, bias
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_low_precision_inputs_equal_float32_copies(dtype):
+    """Output (float32) and every gradient equal those of the kernel on the
+    float32 upcasts (gradients then cast to the inputs' dtype); the saved
+    tensors hold the inputs' own storages and no float32 copy of them."""
+    q, k, v, scale, power, bias = _inputs(dtype)
+    lows = [t.clone().requires_grad_() for t in (q, k, v)]
+    ups = [t.float().requires_grad_() for t in (q, k, v)]
+    params = [[t.clone().requires_grad_() for t in (scale, power, bias)]
+              for _ in range(2)]
+    saved = []
+
+    def pack(t):
+        saved.append((t.untyped_storage()._cdata, t.dtype, t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = polarity_attention_kernel(*lows, *params[0][:2], 4.0,
+                                        k_bias=params[0][2])
+    ref = polarity_attention_kernel(*ups, *params[1][:2], 4.0,
+                                    k_bias=params[1][2])
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    keys = {s for s, _, _ in saved}
+    assert {t.untyped_storage()._cdata for t in lows} <= keys
+    # float32 tensors of q's shape: only the output
+    assert sum(1 for _, dt, shape in saved
+               if dt == torch.float32 and shape == q.shape) == 1
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    got = torch.autograd.grad(out, lows + params[0], g)
+    want = torch.autograd.grad(ref, ups + params[1], g)
+    for a, b, t in zip(got, want, lows + params[0]):
+        assert a.dtype == t.dtype
+        torch.testing.assert_close(a, b.to(t.dtype), rtol=0, atol=0)
+
+
+def test_attention_under_autocast_fast_equals_plain():
+    """PolarityAttention under CPU bf16 autocast: the kernel path (bf16 q,
+    k, v into the kernel) and the plain path (float32 copies into the
+    reference formula) give the same outputs and gradients."""
+    torch.manual_seed(0)
+    a = PolarityAttention(16, 2, (5, 6))
+    randomise(a, std=0.3)
+    x = torch.randn(2, 7 * 9, 16)
+    results = []
+    for plain in (False, True):
+        a.zero_grad()
+        xi = x.clone().requires_grad_()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            if plain:
+                with ops.plain_paths():
+                    y = a(xi, (7, 9))
+            else:
+                y = a(xi, (7, 9))
+        y.float().square().sum().backward()
+        results.append([y.detach().float(), xi.grad] +
+                       [p.grad.clone() for p in a.parameters()])
+    assert results[0][0].abs().max() > 0
+    for u, w in zip(*results):
+        torch.testing.assert_close(u, w, rtol=2e-2, atol=2e-2)
