@@ -23,6 +23,12 @@ def _dense(x: Tensor) -> Tensor:
     return x.contiguous(memory_format=torch.channels_last)
 
 
+def _conv_input(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` in the weight's ``dtype``, dense on the CPU."""
+    x = x.to(dtype)
+    return _dense(x) if x.device.type == 'cpu' else x
+
+
 class _DepthwiseConv2d(torch.autograd.Function):
     """``F.conv2d(..., groups=C)`` with its bias gradient taken as a plain
     sum: PyTorch's CPU convolution backward computes the bias gradient of a
@@ -30,8 +36,10 @@ class _DepthwiseConv2d(torch.autograd.Function):
     For channels-last float32 maps with the fused CPU loops built, the
     weight gradient is their ``dwconv_weight_grad`` and the input gradient
     the conv with the flipped kernel; otherwise both are PyTorch's. Saves
-    ``x`` as given (any strides: a view of a tensor kept anyway costs
-    nothing) and convolves a dense copy, made again in backward."""
+    ``x`` as given (any strides and, under autocast, fp16/bf16: a view of a
+    tensor kept anyway costs nothing) and convolves a copy in the weight's
+    dtype (dense on the CPU), made again in backward; the input gradient
+    is returned in ``x``'s dtype."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor],
@@ -39,8 +47,8 @@ class _DepthwiseConv2d(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.padding = padding
         ctx.has_bias = bias is not None
-        return F.conv2d(_dense(x), weight, bias, padding=padding,
-                        groups=x.shape[1])
+        return F.conv2d(_conv_input(x, weight.dtype), weight, bias,
+                        padding=padding, groups=x.shape[1])
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -50,7 +58,8 @@ class _DepthwiseConv2d(torch.autograd.Function):
         C, _, kh, kw = weight.shape
         ph, pw = ctx.padding
         ext = None
-        x = _dense(x)
+        x_dtype = x.dtype
+        x = _conv_input(x, weight.dtype)
         if (x.dtype == torch.float32 and grad.dtype == torch.float32
                 and x.stride(1) == 1 and grad.stride(1) == 1
                 and ph < kh and pw < kw and grad.shape == x.shape):
@@ -72,26 +81,37 @@ class _DepthwiseConv2d(torch.autograd.Function):
                 False, [0, 0], x.shape[1], [need_x, need_w, False])
         if ctx.has_bias and need_b:
             db = grad.sum(dim=(0, 2, 3))
+        if dx is not None:
+            dx = dx.to(x_dtype)
         return dx, dw, db, None
 
 
 def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                      padding: Tuple[int, int]) -> Tensor:
     """Depth-wise 2-D conv (stride 1, ``groups = channels``) of ``x``
-    ``(B, C, H, W)`` with ``weight`` ``(C, 1, kh, kw)``; in CPU training
-    (fast paths on, not exporting) through :class:`_DepthwiseConv2d`.
+    ``(B, C, H, W)`` with ``weight`` ``(C, 1, kh, kw)``, computed in the
+    weight's dtype; in training (:func:`~.dispatch.use_kernels`, autograd
+    recording) through :class:`_DepthwiseConv2d` on the CPU and, off the
+    CPU, where ``x`` is in another dtype than the weight.
 
     ``x`` may have any strides (e.g. a strided view of a projection's
-    output that autograd keeps anyway). Off the CPU it goes to the conv as
-    it is, so that autograd keeps ``x`` itself rather than a copy (the
-    dense copy cuDNN makes of a strided input is freed within the call);
-    the CPU function also keeps ``x`` and convolves a transient dense copy,
-    and the CPU's plain conv gets a dense copy."""
-    if (dispatch.fast_paths_enabled() and torch.is_grad_enabled()
-            and x.device.type == 'cpu' and not dispatch.exporting() and any(
-                t is not None and t.requires_grad
-                for t in (x, weight, bias))):
+    output that autograd keeps anyway) and a lower precision than the
+    weight (fp16/bf16 under autocast, float32 weight). Off the CPU, a
+    float32 ``x`` goes to the conv as it is, so that autograd keeps ``x``
+    itself rather than a copy (the dense copy cuDNN makes of a strided
+    input is freed within the call); the function keeps ``x`` as given and
+    convolves a transient copy in the weight's dtype (dense on the CPU);
+    without it ``x`` is cast (and on the CPU made dense) first.
+
+    Returns:
+        ``(B, C, H, W)`` in the weight's dtype.
+    """
+    if (dispatch.use_kernels(x) and torch.is_grad_enabled()
+            and (x.device.type == 'cpu' or x.dtype != weight.dtype)
+            and any(t is not None and t.requires_grad
+                    for t in (x, weight, bias))):
         return _DepthwiseConv2d.apply(x, weight, bias, tuple(padding))
+    x = x.to(weight.dtype)
     if x.device.type == 'cpu':
         x = _dense(x)
     return F.conv2d(x, weight, bias, padding=padding, groups=x.shape[1])

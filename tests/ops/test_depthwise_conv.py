@@ -69,3 +69,25 @@ def test_strided_input_gradients_equal_dense_copy():
     for a, b in zip(torch.autograd.grad(y, [proj, weight, bias], g),
                     torch.autograd.grad(ref, [proj, weight, bias], g)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('device', ['meta', 'cpu'])
+def test_low_precision_input_kept_as_given(device):
+    """A bf16 view with a float32 weight (v under autocast): the result is
+    the float32 conv of its float32 copy, only the bf16 storage is kept,
+    and the input gradient comes back in bf16."""
+    proj, v = _strided_v(device)
+    proj = proj.detach().to(torch.bfloat16).requires_grad_()
+    v = proj[..., 16:24].reshape(2, 6, 7, 8).permute(0, 3, 1, 2)
+    weight = torch.randn(8, 1, 3, 3, device=device, requires_grad=True)
+    bias = torch.randn(8, device=device, requires_grad=True)
+    y, saved = _saved_storages(
+        lambda: depthwise_conv2d(v, weight, bias, (1, 1)))
+    own = {t.untyped_storage()._cdata for t in (proj, weight, bias)}
+    assert saved <= own and proj.untyped_storage()._cdata in saved
+    assert y.dtype == torch.float32
+    (dproj, ) = torch.autograd.grad(y.sum(), [proj])
+    assert dproj.dtype == torch.bfloat16
+    if device == 'cpu':
+        ref = F.conv2d(v.float(), weight, bias, padding=(1, 1), groups=8)
+        torch.testing.assert_close(y, ref, rtol=0, atol=0)

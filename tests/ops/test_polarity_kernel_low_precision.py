@@ -59,8 +59,11 @@ def test_low_precision_inputs_equal_float32_copies(dtype):
 
 def test_attention_under_autocast_fast_equals_plain():
     """PolarityAttention under CPU bf16 autocast: the kernel path (bf16 q,
-    k, v into the kernel) and the plain path (float32 copies into the
-    reference formula) give the same outputs and gradients."""
+    k, v into the kernel and the conv) and the plain path (float32 copies
+    into the reference formula and the conv) give the same outputs and
+    gradients up to bf16 rounding (v's gradient is the sum of the kernel's
+    and the conv's bf16 parts there, one rounding of their float32 sum
+    here)."""
     torch.manual_seed(0)
     a = PolarityAttention(16, 2, (5, 6))
     randomise(a, std=0.3)
@@ -79,5 +82,6 @@ def test_attention_under_autocast_fast_equals_plain():
         results.append([y.detach().float(), xi.grad] +
                        [p.grad.clone() for p in a.parameters()])
     assert results[0][0].abs().max() > 0
-    for u, w in zip(*results):
-        torch.testing.assert_close(u, w, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+    for u, w in zip(*results):  # within 1% of each tensor's scale
+        assert (u - w).abs().max() <= 1e-2 * w.abs().max()

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ...ops import dispatch
 from ...ops.depthwise_conv import depthwise_conv2d
+from ...ops.gate_linear import gate_linear
 from ...ops.polarity_kernel import (polarity_attention_kernel,
                                     polarity_attention_pytorch,
                                     polarity_key_state, polarity_query_apply)
@@ -221,11 +222,11 @@ class PolarityAttention(BaseModule):
 
         with torch.autocast(device_type=q.device.type, enabled=False):
             fast = dispatch.use_kernels(q)
-            # the kernel upcasts inside and keeps q, k, v as given (under
-            # autocast fp16/bf16 views of the projection, not float32 copies)
+            # the kernel and the conv upcast inside and keep q, k, v as
+            # given (under autocast fp16/bf16 views of the projection, not
+            # float32 copies)
             kernel = fast and self.feature_map != 'pacs'
-            q, k = heads(q, not kernel), heads(k, not kernel)
-            v_in, v = heads(v, not kernel), heads(v)
+            q, k, v = (heads(t, not kernel) for t in (q, k, v))
             pos = heads(self.positional_table(hw))  # (1, h, N, d)
             scale = self.scale.to(dt).reshape(1, h, 1, d)
             if self.feature_map == 'pacs':
@@ -233,7 +234,7 @@ class PolarityAttention(BaseModule):
             else:
                 attend = (polarity_attention_kernel
                           if kernel else polarity_attention_pytorch)
-                x = attend(q, k, v_in, scale, self.power.to(dt), self.alpha,
+                x = attend(q, k, v, scale, self.power.to(dt), self.alpha,
                            k_bias=pos)
             # depth-wise conv on v: the per-head kernel repeated over the
             # heads, on the channels-last (B, C, H, W) map, so its output is
@@ -266,7 +267,15 @@ class PolarityAttention(BaseModule):
 
     # -- step 3 ------------------------------------------------------------
     def output(self, x: Tensor, g: Tensor) -> Tensor:
-        """Gate and output projection: ``proj(x * g)``; ``(..., C)``."""
+        """Gate and output projection: ``proj(x * g)``; ``(..., C)``.
+
+        Where autograd records and :func:`~pola_mm.ops.dispatch.use_kernels`
+        holds, one function that keeps ``x`` and ``g`` but not ``x * g``
+        for backward (:func:`~pola_mm.ops.gate_linear.gate_linear`)."""
+        if (torch.is_grad_enabled() and dispatch.use_kernels(x)
+                and x.shape == g.shape):
+            return self.proj_drop(gate_linear(x, g, self.proj.weight,
+                                              self.proj.bias))
         return self.proj_drop(self.proj(x * g))
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
