@@ -30,8 +30,8 @@ CHILD = textwrap.dedent('''
     x = torch.linspace(-2, 2, 64).reshape(1, 1, 8, 8).contiguous()
     f = torch.empty(1, 1, 8, 16)
     none = torch.empty(0)
-    mod.features(x, torch.ones(1, 8), torch.full((1, 8), 2.0), none, none,
-                 f, none)
+    mod.features(x, torch.ones(1, 8), torch.full((1, 8), 2.0), none, f,
+                 none)
     want = torch.cat([x.clamp_min(0) ** 2, (-x).clamp_min(0) ** 2], -1)
     torch.testing.assert_close(f, want, rtol=1e-5, atol=1e-6)
     print('LOADED', mod.__file__)

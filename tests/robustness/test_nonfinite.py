@@ -30,7 +30,7 @@ def _features_direct(ext, x, p):
     d = x.shape[-1]
     f = torch.empty(1, 1, x.shape[2], 2 * d)
     none = torch.empty(0)
-    ext.features(x, torch.ones(1, d), p, none, none, f, none)
+    ext.features(x, torch.ones(1, d), p, none, f, none)
     return f
 
 
@@ -60,7 +60,7 @@ def test_fused_power_grads_of_special_values(ext):
     w = torch.empty(1, 1, 1, 2 * d)
     f = torch.empty(1, 1, 1, 2 * d)
     none = torch.empty(0)
-    ext.power_grads(df, x, torch.ones(1, d), p, none, none, dx, w, f)
+    ext.power_grads(df, x, torch.ones(1, d), p, none, dx, w, f)
     finite = torch.isfinite(dx[0, 0, 0])
     assert finite.tolist() == [False] * 3 + [True] * 5
     assert dx[0, 0, 0, 7] == pytest.approx(2.5)  # d|x|^p/dx at 1
