@@ -67,7 +67,7 @@ from .models.checkpoint import (adapt_pos_tables, backbone_state_dict,
 from .models.layers import PatchEmbed, PatchMerging
 from .models.layers.position import resize_pos_table
 from .ops import plain_paths
-from .typing import Size2
+from .type_aliases import Size2
 
 __all__ = ['PolaClassifier', 'PolaSwin', 'PolaPVTClassifier',
            'PolaPPClassifier', 'checkpoint_filter_fn']

@@ -168,7 +168,8 @@ def seeded_state_dict(layout, seed: int) -> dict:
             t = 0.1 * t
         elif leaf in _WIDE or leaf.startswith('pos_embed'):
             t = 0.5 * t
-        elif leaf.startswith('gamma') or (leaf == 'weight' and len(shape) == 1):
+        elif leaf.startswith('gamma') or (leaf == 'weight'
+                                          and len(shape) == 1):
             t = 1 + 0.2 * t
         else:
             fan_in = 1

@@ -58,7 +58,7 @@ from ..models.layers import PolarityAttention, WindowMSA
 from ..models.layers.window import (MASK_VALUE, cyclic_shift, grid_padding,
                                     shift_region_mask, window_partition)
 from ..ops import plain_paths
-from ..typing import Size2
+from ..type_aliases import Size2
 
 __all__ = [
     'IMAGENET_MEAN', 'IMAGENET_STD', 'load_image', 'image_to_tensor',

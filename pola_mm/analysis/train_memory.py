@@ -60,7 +60,7 @@ from mmengine.logging import print_log
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from ..typing import Size2
+from ..type_aliases import Size2
 
 __all__ = [
     'BACKBONES', 'DEVICES', 'PRECISIONS', 'SavedTensor', 'MemoryReport',

@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..typing import Size2
+from ..type_aliases import Size2
 
 __all__ = [
     'EXPORTERS', 'ExportError', 'OutputCheck', 'build_backbone',

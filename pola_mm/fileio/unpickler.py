@@ -81,6 +81,8 @@ class InertObject:
 
     def __repr__(self) -> str:
         return f'<inert {self.inert_global}>'
+
+
 class _SafeCallable:
     """An allow-listed callable handed to the unpickler. Its state cannot be
     set from a pickle (``BUILD`` on it is refused)."""
@@ -222,6 +224,8 @@ def _encode_latin1(text: Any, encoding: Any = 'latin1') -> bytes:
     if type(text) is not str or encoding not in ('latin1', 'latin-1'):
         _refuse('_codecs.encode is only allowed on (str, "latin1")')
     return text.encode('latin-1')
+
+
 def _numpy_globals() -> Dict[Tuple[str, str], Any]:
     """:func:`~pola_mm.fileio.allow_list.numpy_globals` with the array and
     scalar constructors checked: a plain ``ndarray`` only, a real
@@ -319,6 +323,7 @@ def inert_pickle_module(record: Dict[str, int]) -> types.ModuleType:
     module.load = load
     module.UnpicklingError = pickle.UnpicklingError
     return module
+
 
 def inert_names(obj: Any, limit: int = 100000) -> List[str]:
     """``module.name`` of every :class:`InertObject` reachable in ``obj``."""

@@ -33,8 +33,8 @@ def test_both_loaders_take_numpy_from_one_table():
     assert _numpy_names(unpickler) == table
 
 
-@pytest.mark.parametrize('inert', [False, True], ids=['weights-only',
-                                                       'restricted'])
+@pytest.mark.parametrize('inert', [False, True],
+                         ids=['weights-only', 'restricted'])
 def test_numpy_values_load_as_numpy(tmp_path, inert):
     meta = dict(loss=np.float64(0.25), count=np.int64(3),
                 history=np.arange(4, dtype=np.float32))

@@ -202,8 +202,8 @@ def test_arch_errors():
 
 def test_window_rules_and_layouts():
     m = PolaSwinTransformer(arch='tiny', out_indices=(3, ))
-    assert [set(w) for w in m.window_sizes] == [{(56, 56)}, {(28, 28)},
-                                                 {(7, 7)}, {(7, 7)}]
+    assert [set(w) for w in m.window_sizes] == [
+        {(56, 56)}, {(28, 28)}, {(7, 7)}, {(7, 7)}]
     assert tuple(m.layers[0].blocks[0].attn.positional_encoding.shape) == (
         1, 3136, 96)
     m = PolaSwinTransformer(arch=SWIN_TINY_DEPTH2,

@@ -120,13 +120,13 @@ def test_plain_reference_equals_kernel(fused, monkeypatch):
     """The module's plain reference (fast paths off) and the kernel give
     the same outputs and gradients (float64); each side runs only its
     own."""
-    import pola_mm.models.layers.polarity_attention as pa
+    import pola_mm.models.layers.polarity_attention as module
     torch.manual_seed(0)
     a = PolarityAttention(16, 2, (5, 6), fused_qkvg=fused).double()
     randomise(a, std=0.3)
     x = torch.randn(2, 7 * 9, 16, dtype=torch.float64)
-    kernel = count_calls(monkeypatch, pa, 'polarity_attention_kernel')
-    plain = count_calls(monkeypatch, pa, 'polarity_attention_pytorch')
+    kernel = count_calls(monkeypatch, module, 'polarity_attention_kernel')
+    plain = count_calls(monkeypatch, module, 'polarity_attention_pytorch')
     ya = a(x.clone().requires_grad_(), (7, 9))
     assert (len(kernel), len(plain)) == (1, 0)
     b = PolarityAttention(16, 2, (5, 6), fused_qkvg=fused).double()

@@ -101,7 +101,8 @@ def test_backbone_inference_paths_match(monkeypatch, cls, arch):
         with torch.no_grad():
             _run_sizes(monkeypatch, small=True)
             mlp_calls = count_calls(monkeypatch, Mlp, 'forward_into')
-            run_calls = count_calls(monkeypatch, PolarityAttention, 'forward_in_runs')
+            run_calls = count_calls(monkeypatch, PolarityAttention,
+                                    'forward_in_runs')
             parts = model(x)
         assert len(mlp_calls) > 2 * sum(arch['depths'])
         # the polarity stages more than a run tall

@@ -148,8 +148,8 @@ def main() -> None:
             sizes=v['sizes'], layout=keep, stage_hw=stage_hw,
             n_params=sum(p.numel() for p in model.parameters()))
         torch.save(outputs, osp.join(HERE, f'{name}_io.pth'))
-        print(name, meta[name]['n_params'], {k: list(o) for k, o in
-                                              outputs.items()})
+        print(name, meta[name]['n_params'],
+              {k: list(o) for k, o in outputs.items()})
     with open(osp.join(HERE, 'variants.json'), 'w') as f:
         json.dump(meta, f, indent=1)
         f.write('\n')

@@ -62,8 +62,8 @@ def main(argv=None) -> None:
     try:
         img = load_image(args.image)
         size = None if args.size == 'orig' else parse_size(args.size)
-        backbone, meta = backbone_for_analysis(args.config, args.checkpoint,
-                                        out_indices=(args.stage - 1, ))
+        backbone, meta = backbone_for_analysis(
+            args.config, args.checkpoint, out_indices=(args.stage - 1, ))
         _, x = image_to_tensor(img, size, meta['mean'], meta['std'])
         if args.query:
             points = [tuple(float(v) for v in q.split(','))

@@ -127,6 +127,7 @@ PRESETS: Dict[str, List[BenchmarkCase]] = {
     ],
 }
 
+
 @dataclass
 class BenchmarkResult(StepMemory):
     """One model measured under one set of conditions.

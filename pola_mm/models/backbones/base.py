@@ -10,7 +10,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ...ops import dispatch
-from ...typing import Size2
+from ...type_aliases import Size2
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
 from ..layers.bricks import DropPath, build_norm_layer

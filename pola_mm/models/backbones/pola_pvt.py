@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ...ops import dispatch
 from ...registry import register_model
-from ...typing import Size2
+from ...type_aliases import Size2
 from ..layers import (PatchEmbed, PolarityAttention, SpatialReductionAttention,
                       resize_pos_table)
 from ..layers.position import check_resize_mode

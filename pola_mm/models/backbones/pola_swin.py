@@ -6,7 +6,7 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...registry import register_model
-from ...typing import Size2
+from ...type_aliases import Size2
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, WindowMSA
 from ..layers.bricks import build_norm_layer
 from ..layers.window import (crop_map, cyclic_shift, effective_window,

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...typing import Size2
+from ...type_aliases import Size2
 from .token_map import to_map, to_tokens
 
 __all__ = ['ConvFFN']

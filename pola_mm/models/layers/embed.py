@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ...ops import dispatch
 from ...ops.inference_runs import norm_in_place
-from ...typing import Size2
+from ...type_aliases import Size2
 from .bricks import build_norm_layer
 
 

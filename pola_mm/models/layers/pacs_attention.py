@@ -25,8 +25,8 @@ from torch import Tensor
 
 from ...ops import dispatch
 from ...ops.pacs_kernel import pacs_attention_kernel, pacs_features
-from ...typing import Size2
-from .heads import polarity_head_dims
+from ...type_aliases import Size2
+from .attention_args import polarity_head_dims
 from .rotary import rotary_tables, theta_shift
 
 __all__ = [

@@ -10,7 +10,7 @@ import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...typing import Size2
+from ...type_aliases import Size2
 from .bricks import DropPath
 from .conv_embed import ConvDownsample
 from .conv_ffn import ConvFFN

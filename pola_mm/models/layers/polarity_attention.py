@@ -19,9 +19,9 @@ from ...ops.polarity_kernel import (polarity_attention_kernel,
                                     polarity_attention_pytorch,
                                     polarity_key_state, polarity_query_apply)
 from ...ops.token_runs import split_linear_in_runs
-from ...typing import Size2
+from ...type_aliases import Size2
 from .embed import pad_for_stride
-from .heads import polarity_head_dims
+from .attention_args import polarity_head_dims
 from .pacs_attention import add_pacs_temperatures, pacs_attend
 from .position import check_resize_mode, resize_pos_table
 

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...ops import dispatch
-from ...typing import Size2
+from ...type_aliases import Size2
 
 
 #: Interpolation modes a table may be resized with.
@@ -26,10 +26,11 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2,
     """Resize a learned ``(1, Hr * Wr, C)`` token table to ``(1, H * W, C)``.
 
     ``mode`` (``'bicubic'`` or ``'bilinear'``), ``align_corners=False``, on
-    the 2-D grid; the table itself is returned at its reference size. Where no gradient is needed (inference,
-    frozen tables), the resized table is cached on ``table`` for the last
-    ``hw`` and reused until the table changes (in place or by a move); the
-    result must then not be modified in place.
+    the 2-D grid; the table itself is returned at its reference size. Where
+    no gradient is needed (inference, frozen tables), the resized table is
+    cached on ``table`` for the last ``hw`` and reused until the table
+    changes (in place or by a move); the result must then not be modified in
+    place.
     """
     if tuple(hw) == tuple(ref_hw):
         return table

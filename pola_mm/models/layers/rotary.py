@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ...ops.rotary import rotate_every_two, theta_shift
-from ...typing import Size2
+from ...type_aliases import Size2
 
 __all__ = ['rotary_tables', 'rotate_every_two', 'theta_shift']
 

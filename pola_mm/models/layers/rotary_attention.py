@@ -8,7 +8,7 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...ops import dispatch
-from ...typing import Size2
+from ...type_aliases import Size2
 from .rotary import rotary_tables, theta_shift
 from .token_map import to_map, to_tokens
 

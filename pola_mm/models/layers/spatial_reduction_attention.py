@@ -5,7 +5,7 @@ import torch.nn as nn
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...typing import Size2
+from ...type_aliases import Size2
 from .bricks import build_norm_layer
 from .embed import pad_for_stride
 

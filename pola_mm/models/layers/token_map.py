@@ -6,7 +6,7 @@ downsampling) on maps ``(B, C, H, W)``.
 """
 from torch import Tensor
 
-from ...typing import Size2
+from ...type_aliases import Size2
 
 __all__ = ['to_map', 'to_tokens']
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...typing import Pad4, Size2
+from ...type_aliases import Pad4, Size2
 
 #: Additive value the authors (and Swin) use for masked attention logits.
 MASK_VALUE = -100.0

@@ -8,7 +8,7 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...ops import dispatch
-from ...typing import Size2
+from ...type_aliases import Size2
 
 
 def relative_position_index(window: Size2, table_window: Size2) -> Tensor:
@@ -122,7 +122,7 @@ class WindowMSA(BaseModule):
         return self.proj_drop(self.proj(x))
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, window: Size2,
-               mask: Optional[Tensor]) -> Tensor:
+              mask: Optional[Tensor]) -> Tensor:
         B_, h, N, d = q.shape
         # a 4-D mask: with 3-D or 5-D operands torch 2.14's CPU kernel falls
         # back to a path slower than the explicit one

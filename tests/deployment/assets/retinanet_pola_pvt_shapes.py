@@ -3,7 +3,8 @@
 # Its weights (retinanet_pola_pvt_shapes.pth, float16) come from
 #
 #   python tools/misc/make_shapes_dataset.py --out data/shapes
-#   python tools/train.py tests/deployment/assets/retinanet_pola_pvt_shapes.py \
+#   python tools/train.py \
+#       tests/deployment/assets/retinanet_pola_pvt_shapes.py \
 #       --work-dir work_dirs/retinanet_shapes
 #
 # (400 iterations of 8 images, seed 0), state dict converted to float16.
