@@ -184,6 +184,13 @@ class PolarityAttention(BaseModule):
             k, v = split(self.kv, 2)
         return q, k, v, g
 
+    def split_heads(self, t: Tensor) -> Tensor:
+        """Tokens ``(B', ..., C)`` (any token layout, e.g. ``(B', N, C)`` or
+        a run of grid rows ``(B', r, W, C)``) -> ``(B', h, L, d)`` with the
+        ``L`` tokens in row-major order (a view where the layout allows)."""
+        return t.reshape(t.shape[0], -1, self.num_heads,
+                         self.head_dims).transpose(1, 2)
+
     def positional_table(self, hw: Size2) -> Tensor:
         """``positional_encoding`` for a grid ``hw``: ``(1, H * W, C)``.
 
@@ -215,19 +222,15 @@ class PolarityAttention(BaseModule):
         B, N, C = q.shape
         h, d = self.num_heads, self.head_dims
 
-        def heads(t: Tensor, cast: bool = True) -> Tensor:
-            # (B', N, C) -> (B', h, N, d)
-            return (t.to(dt) if cast else t).reshape(
-                t.shape[0], t.shape[1], h, d).transpose(1, 2)
-
         with torch.autocast(device_type=q.device.type, enabled=False):
             fast = dispatch.use_kernels(q)
             # the kernel and the conv upcast inside and keep q, k, v as
             # given (under autocast fp16/bf16 views of the projection, not
             # float32 copies)
             kernel = fast and self.feature_map != 'pacs'
-            q, k, v = (heads(t, not kernel) for t in (q, k, v))
-            pos = heads(self.positional_table(hw))  # (1, h, N, d)
+            q, k, v = (self.split_heads(t if kernel else t.to(dt))
+                       for t in (q, k, v))
+            pos = self.split_heads(self.positional_table(hw).to(dt))
             scale = self.scale.to(dt).reshape(1, h, 1, d)
             if self.feature_map == 'pacs':
                 x = self._pacs(q, k + pos, v, scale, dt, fast)
@@ -312,13 +315,9 @@ class PolarityAttention(BaseModule):
         out_dtype = q.dtype
         dt = torch.promote_types(out_dtype, torch.float32)
 
-        def heads(t: Tensor) -> Tensor:  # (B', L, C) -> (B', h, L, d)
-            return t.to(dt).reshape(t.shape[0], t.shape[1], h,
-                                    d).transpose(1, 2)
-
         with torch.autocast(device_type=x.device.type, enabled=False):
-            q, k, v = heads(q), heads(k), heads(v)
-            k = k + heads(self.positional_table(kv_hw))
+            q, k, v = (self.split_heads(t.to(dt)) for t in (q, k, v))
+            k = k + self.split_heads(self.positional_table(kv_hw).to(dt))
             scale = self.scale.to(dt).reshape(1, h, 1, d)
             if self.feature_map == 'pacs':
                 y = self._pacs(q, k, v, scale, dt, fast=False)
@@ -392,16 +391,14 @@ class PolarityAttention(BaseModule):
             run = xmap[:, r0:r1]
             return run if norm is None else norm(run)
 
-        def heads(t: Tensor) -> Tensor:  # (B', r, W, C) -> (B', h, r W, d)
-            return t.reshape(t.shape[0], -1, h, d).transpose(1, 2)
-
         vmap = x.new_empty(B, H, W, C)
         state: Optional[Tensor] = None
         for r0, r1 in runs:
             k, v = self.project_parts(inputs(r0, r1), (1, 2))
             vmap[:, r0:r1] = v
-            part = polarity_key_state(heads(k), heads(v), scale, power,
-                                      self.alpha, heads(pos[:, r0:r1]))
+            part = polarity_key_state(
+                self.split_heads(k), self.split_heads(v), scale, power,
+                self.alpha, self.split_heads(pos[:, r0:r1]))
             state = part if state is None else state.add_(part)
         assert state is not None
         weight, bias = self.dwc_params(x.dtype)
@@ -412,8 +409,8 @@ class PolarityAttention(BaseModule):
         pending: List[Tuple[int, int, Tensor]] = []
         for r0, r1 in runs:
             q, g = self.project_parts(inputs(r0, r1), (0, 3))
-            y = polarity_query_apply(heads(q), state, float(N), scale, power,
-                                     self.alpha)
+            y = polarity_query_apply(self.split_heads(q), state, float(N),
+                                     scale, power, self.alpha)
             lo, hi = max(r0 - ph, 0), min(r1 + ph, H)
             halo = F.pad(vchw[:, :, lo:hi],
                          (0, 0, ph - (r0 - lo), ph - (hi - r1)))
