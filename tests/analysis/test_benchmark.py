@@ -77,6 +77,34 @@ def test_worker_error_is_reported():
     assert 'KeyError' in r.error
 
 
+def test_results_share_the_step_fields_and_round_trip_json():
+    """BenchmarkResult and SeqLenResult take the steps, memory and error
+    from StepMemory (declared once), keep their own required fields first,
+    and read back what they wrote as JSON."""
+    from dataclasses import fields
+
+    from pola_mm.analysis.benchmark import SeqLenResult
+    from pola_mm.analysis.benchmark.worker import StepMemory
+    shared = [f.name for f in fields(StepMemory)]
+    assert shared == ['times', 'time_median', 'peak_mem_mb', 'base_mem_mb',
+                      'threads', 'error']
+    for cls, own in ((BenchmarkResult, 'name'), (SeqLenResult, 'method')):
+        names = [f.name for f in fields(cls)]
+        assert names[0] == own and names.count('times') == 1
+        assert 'times' not in cls.__dict__.get('__annotations__', {})
+    r = BenchmarkResult('swin_t', 'infer', (8, 16), 1, 'cpu', 'float32',
+                        title='t')
+    r.record(dict(times=[0.3, 0.1, 0.2], peak_mem_mb=300.0,
+                  base_mem_mb=120.0, threads=2))
+    assert r.time_median == 0.2 and r.extra_mem_mb == 180.0
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d['size'] == [8, 16] and d['extra_mem_mb'] == 180.0
+    assert BenchmarkResult.from_dict(d) == r
+    s = SeqLenResult('naive', 'fwd', 64, (8, 8), 1, 1, 32, 'cpu',
+                     skipped='cap')
+    assert SeqLenResult.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
 def _fake(name, title, size, t, mem, base=100.0, mode='infer'):
     return BenchmarkResult(
         name=name, mode=mode, size=size, batch=1, device='cpu',

@@ -19,7 +19,7 @@ import copy
 import statistics
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
                     Union)
 
@@ -129,37 +129,29 @@ PRESETS: Dict[str, List[BenchmarkCase]] = {
 
 
 @dataclass
-class BenchmarkResult(StepMemory):
-    """One model measured under one set of conditions.
-
-    Times are seconds per step; memory is MiB (see the module docstring for
-    what peak and base mean on each device). ``error`` is set, and the
-    numbers are None, when the worker failed (out of memory, a model that
-    cannot run at this size, a timeout).
-    """
+class _BackboneKey:
+    """What a :class:`BenchmarkResult` measured (its required fields)."""
     name: str
     mode: str
     size: Size
     batch: int
     device: str
     dtype: str
-    times: List[float] = field(default_factory=list)
-    time_median: Optional[float] = None
+
+
+@dataclass
+class BenchmarkResult(StepMemory, _BackboneKey):
+    """One model measured under one set of conditions.
+
+    The steps, memory and ``error`` are those of
+    :class:`~pola_mm.analysis.benchmark.worker.StepMemory`; built as
+    ``BenchmarkResult(name, mode, size, batch, device, dtype, ...)``.
+    """
     time_min: Optional[float] = None
-    peak_mem_mb: Optional[float] = None
-    base_mem_mb: Optional[float] = None
-    threads: Optional[int] = None
     torch_version: Optional[str] = None
     num_params: Optional[int] = None
     cpu_ext: Optional[bool] = None
     title: str = ''
-    error: Optional[str] = None
-
-    def to_dict(self) -> Dict[str, Any]:
-        """A JSON-serialisable dict of the fields."""
-        d = asdict(self)
-        d['size'] = list(self.size)
-        return d
 
 
 def parse_size(text: Union[str, int, Sequence[int]]) -> Size:
@@ -378,10 +370,9 @@ def benchmark_model(model: ModelSpec,
     if 'error' in out:
         result.error = out['error']
         return result
-    for key in ('times', 'peak_mem_mb', 'base_mem_mb', 'threads',
-                'torch_version', 'num_params', 'cpu_ext'):
+    result.record(out)
+    for key in ('torch_version', 'num_params', 'cpu_ext'):
         setattr(result, key, out.get(key))
-    result.time_median = statistics.median(result.times)
     result.time_min = min(result.times)
     return result
 

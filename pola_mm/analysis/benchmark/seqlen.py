@@ -8,8 +8,7 @@ out, forward and forward + backward, each length in its own process (see
 against the number of tokens tell linear from quadratic.
 """
 import math
-import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mmengine.logging import print_log
@@ -27,12 +26,8 @@ SEQ_MODES: Tuple[str, ...] = ('fwd', 'fwd+bwd')
 
 
 @dataclass
-class SeqLenResult(StepMemory):
-    """One attention method at one sequence length (see :func:`run_seqlen`).
-
-    ``skipped`` says why a case was not run (a cap would be exceeded);
-    ``error`` holds a failure (out of memory, timeout).
-    """
+class _SeqLenKey:
+    """What a :class:`SeqLenResult` measured (its required fields)."""
     method: str
     mode: str
     tokens: int
@@ -41,19 +36,17 @@ class SeqLenResult(StepMemory):
     heads: int
     head_dims: int
     device: str
-    times: List[float] = field(default_factory=list)
-    time_median: Optional[float] = None
-    peak_mem_mb: Optional[float] = None
-    base_mem_mb: Optional[float] = None
-    threads: Optional[int] = None
-    error: Optional[str] = None
-    skipped: Optional[str] = None
 
-    def to_dict(self) -> Dict[str, Any]:
-        d = asdict(self)
-        d['grid'] = list(self.grid)
-        d['extra_mem_mb'] = self.extra_mem_mb
-        return d
+
+@dataclass
+class SeqLenResult(StepMemory, _SeqLenKey):
+    """One attention method at one sequence length (see :func:`run_seqlen`).
+
+    The steps, memory and ``error`` (a failure: out of memory, timeout) are
+    those of :class:`~pola_mm.analysis.benchmark.worker.StepMemory`;
+    ``skipped`` says why a case was not run (a cap would be exceeded).
+    """
+    skipped: Optional[str] = None
 
 
 def seq_grid(tokens: int) -> Size:
@@ -202,11 +195,7 @@ def run_seqlen(tokens: Sequence[int],
                         r.error = out['error']
                         stop = f'stopped after {n} tokens failed'
                     else:
-                        r.times = out['times']
-                        r.time_median = statistics.median(r.times)
-                        r.peak_mem_mb = out['peak_mem_mb']
-                        r.base_mem_mb = out['base_mem_mb']
-                        r.threads = out['threads']
+                        r.record(out)
                         if r.time_median > time_cap_s:
                             stop = (f'stopped: {n} tokens took '
                                     f'{r.time_median:.1f} s > cap '

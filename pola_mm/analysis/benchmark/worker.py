@@ -20,9 +20,11 @@ import json
 import os
 import os.path as osp
 import resource
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = [
@@ -37,11 +39,29 @@ Size = Tuple[int, int]
 RESULT_MARK = '@@POLA_BENCHMARK_RESULT@@'
 
 
+@dataclass
 class StepMemory:
-    """``extra_mem_mb`` of a result with ``peak_mem_mb`` and
-    ``base_mem_mb``."""
-    peak_mem_mb: Optional[float]
-    base_mem_mb: Optional[float]
+    """What every benchmark result holds: the timed steps, their memory and
+    the failure, if any.
+
+    Times are seconds per step, memory is MiB (peak and base as in the
+    module docstring). ``error`` is set, and the numbers are None, when the
+    worker failed (out of memory, a model that cannot run at this size, a
+    timeout).
+
+    A result class puts the fields that name what was measured (all
+    required) in a dataclass of its own and lists it *after* this one among
+    its bases, ``class Result(StepMemory, _Key)``: dataclasses collect the
+    fields of the bases from the last to the first, so the required fields
+    come first and the result is built as ``Result(key..., times=...)`` on
+    every Python the package supports (``kw_only`` needs 3.10).
+    """
+    times: List[float] = field(default_factory=list)
+    time_median: Optional[float] = None
+    peak_mem_mb: Optional[float] = None
+    base_mem_mb: Optional[float] = None
+    threads: Optional[int] = None
+    error: Optional[str] = None
 
     @property
     def extra_mem_mb(self) -> Optional[float]:
@@ -49,6 +69,36 @@ class StepMemory:
         if self.peak_mem_mb is None or self.base_mem_mb is None:
             return None
         return self.peak_mem_mb - self.base_mem_mb
+
+    def record(self, out: Dict[str, Any]) -> None:
+        """Take the steps of a worker's result dict (``times``,
+        ``peak_mem_mb``, ``base_mem_mb``, ``threads``; see
+        :func:`timed_steps`) and their median."""
+        self.times = list(out['times'])
+        self.time_median = statistics.median(self.times)
+        self.peak_mem_mb = out.get('peak_mem_mb')
+        self.base_mem_mb = out.get('base_mem_mb')
+        self.threads = out.get('threads')
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-serialisable dict: the fields (tuples as lists) and
+        ``extra_mem_mb``."""
+        d = {k: list(v) if isinstance(v, tuple) else v
+             for k, v in asdict(self).items()}
+        d['extra_mem_mb'] = self.extra_mem_mb
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> 'StepMemory':
+        """The result of a :meth:`to_dict` dict (read back from JSON):
+        lists become tuples where the field is a :data:`Size`, derived keys
+        such as ``extra_mem_mb`` are dropped."""
+        kw = {}
+        for f in fields(cls):
+            if f.name in d:
+                v = d[f.name]
+                kw[f.name] = tuple(v) if f.type == Size and v else v
+        return cls(**kw)
 
 
 def current_rss_mb() -> float:
