@@ -165,6 +165,90 @@ def test_tiny_pola_backbones(cfg, mode):
             in format_table([r]))
 
 
+@pytest.mark.skipif(not _has_backbones(), reason='backbones not built yet')
+def test_onnxruntime_mode_checks_times_and_pairs(monkeypatch):
+    """--runtime onnxruntime: each model exported, checked against PyTorch
+    and timed in ONNX Runtime; a tiny Pola-Swin against a stand-in for its
+    softmax baseline (in this process, to stay fast; the worker path is
+    the next test)."""
+    pytest.importorskip('onnxruntime')
+    from pola_mm.analysis.benchmark import backbones as bm
+    monkeypatch.setitem(bm.MODEL_ZOO, 'pola_swin_t', SWIN_CFG)
+    monkeypatch.setitem(bm.MODEL_ZOO, 'swin_t', CONV)
+    case = BenchmarkCase('ort 64', ('pola_swin_t', 'swin_t'), 'infer',
+                         (64, 64), 1)
+    lines = []
+    rs = run_benchmarks([case], log=lines.append, repeats=2, isolate=False,
+                        runtime='onnxruntime')
+    for r in rs:
+        assert r.error is None, r.error
+        assert r.runtime == 'onnxruntime' and r.exporter == 'torchscript'
+        assert len(r.times) == 2 and all(t > 0 for t in r.times)
+        assert 0 < r.time_min <= r.time_median
+        assert r.peak_mem_mb >= r.base_mem_mb > 0
+        assert 0 <= r.onnx_rel_diff < 1e-4
+        assert r.export_s > 0 and r.opset > 0 and r.ort_version
+        assert r.num_params > 0 and r.cpu_ext is None
+    ratios = compute_ratios(rs)
+    assert ratios[0][0] == pytest.approx(rs[0].time_median /
+                                         rs[1].time_median)
+    assert 1 not in ratios
+    table = format_table(rs)
+    assert '| ORT vs PyTorch |' in table and 'infer onnxruntime' in table
+    assert 'export time (s): pola_swin_t' in table
+    assert 'Fused CPU loops' not in table
+    # a PyTorch result of the same case is not its ONNX Runtime baseline
+    torch_base = BenchmarkResult('swin_t', 'infer', (64, 64), 1, 'cpu',
+                                 'float32', times=[1.0], time_median=1.0,
+                                 time_min=1.0, peak_mem_mb=1.0,
+                                 base_mem_mb=1.0, title='ort 64')
+    assert compute_ratios([rs[0], torch_base]) == {}
+    # beyond the tolerance the case fails, with the difference reported
+    bad = benchmark_model(SWIN_CFG, size=64, repeats=1, isolate=False,
+                          runtime='onnxruntime', rtol=1e-12)
+    assert 'differs from PyTorch' in bad.error and bad.onnx_rel_diff > 0
+    assert bad.time_median is None
+
+
+def test_onnxruntime_mode_in_workers():
+    """The ONNX Runtime mode in its worker processes: threads, memory and
+    the check come back as JSON; training and GPUs are refused."""
+    pytest.importorskip('onnxruntime')
+    r = benchmark_model(CONV, size='16x24', repeats=2, threads=1,
+                        name='conv', timeout=300, runtime='onnxruntime')
+    assert r.error is None, r.error
+    assert r.threads == 1 and len(r.times) == 2 and r.time_median > 0
+    assert r.peak_mem_mb >= r.base_mem_mb > 0
+    assert 0 <= r.onnx_rel_diff < 1e-4 and r.num_params == 4 * 3 * 9 + 4
+    assert BenchmarkResult.from_dict(json.loads(json.dumps(
+        r.to_dict()))) == r
+    r = benchmark_model(CONV, mode='train', size=8, runtime='onnxruntime')
+    assert 'inference on the CPU in float32 only' in r.error
+    with pytest.raises(ValueError, match='runtime must be'):
+        benchmark_model(CONV, size=8, runtime='tensorrt')
+
+
+def test_cli_parses_the_onnxruntime_mode(monkeypatch):
+    path = osp.join(REPO, 'tools', 'analysis', 'benchmark.py')
+    tool = load_tool('analysis', 'benchmark.py')
+    monkeypatch.setattr(sys, 'argv', [path, '--models', 'pola_pvt_t'])
+    args = tool.parse_args()
+    assert (args.runtime, args.exporter, args.opset) == (
+        'pytorch', 'torchscript', None)
+    monkeypatch.setattr(sys, 'argv', [
+        path, '--runtime', 'onnxruntime', '--models', 'pola_swin_t',
+        'swin_t', '--size', '800x1344', '--threads', '2', '--opset', '17'])
+    args = tool.parse_args()
+    assert (args.runtime, args.opset, args.threads) == ('onnxruntime', 17,
+                                                        2)
+    for bad in (['--mode', 'train'], ['--batch', '2'], ['--dtype', 'bf16'],
+                ['--seqlen', '64']):
+        monkeypatch.setattr(sys, 'argv',
+                            [path, '--runtime', 'onnxruntime'] + bad)
+        with pytest.raises(SystemExit):
+            tool.parse_args()
+
+
 def test_cli_help():
     root = REPO
     out = subprocess.run(

@@ -13,6 +13,12 @@ Each model runs in its own process. Examples::
     # PolaPP-b2 (PolaFormer++): PaCS kernel vs plain formula vs Pola-Swin-T
     python tools/analysis/benchmark.py --preset polapp
 
+    # what is deployed: each backbone exported (checked against PyTorch)
+    # and timed in ONNX Runtime on the CPU, with the same ratios
+    python tools/analysis/benchmark.py --runtime onnxruntime \\
+        --models pola_swin_t swin_t pola_pvt_t pvt_t --size 800x1344 \\
+        --threads 2
+
     # a sweep over resolutions with a plot
     python tools/analysis/benchmark.py --models pola_pvt_t pvt_t \\
         --size 256 512 800x1344 --plot pvt_sweep.png
@@ -35,7 +41,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
 from typing import List, Optional, Sequence, Tuple  # noqa: E402
 
 from pola_mm.analysis.benchmark import (  # noqa: E402
-    MODEL_ZOO, PRESETS, SEQ_METHODS, SEQ_MODES, BenchmarkCase,
+    MODEL_ZOO, PRESETS, RUNTIMES, SEQ_METHODS, SEQ_MODES, BenchmarkCase,
     BenchmarkResult, compute_ratios, format_ratio, format_seqlen_table,
     format_table, parse_size, plot_results, plot_seqlen, run_benchmarks,
     run_seqlen, size_str)
@@ -125,6 +131,19 @@ def parse_args() -> argparse.Namespace:
                         help='torch.set_num_threads in each worker')
     parser.add_argument('--timeout', type=float, default=None,
                         help='seconds after which a worker is killed')
+    parser.add_argument('--runtime', choices=RUNTIMES, default='pytorch',
+                        help='onnxruntime: export each backbone (the '
+                        'project\'s export_onnx), check ONNX Runtime '
+                        'against PyTorch and time session.run (CPU, '
+                        'float32, inference; train cases of a preset are '
+                        'left out)')
+    parser.add_argument('--exporter', choices=['torchscript', 'dynamo'],
+                        default='torchscript',
+                        help='exporter of --runtime onnxruntime (dynamo for '
+                        'a batch other than 1)')
+    parser.add_argument('--opset', type=int, default=None,
+                        help='ONNX opset of --runtime onnxruntime (default: '
+                        "the exporter's)")
     parser.add_argument('--plot', metavar='PNG',
                         help='write time and memory against resolution')
     parser.add_argument('--json', metavar='FILE', help='write raw results')
@@ -145,7 +164,20 @@ def parse_args() -> argparse.Namespace:
     seq.add_argument('--time-cap', type=float, default=60, metavar='S',
                      help='stop a method after a step slower than this '
                      '(default 60 s)')
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.runtime == 'onnxruntime':
+        if args.seqlen:
+            parser.error('--runtime onnxruntime measures backbones, not '
+                         'the --seqlen mode')
+        if args.device != 'cpu' or args.dtype != 'float32':
+            parser.error('--runtime onnxruntime runs on the CPU in float32')
+        if args.mode != 'infer' and not args.preset:
+            parser.error('--runtime onnxruntime measures inference only '
+                         '(--mode infer)')
+        if args.batch != 1 and args.exporter != 'dynamo':
+            parser.error('a batch other than 1 in ONNX Runtime needs '
+                         '--exporter dynamo')
+    return args
 
 
 def main_seqlen(args: argparse.Namespace) -> None:
@@ -190,19 +222,34 @@ def main() -> None:
             cases.append(
                 BenchmarkCase(f'{args.mode} {size_str(hw)} b{args.batch}',
                               tuple(args.models), args.mode, hw, args.batch))
+    if args.runtime == 'onnxruntime':
+        left = [c.title for c in cases if c.mode != 'infer']
+        cases = [c for c in cases if c.mode == 'infer']
+        if left:
+            print('ONNX Runtime measures inference only; left out: '
+                  + ', '.join(left))
+        if any(c.batch != 1 for c in cases) and args.exporter != 'dynamo':
+            sys.exit('a batch other than 1 in ONNX Runtime needs '
+                     '--exporter dynamo')
     import torch
     load0 = os.getloadavg()
     t0 = time.time()
     results = run_benchmarks(
         cases, rounds=args.rounds, log=lambda m: print(m, flush=True),
         device=args.device, dtype=args.dtype, warmup=args.warmup,
-        repeats=args.repeats, threads=args.threads, timeout=args.timeout)
+        repeats=args.repeats, threads=args.threads, timeout=args.timeout,
+        runtime=args.runtime, exporter=args.exporter, opset=args.opset)
     load1 = os.getloadavg()
     threads = sorted({r.threads for r in results if r.threads})
     print()
     cpu = platform.processor() or platform.machine()
-    print(f'torch {torch.__version__}, {cpu}, {os.cpu_count()} CPUs, '
-          f'threads {threads}, device {args.device}, '
+    runtime = ''
+    if args.runtime == 'onnxruntime':
+        import onnxruntime
+        runtime = (f'onnxruntime {onnxruntime.__version__} '
+                   f'({args.exporter} export), ')
+    print(f'torch {torch.__version__}, {runtime}{cpu}, {os.cpu_count()} '
+          f'CPUs, threads {threads}, device {args.device}, '
           f'dtype {args.dtype}, warm-up {args.warmup}, median of '
           f'{args.repeats} x {args.rounds} round(s); load average '
           f'{load0[0]:.2f} at start, {load1[0]:.2f} at end; '

@@ -4,6 +4,8 @@
   timed steps, peak memory);
 - :mod:`.backbones`: backbones, Pola and softmax side by side
   (``tools/analysis/benchmark.py``);
+- :mod:`.onnxrt`: the backbones exported, checked and timed in ONNX Runtime
+  (``tools/analysis/benchmark.py --runtime onnxruntime``);
 - :mod:`.seqlen`: the attention alone against sequence length
   (``tools/analysis/benchmark.py --seqlen``).
 """
@@ -13,6 +15,7 @@ from .backbones import (BASELINES, MODEL_ZOO, PRESETS, BenchmarkCase,
                         compute_growth, compute_ratios, format_ratio,
                         format_table, measure,
                         parse_size, plot_results, run_benchmarks, size_str)
+from .onnxrt import RUNTIMES
 from .seqlen import (SEQ_METHODS, SEQ_MODES, SeqLenResult, fit_slopes,
                      format_seqlen_table, measure_seqlen, naive_bytes,
                      plot_seqlen, run_seqlen, seq_grid)
@@ -23,7 +26,7 @@ __all__ = [
     'Size', 'baseline_of', 'benchmark_model', 'build_benchmark_model',
     'build_with_plain_paths', 'compute_growth', 'compute_ratios',
     'format_ratio', 'format_table', 'measure', 'parse_size', 'plot_results',
-    'run_benchmarks', 'size_str', 'SEQ_METHODS', 'SEQ_MODES', 'SeqLenResult',
-    'fit_slopes', 'format_seqlen_table', 'measure_seqlen', 'naive_bytes',
-    'plot_seqlen', 'run_seqlen', 'seq_grid'
+    'run_benchmarks', 'size_str', 'RUNTIMES', 'SEQ_METHODS', 'SEQ_MODES',
+    'SeqLenResult', 'fit_slopes', 'format_seqlen_table', 'measure_seqlen',
+    'naive_bytes', 'plot_seqlen', 'run_seqlen', 'seq_grid'
 ]

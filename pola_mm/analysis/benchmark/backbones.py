@@ -14,6 +14,10 @@ The softmax baselines are mmdet's ``SwinTransformer`` (configured as in
 mmdet's Swin-T Mask R-CNN) and ``PyramidVisionTransformer`` (PVT-T, as in
 mmdet's PVT RetinaNet). mmdet is imported only when such a model is built, in
 the worker process.
+
+``runtime='onnxruntime'`` measures inference of the exported backbone in
+ONNX Runtime instead, checked against PyTorch first (see
+:mod:`pola_mm.analysis.benchmark.onnxrt`).
 """
 import copy
 import statistics
@@ -152,6 +156,16 @@ class BenchmarkResult(StepMemory, _BackboneKey):
     num_params: Optional[int] = None
     cpu_ext: Optional[bool] = None
     title: str = ''
+    #: ``'pytorch'`` or ``'onnxruntime'``; the ONNX Runtime mode also fills
+    #: the fields below (see :mod:`pola_mm.analysis.benchmark.onnxrt`).
+    runtime: str = 'pytorch'
+    #: Largest max abs difference ONNX Runtime vs PyTorch over the outputs,
+    #: relative to each output's scale.
+    onnx_rel_diff: Optional[float] = None
+    exporter: Optional[str] = None
+    opset: Optional[int] = None
+    export_s: Optional[float] = None
+    ort_version: Optional[str] = None
 
 
 def parse_size(text: Union[str, int, Sequence[int]]) -> Size:
@@ -323,7 +337,11 @@ def benchmark_model(model: ModelSpec,
                     isolate: bool = True,
                     timeout: Optional[float] = None,
                     name: Optional[str] = None,
-                    preload: Sequence[str] = ()) -> BenchmarkResult:
+                    preload: Sequence[str] = (),
+                    runtime: str = 'pytorch',
+                    exporter: Optional[str] = None,
+                    opset: Optional[int] = None,
+                    rtol: float = 1e-4) -> BenchmarkResult:
     """Time and peak memory of one backbone step.
 
     Args:
@@ -349,6 +367,16 @@ def benchmark_model(model: ModelSpec,
         preload: modules the worker imports before building the model (the
             same for every model of a comparison, so that library memory
             does not bias the peak-memory ratio).
+        runtime: ``'pytorch'``, or ``'onnxruntime'``: export the backbone,
+            check ONNX Runtime against PyTorch, time ``session.run`` (CPU,
+            float32, inference only; see
+            :mod:`pola_mm.analysis.benchmark.onnxrt`).
+        exporter: the exporter of the ONNX Runtime mode (default
+            ``'torchscript'``; ``'dynamo'`` for a batch other than 1).
+        opset: the ONNX opset of the ONNX Runtime mode (default: the
+            exporter's).
+        rtol: the ONNX Runtime mode fails a model whose outputs differ from
+            PyTorch's by more than this fraction of their scale.
 
     Returns:
         BenchmarkResult: with ``error`` set if the measurement failed.
@@ -358,7 +386,14 @@ def benchmark_model(model: ModelSpec,
         name = model if isinstance(model, str) else 'custom'
     result = BenchmarkResult(
         name=name, mode=mode, size=hw, batch=batch, device=device,
-        dtype=dtype)
+        dtype=dtype, runtime=runtime)
+    if runtime == 'onnxruntime':
+        return _benchmark_onnxruntime(result, model, warmup, repeats,
+                                      threads, isolate, timeout, preload,
+                                      exporter, opset, rtol)
+    if runtime != 'pytorch':
+        raise ValueError(f"runtime must be 'pytorch' or 'onnxruntime', got "
+                         f'{runtime!r}')
     job = dict(model=model, mode=mode, size=list(hw), batch=batch,
                device=device, dtype=dtype, warmup=warmup, repeats=repeats,
                threads=threads, preload=list(preload))
@@ -377,8 +412,42 @@ def benchmark_model(model: ModelSpec,
     return result
 
 
+def _benchmark_onnxruntime(result: BenchmarkResult, model: ModelSpec,
+                           warmup: int, repeats: int,
+                           threads: Optional[int], isolate: bool,
+                           timeout: Optional[float],
+                           preload: Sequence[str], exporter: Optional[str],
+                           opset: Optional[int],
+                           rtol: float) -> BenchmarkResult:
+    """The ONNX Runtime mode of :func:`benchmark_model`, filling
+    ``result``."""
+    from .onnxrt import DEFAULT_EXPORTER, run_onnxruntime
+    result.exporter = exporter or DEFAULT_EXPORTER
+    if result.mode != 'infer' or result.device != 'cpu' or \
+            result.dtype not in ('float32', 'fp32'):
+        result.error = ('the onnxruntime runtime measures inference on the '
+                        'CPU in float32 only (got mode '
+                        f'{result.mode}, device {result.device}, dtype '
+                        f'{result.dtype})')
+        return result
+    out = run_onnxruntime(model, size=result.size, batch=result.batch,
+                          warmup=warmup, repeats=repeats, threads=threads,
+                          exporter=result.exporter, opset=opset, rtol=rtol,
+                          isolate=isolate, timeout=timeout, preload=preload)
+    for key in ('onnx_rel_diff', 'opset', 'export_s', 'torch_version',
+                'num_params', 'ort_version'):
+        setattr(result, key, out.get(key))
+    if 'error' in out:
+        result.error = out['error']
+        return result
+    result.record(out)
+    result.time_min = min(result.times)
+    return result
+
+
 def _merge(a: BenchmarkResult, b: BenchmarkResult) -> BenchmarkResult:
-    """Pool the rounds of one measurement: all times, the largest peak."""
+    """Pool the rounds of one measurement: all times, the largest peak (and
+    the largest ONNX Runtime difference)."""
     if a.error or b.error:
         return a if a.error else b
     a.times = a.times + b.times
@@ -386,6 +455,8 @@ def _merge(a: BenchmarkResult, b: BenchmarkResult) -> BenchmarkResult:
     a.time_min = min(a.times)
     a.peak_mem_mb = max(a.peak_mem_mb, b.peak_mem_mb)
     a.base_mem_mb = max(a.base_mem_mb, b.base_mem_mb)
+    if a.onnx_rel_diff is not None and b.onnx_rel_diff is not None:
+        a.onnx_rel_diff = max(a.onnx_rel_diff, b.onnx_rel_diff)
     return a
 
 
@@ -406,7 +477,7 @@ def run_benchmarks(cases: Sequence[BenchmarkCase],
         rounds: how many times to measure each case.
         log: called with a line after each measurement (default: print_log).
         **kwargs: passed to :func:`benchmark_model` (device, dtype, warmup,
-            repeats, threads, timeout, isolate).
+            repeats, threads, timeout, isolate, runtime, exporter, opset).
 
     Returns:
         list[BenchmarkResult]: one per case and model, in case order.
@@ -447,7 +518,8 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def _group_key(r: BenchmarkResult) -> Tuple:
-    return (r.title, r.mode, tuple(r.size), r.batch, r.device, r.dtype)
+    return (r.title, r.mode, tuple(r.size), r.batch, r.device, r.dtype,
+            r.runtime)
 
 
 def compute_ratios(
@@ -456,7 +528,8 @@ def compute_ratios(
     """Pola / softmax (time, peak memory) ratios, keyed by result index.
 
     A result is compared with its family's baseline (:data:`BASELINES`)
-    measured under the same conditions in the same case.
+    measured under the same conditions (runtime included) in the same
+    case.
     """
     by_key = {(_group_key(r), r.name): r for r in results}
     ratios = {}
@@ -481,10 +554,10 @@ def compute_growth(results: Sequence[BenchmarkResult]) -> List[str]:
     groups: Dict[Tuple, List[BenchmarkResult]] = {}
     for r in results:
         if r.error is None:
-            groups.setdefault((r.name, r.mode, r.batch, r.device, r.dtype),
-                              []).append(r)
+            groups.setdefault((r.name, r.mode, r.batch, r.device, r.dtype,
+                               r.runtime), []).append(r)
     lines = []
-    for (name, mode, batch, device, dtype), rs in groups.items():
+    for (name, mode, batch, device, dtype, runtime), rs in groups.items():
         sizes = {tuple(r.size): r for r in rs}
         if len(sizes) < 2:
             continue
@@ -494,7 +567,8 @@ def compute_growth(results: Sequence[BenchmarkResult]) -> List[str]:
         for big in ordered[1:]:
             px = big.size[0] * big.size[1] / (small.size[0] * small.size[1])
             lines.append(
-                f'{name} {mode} b{batch} {device} {dtype}: '
+                f'{name} {mode} b{batch} {device} {dtype}'
+                + ('' if runtime == 'pytorch' else f' {runtime}') + ': '
                 f'{size_str(small.size)} -> {size_str(big.size)} '
                 f'(pixels x{px:.1f}): time x'
                 f'{big.time_median / small.time_median:.2f}, peak memory x'
@@ -514,42 +588,65 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
 
     Columns: case, model, mode, size, batch, median time (s), min time,
     peak memory (MiB), memory added by the step (MiB), time and memory
-    ratio over the family's softmax baseline in the same case. Followed by
-    the growth lines of :func:`compute_growth`.
+    ratio over the family's softmax baseline in the same case; with ONNX
+    Runtime results also the runtime in the mode column and the difference
+    ONNX Runtime vs PyTorch relative to the output scale. Followed by the
+    growth lines of :func:`compute_growth` and notes on the fused CPU loops
+    (PyTorch) or the export (ONNX Runtime).
     """
     ratios = compute_ratios(results)
-    head = ('| case | model | mode | size | batch | time (s) | min (s) '
-            '| peak mem (MiB) | step mem (MiB) | time ratio | mem ratio |')
-    lines = [head, '|' + '---|' * 11]
+    ort = any(r.runtime == 'onnxruntime' for r in results)
+    cols = ['case', 'model', 'mode', 'size', 'batch', 'time (s)', 'min (s)',
+            'peak mem (MiB)', 'step mem (MiB)', 'time ratio', 'mem ratio']
+    if ort:
+        cols.append('ORT vs PyTorch')
+    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
     for i, r in enumerate(results):
+        mode = r.mode if r.runtime == 'pytorch' else f'{r.mode} {r.runtime}'
+        diff = [] if not ort else [
+            '-' if r.onnx_rel_diff is None else f'{r.onnx_rel_diff:.1e}']
         if r.error:
-            lines.append(f'| {r.title} | {r.name} | {r.mode} | '
-                         f'{size_str(r.size)} | {r.batch} | failed: '
-                         f'{r.error} | | | | | |')
-            continue
-        tr, mr = ratios.get(i, (None, None))
-        lines.append(
-            f'| {r.title} | {r.name} | {r.mode} | {size_str(r.size)} | '
-            f'{r.batch} | {r.time_median:.3f} | {r.time_min:.3f} | '
-            f'{r.peak_mem_mb:.0f} | {r.extra_mem_mb:.0f} | '
-            f'{format_ratio(tr)} | {format_ratio(mr)} |')
+            cells = [r.title, r.name, mode, size_str(r.size), str(r.batch),
+                     f'failed: {r.error}'] + [''] * (len(cols) - 6)
+            if ort:
+                cells[-1] = diff[0]
+        else:
+            tr, mr = ratios.get(i, (None, None))
+            cells = [r.title, r.name, mode, size_str(r.size), str(r.batch),
+                     f'{r.time_median:.3f}', f'{r.time_min:.3f}',
+                     f'{r.peak_mem_mb:.0f}', f'{r.extra_mem_mb:.0f}',
+                     format_ratio(tr), format_ratio(mr)] + diff
+        lines.append('| ' + ' | '.join(cells) + ' |')
     growth = compute_growth(results)
     if growth:
         lines.append('')
         lines.append('Growth with input size:')
         lines.extend('- ' + g for g in growth)
-    fused = sorted({r.name for r in results if r.cpu_ext})
-    if any(r.device == 'cpu' and not r.error for r in results):
+    torch_cpu = [r for r in results if r.runtime == 'pytorch'
+                 and r.device == 'cpu' and not r.error]
+    if torch_cpu:
+        fused = sorted({r.name for r in torch_cpu if r.cpu_ext})
         lines.append('')
         lines.append('Fused CPU loops (pola_mm/ops/csrc): ' + (
             'used by ' + ', '.join(fused) if fused else 'not used'))
+    exported = [r for r in results if r.export_s is not None]
+    if exported:
+        how = sorted({f'{r.exporter} exporter, opset {r.opset}'
+                      for r in exported})
+        versions = sorted({r.ort_version for r in exported if r.ort_version})
+        lines.append('')
+        lines.append(
+            'ONNX Runtime ' + (', '.join(versions) or '?') + ' (CPU), '
+            + '; '.join(how) + '; export time (s): ' + ', '.join(
+                f'{r.name} {r.export_s:.1f}' for r in exported))
     return '\n'.join(lines)
 
 
 def plot_results(results: Sequence[BenchmarkResult], path: str) -> None:
     """Write a PNG of time and peak memory against input pixels.
 
-    One line per (model, mode, batch); x is megapixels per image.
+    One line per (model, mode, runtime, batch); x is megapixels per
+    image.
 
     Raises:
         RuntimeError: if matplotlib is not installed.
@@ -564,7 +661,9 @@ def plot_results(results: Sequence[BenchmarkResult], path: str) -> None:
     series: Dict[str, List[BenchmarkResult]] = {}
     for r in results:
         if r.error is None:
-            series.setdefault(f'{r.name} {r.mode} b{r.batch}', []).append(r)
+            rt = '' if r.runtime == 'pytorch' else f' {r.runtime}'
+            series.setdefault(f'{r.name} {r.mode}{rt} b{r.batch}',
+                              []).append(r)
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, rs in series.items():
         rs = sorted({tuple(r.size): r for r in rs}.values(),

@@ -135,7 +135,8 @@ def timed_steps(step: Callable[[], None], dev: Any, warmup: int,
     Args:
         step: one step of the measured computation.
         dev: the ``torch.device`` it runs on (CUDA is synchronised around
-            each timed step).
+            each timed step), or None for the CPU outside torch (an ONNX
+            Runtime session).
         warmup: untimed steps first.
         repeats: timed steps.
 
@@ -144,8 +145,9 @@ def timed_steps(step: Callable[[], None], dev: Any, warmup: int,
         memory (MiB): allocated CUDA memory on a GPU, the process's RSS on
         the CPU.
     """
-    import torch
-    cuda = dev.type == 'cuda'
+    cuda = dev is not None and dev.type == 'cuda'
+    if cuda:
+        import torch
 
     def sync() -> None:
         if cuda:
