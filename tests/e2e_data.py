@@ -1,10 +1,13 @@
-"""Tiny synthetic datasets and config overrides for the end-to-end tests.
+"""The end-to-end tests' synthetic datasets and config overrides.
 
-Three generators write small, deterministic, learnable datasets into a
-folder (a pytest ``tmp_path``):
+The data come from the package's one synthetic-shapes generator,
+:mod:`pola_mm.demo.shapes`, in its ``'boxes'`` style (rectangles and
+ellipses whose class is coded by a fixed colour, on grey noise: a tiny
+model learns them in a few iterations). The wrappers here only fix the
+tests' layouts, class names and seeds:
 
-* :func:`make_coco` -- COCO-style instance set (boxes, polygon masks) of
-  filled rectangles and ellipses on a noisy background;
+* :func:`make_coco` -- COCO-style instance set (boxes, polygon masks), the
+  classes named as COCO's first three (:data:`COCO_NAMES`);
 * :func:`make_ade` -- ADE20K-style set (``images/*.jpg`` and ``annotations/
   *.png`` label maps, 0 = ignore) of the same shapes;
 * :func:`make_image_folder` -- a classification image folder whose classes
@@ -16,114 +19,36 @@ images, the data roots, a few iterations and a short warm-up. Everything
 else (detector / segmentor, heads, losses, optimiser type, paramwise
 settings, schedule types, evaluators) stays as the config has it.
 """
-import json
-import os
 import os.path as osp
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List
 
-import numpy as np
 from mmengine.config import Config, ConfigDict
-from PIL import Image, ImageDraw
 from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1
+
+from pola_mm.demo import shapes
 
 CONFIGS = osp.join(REPO, 'configs')
 
 # COCO-style category names of the synthetic instance set
 COCO_NAMES = ('person', 'bicycle', 'car')
-COLOURS = ((220, 40, 40), (40, 200, 60), (50, 80, 230))
-
-
-def _shape_layout(rng: np.random.Generator, size: int,
-                  max_shapes: int) -> List[Tuple[int, Tuple[int, ...]]]:
-    """Non-overlapping ``(class, (x0, y0, x1, y1))`` boxes inside ``size``."""
-    shapes: List[Tuple[int, Tuple[int, ...]]] = []
-    for _ in range(50):
-        if len(shapes) == max_shapes:
-            break
-        w, h = rng.integers(size // 4, size // 2, size=2)
-        x0 = int(rng.integers(0, size - w))
-        y0 = int(rng.integers(0, size - h))
-        box = (x0, y0, x0 + int(w), y0 + int(h))
-        if all(box[2] <= b[0] - 2 or b[2] <= box[0] - 2 or box[3] <= b[1] - 2
-               or b[3] <= box[1] - 2 for _, b in shapes):
-            shapes.append((int(rng.integers(0, len(COLOURS))), box))
-    return shapes
-
-
-def _draw(rng: np.random.Generator, size: int,
-          shapes: Sequence[Tuple[int, Tuple[int, ...]]]
-          ) -> Tuple[Image.Image, Image.Image]:
-    """RGB image and an ``L`` label map (class + 1, 0 background)."""
-    noise = rng.integers(90, 140, size=(size, size, 3), dtype=np.uint8)
-    img = Image.fromarray(noise, 'RGB')
-    label = Image.new('L', (size, size), 0)
-    draw, ldraw = ImageDraw.Draw(img), ImageDraw.Draw(label)
-    for cls, box in shapes:
-        # class 0: rectangle, 1: ellipse, 2: rectangle (colour tells apart)
-        fn = 'ellipse' if cls == 1 else 'rectangle'
-        getattr(draw, fn)(box, fill=COLOURS[cls])
-        getattr(ldraw, fn)(box, fill=cls + 1)
-    return img, label
-
-
-def _polygon(label: np.ndarray, value: int) -> List[float]:
-    """Outline of the pixels ``label == value`` as one COCO polygon."""
-    ys, xs = np.nonzero(label == value)
-    # a convex polygon through the extreme points row by row is exact
-    # enough for rectangles / ellipses
-    left, right = [], []
-    for y in range(int(ys.min()), int(ys.max()) + 1):
-        row = xs[ys == y]
-        left.append((float(row.min()), float(y)))
-        right.append((float(row.max()) + 1, float(y)))
-    bottom = int(ys.max()) + 1
-    left.append((left[-1][0], float(bottom)))
-    right.append((right[-1][0], float(bottom)))
-    pts = left + right[::-1]
-    return [c for p in pts for c in p]
 
 
 def make_coco(root: str, num_images: int = 8, size: int = 96,
               max_shapes: int = 2, seed: int = 0) -> Dict[str, str]:
     """Write a COCO instance set to ``root``.
 
-    Layout: ``root/images/{i}.png`` and ``root/annotations.json`` (train and
-    val use the same file: the tests check the model fits the data).
+    Layout: ``root/images/{i:04d}.png`` (image ids from 1) and
+    ``root/annotations.json`` (train and val use the same file: the tests
+    check the model fits the data).
 
     Returns:
         dict(data_root, ann_file, img_prefix) for config overrides.
     """
-    rng = np.random.default_rng(seed)
-    os.makedirs(osp.join(root, 'images'), exist_ok=True)
-    images, anns = [], []
-    for i in range(num_images):
-        shapes = _shape_layout(rng, size, max_shapes)
-        img, label = _draw(rng, size, shapes)
-        name = f'{i:04d}.png'
-        img.save(osp.join(root, 'images', name))
-        images.append(dict(id=i + 1, file_name=name, width=size, height=size))
-        lab = np.array(label)
-        inst = np.zeros_like(lab)
-        for j, (cls, box) in enumerate(shapes):
-            # per-instance mask: redraw each shape with its own id
-            one = Image.new('L', (size, size), 0)
-            fn = 'ellipse' if cls == 1 else 'rectangle'
-            getattr(ImageDraw.Draw(one), fn)(box, fill=1)
-            m = np.array(one) > 0
-            inst[m] = j + 1
-            ys, xs = np.nonzero(m)
-            x0, y0 = float(xs.min()), float(ys.min())
-            w, h = float(xs.max()) + 1 - x0, float(ys.max()) + 1 - y0
-            anns.append(dict(
-                id=len(anns) + 1, image_id=i + 1, category_id=cls + 1,
-                bbox=[x0, y0, w, h], area=float(m.sum()), iscrowd=0,
-                segmentation=[_polygon(inst, j + 1)]))
-    coco = dict(
-        images=images, annotations=anns,
-        categories=[dict(id=k + 1, name=n) for k, n in enumerate(COCO_NAMES)])
-    ann_file = osp.join(root, 'annotations.json')
-    with open(ann_file, 'w') as f:
-        json.dump(coco, f)
+    ann_file = shapes.write_coco(
+        osp.join(root, 'images'), osp.join(root, 'annotations.json'),
+        num_images, size, seed, style='boxes', classes=COCO_NAMES,
+        mask_format='polygon', file_name='{index:04d}.png',
+        max_shapes=max_shapes)
     return dict(data_root=root, ann_file=ann_file, img_prefix='images/')
 
 
@@ -134,39 +59,18 @@ def make_ade(root: str, num_images: int = 8, size: int = 64,
     ``images/{training,validation}/*.jpg`` and ``annotations/{training,
     validation}/*.png`` label maps with 0 = ignore ("other" in ADE20K), 1..3
     = shape classes (``reduce_zero_label`` maps them to 0..2). The background
-    is labelled 4 so every pixel but the shape borders is supervised.
-    Validation holds the same images as training.
+    is labelled 4 so every pixel is supervised. Validation holds the same
+    images as training.
     """
-    rng = np.random.default_rng(seed)
-    for split in ('training', 'validation'):
-        os.makedirs(osp.join(root, 'images', split), exist_ok=True)
-        os.makedirs(osp.join(root, 'annotations', split), exist_ok=True)
-    for i in range(num_images):
-        shapes = _shape_layout(rng, size, max_shapes)
-        img, label = _draw(rng, size, shapes)
-        lab = np.array(label)
-        lab[lab == 0] = 4
-        for split in ('training', 'validation'):
-            img.save(osp.join(root, 'images', split, f'{i:04d}.jpg'),
-                     quality=95)
-            Image.fromarray(lab).save(
-                osp.join(root, 'annotations', split, f'{i:04d}.png'))
+    shapes.make_shapes_ade(root, num_images, size, seed, style='boxes',
+                           background=4, max_shapes=max_shapes)
     return dict(data_root=root)
 
 
 def make_image_folder(root: str, per_class: int = 8, size: int = 32,
                       seed: int = 0) -> Dict[str, str]:
-    """Write ``root/{train,val}/{class}/*.png``: 3 classes by colour."""
-    rng = np.random.default_rng(seed)
-    for split in ('train', 'val'):
-        for k, colour in enumerate(COLOURS):
-            d = osp.join(root, split, f'class_{k}')
-            os.makedirs(d, exist_ok=True)
-            for i in range(per_class):
-                base = rng.integers(0, 60, size=(size, size, 3))
-                img = np.clip(base + np.array(colour) * 0.8, 0, 255)
-                Image.fromarray(img.astype(np.uint8)).save(
-                    osp.join(d, f'{i}.png'))
+    """Write ``root/{train,val}/class_{k}/*.png``: 3 classes by colour."""
+    shapes.make_colour_folder(root, per_class, size, seed)
     return dict(data_root=root)
 
 
