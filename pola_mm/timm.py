@@ -66,7 +66,6 @@ from .models.checkpoint import (adapt_pos_tables, backbone_state_dict,
                                 extract_state_dict, load_checkpoint_file)
 from .models.layers import PatchEmbed, PatchMerging
 from .models.layers.position import resize_pos_table
-from .ops import plain_paths
 from .type_aliases import Size2
 
 __all__ = ['PolaClassifier', 'PolaSwin', 'PolaPVTClassifier',
@@ -99,34 +98,6 @@ def _default_device(device: Optional[Union[str, torch.device]]
     else:
         with torch.device(device):
             yield
-
-
-@contextlib.contextmanager
-def _meta_autocast_noop(x: Any) -> Iterator[None]:
-    """While ``x`` is a tensor on the ``meta`` device (timm's config tests
-    run models there, for shapes and dtypes): the plain PyTorch paths
-    (:func:`~pola_mm.ops.plain_paths`; the fast kernels inspect values,
-    which meta tensors do not have), and ``torch.autocast(device_type=
-    'meta', enabled=False)``, with which the attention layers keep their
-    float32 computation out of autocast, is a no-op instead of raising
-    (torch has no autocast for ``meta``, and nothing to disable there).
-    Other devices, and FX proxies, are not touched."""
-    if not (isinstance(x, Tensor) and x.device.type == 'meta'):
-        yield
-        return
-    original = torch.autocast
-
-    def autocast(device_type: str, *args: Any, **kwargs: Any) -> Any:
-        if device_type == 'meta':
-            return contextlib.nullcontext()
-        return original(device_type, *args, **kwargs)
-
-    torch.autocast = autocast  # type: ignore[assignment,misc]
-    try:
-        with plain_paths():
-            yield
-    finally:
-        torch.autocast = original  # type: ignore[misc]
 
 
 class PolaClassifier(nn.Module):
@@ -374,9 +345,8 @@ class PolaClassifier(nn.Module):
                              f'{output_fmt!r}')
         take, max_index = self._take(indices)
         check_input(x, self.in_chans, type(self).__name__)
-        with _meta_autocast_noop(x):
-            return self._intermediates(x, take, max_index, norm, stop_early,
-                                       output_fmt, intermediates_only)
+        return self._intermediates(x, take, max_index, norm, stop_early,
+                                   output_fmt, intermediates_only)
 
     def _intermediates(self, x: Tensor, take: List[int], max_index: int,
                        norm: bool, stop_early: bool, output_fmt: str,
@@ -430,12 +400,11 @@ class PolaClassifier(nn.Module):
         """``(B, in_chans, H, W)`` -> the last map
         ``(B, num_features, ceil(H / 32), ceil(W / 32))``."""
         check_input(x, self.in_chans, type(self).__name__)
-        with _meta_autocast_noop(x):
-            x, hw = self._stem(x)
-            out, out_hw = x, hw
-            for i in range(self.backbone.num_built):
-                out, out_hw, x, hw = self._stage(i, x, hw)
-            return self._final(out, out_hw)
+        x, hw = self._stem(x)
+        out, out_hw = x, hw
+        for i in range(self.backbone.num_built):
+            out, out_hw, x, hw = self._stage(i, x, hw)
+        return self._final(out, out_hw)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Pooled features ``(B, num_features)`` (``pre_logits``) or logits

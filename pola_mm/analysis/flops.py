@@ -358,10 +358,11 @@ def _formula_mix(module: nn.Module, counter: _Counter,
                  name: str) -> Callable[..., Tensor]:
     original = type(module).mix.__get__(module)
 
-    def mix(q: Tensor, k: Tensor, v: Tensor, hw: Sequence[int]) -> Tensor:
+    def mix(q: Tensor, k: Tensor, v: Tensor, hw: Sequence[int],
+            *args: Any, **kwargs: Any) -> Tensor:
         counter.suppress += 1
         try:
-            out = original(q, k, v, hw)
+            out = original(q, k, v, hw, *args, **kwargs)
         finally:
             counter.suppress -= 1
         B, N = q.shape[0], q.shape[1]

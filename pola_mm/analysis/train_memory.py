@@ -692,30 +692,19 @@ def _to_fake_cuda(model: nn.Module, mode: Any) -> None:
 
 
 @contextlib.contextmanager
-def _meta_autocast_noop(dtype: Optional[torch.dtype] = None
+def _meta_default_dtype(dtype: Optional[torch.dtype] = None
                         ) -> Iterator[None]:
-    """While measuring on ``meta``: ``torch.autocast(device_type='meta',
-    ...)`` is a no-op instead of raising (torch has no autocast dtype for
-    meta; the models disable autocast around their float32 attention with
-    ``torch.autocast(device_type=x.device.type, enabled=False)``, which
-    has nothing to disable there). With ``dtype`` (the fp16/bf16
-    emulation) it is also the default dtype, so that masks and tables
-    models create on the fly match the half-precision parameters."""
-    original = torch.autocast
+    """While measuring on ``meta`` with ``dtype`` (the fp16/bf16
+    emulation): the default dtype, so that masks and tables models create
+    on the fly match the half-precision parameters. (The layers' float32
+    islands, :func:`pola_mm.ops.precision.no_autocast`, are no-ops on
+    ``meta``.)"""
     prev_default = torch.get_default_dtype()
     if dtype is not None:
         torch.set_default_dtype(dtype)
-
-    def autocast(device_type: str, *args: Any, **kwargs: Any) -> Any:
-        if device_type == 'meta':
-            return contextlib.nullcontext()
-        return original(device_type, *args, **kwargs)
-
-    torch.autocast = autocast  # type: ignore[assignment]
     try:
         yield
     finally:
-        torch.autocast = original  # type: ignore[misc]
         torch.set_default_dtype(prev_default)
 
 
@@ -780,7 +769,7 @@ def measure(spec: ModelSpec, batch: int = 2, hw: Size2 = (224, 224),
         elif device == 'cpu' and amp is not None:
             amp_ctx = torch.autocast('cpu', dtype=amp)
         elif device == 'meta':
-            amp_ctx = _meta_autocast_noop(amp)
+            amp_ctx = _meta_default_dtype(amp)
         else:
             amp_ctx = contextlib.nullcontext()
         with amp_ctx:

@@ -8,11 +8,11 @@ path when every output agrees, so no exporter can hand out a silently
 different model. :func:`build_backbone` builds the backbone of any pola_mm
 config (classifier, detector or segmentor), optionally with a checkpoint.
 
-While a graph is captured for export, pola_mm's fast paths step aside
-(:func:`pola_mm.ops.dispatch.exporting`): the polarity kernel runs as plain
-whole-tensor operations (no fused C++ loops, runs, ``out=`` writes into
-buffers, ``copysign`` or custom autograd function), so the exported graph is
-the published computation in standard operators.
+While a graph is captured for export, every module runs its plain formula
+(:func:`pola_mm.ops.dispatch.select` returns ``PLAIN`` while
+:func:`~pola_mm.ops.dispatch.exporting`): no kernel, fused C++ loop, run of
+tokens or custom autograd function, so the exported graph is the published
+computation in standard operators.
 
 Shapes: the spatial size is fixed at export (the graph depends on it:
 position tables resized to the stage maps, padding, Swin's windows and

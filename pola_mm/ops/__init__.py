@@ -2,7 +2,8 @@
 
 Everything here computes what the plain layers in :mod:`pola_mm.models`
 compute (tested against them); :mod:`pola_mm.ops.dispatch` decides where
-each applies and holds the switch (``POLA_MM_FAST_PATHS=0`` or
+each applies (:func:`~pola_mm.ops.dispatch.select`, called once per module
+call) and holds the switch (``POLA_MM_FAST_PATHS=0`` or
 :func:`plain_paths`) and every tuning constant.
 
 - :mod:`~pola_mm.ops.polarity_kernel`: the polarity attention kernel

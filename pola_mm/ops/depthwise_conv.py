@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import dispatch
 from .cpu_ext import cpu_ext
 
 
@@ -87,12 +86,12 @@ class _DepthwiseConv2d(torch.autograd.Function):
 
 
 def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor],
-                     padding: Tuple[int, int]) -> Tensor:
+                     padding: Tuple[int, int], lean: bool = False) -> Tensor:
     """Depth-wise 2-D conv (stride 1, ``groups = channels``) of ``x``
     ``(B, C, H, W)`` with ``weight`` ``(C, 1, kh, kw)``, computed in the
-    weight's dtype; in training (:func:`~.dispatch.use_kernels`, autograd
-    recording) through :class:`_DepthwiseConv2d` on the CPU and, off the
-    CPU, where ``x`` is in another dtype than the weight.
+    weight's dtype; with ``lean`` (the caller's ``Path.autograd``) and
+    autograd recording, through :class:`_DepthwiseConv2d` on the CPU and,
+    off the CPU, where ``x`` is in another dtype than the weight.
 
     ``x`` may have any strides (e.g. a strided view of a projection's
     output that autograd keeps anyway) and a lower precision than the
@@ -106,7 +105,7 @@ def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor],
     Returns:
         ``(B, C, H, W)`` in the weight's dtype.
     """
-    if (dispatch.use_kernels(x) and torch.is_grad_enabled()
+    if (lean and torch.is_grad_enabled()
             and (x.device.type == 'cpu' or x.dtype != weight.dtype)
             and any(t is not None and t.requires_grad
                     for t in (x, weight, bias))):

@@ -6,8 +6,10 @@ the same computation (same outputs and gradients, tested against the plain
 one): the polarity kernel and its fused CPU loops, a depth-wise conv with a
 cheap bias gradient, and work on runs of tokens that keeps large
 intermediates small (CPU inference and CPU training). Every decision to use
-one of them is made by the predicates below, and one switch turns them all
-off:
+one of them is made by one function, :func:`select`, which each module
+calls once per call (its input, autograd and device decide, so the choice
+cannot be bound when the module is built) and whose :class:`Path` it passes
+to its steps; one switch turns them all off:
 
 - ``POLA_MM_FAST_PATHS=0`` in the environment (read at import), or
 - ``with pola_mm.ops.plain_paths(): ...`` for a block of code (process-wide,
@@ -27,17 +29,19 @@ of sequences) processed at a time; the constants below size them in elements
 """
 import contextlib
 import os
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .precision import autocast_enabled
+
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'set_fast_paths', 'plain_paths',
-    'is_compiling', 'exporting', 'capturing', 'cpu_autocast_enabled',
-    'use_kernels', 'use_sdpa', 'cpu_inference', 'cpu_training',
-    'train_in_runs'
+    'is_compiling', 'exporting', 'capturing',
+    'Path', 'PLAIN', 'select'
 ]
 
 #: Environment variable: ``0`` (or ``false``/``off``/``no``) turns every fast
@@ -110,14 +114,6 @@ def is_compiling() -> bool:
     return bool(fn()) if fn is not None else False
 
 
-def cpu_autocast_enabled() -> bool:
-    """Whether CPU autocast is on (any torch >= 2.0)."""
-    try:
-        return bool(torch.is_autocast_enabled('cpu'))
-    except TypeError:  # torch < 2.4 takes no device type
-        return bool(torch.is_autocast_cpu_enabled())
-
-
 _is_exporting = getattr(getattr(torch, 'compiler', None), 'is_exporting',
                         None)  # torch >= 2.5
 
@@ -141,61 +137,58 @@ def capturing() -> bool:
     return is_compiling() or exporting()
 
 
-def use_kernels(x: Tensor) -> bool:
-    """Whether an attention on ``x`` runs its kernel (same outputs and
-    gradients as its plain reference, any device) rather than the plain
-    PyTorch reference: fast paths on and no graph captured (exporters,
-    ``torch.jit.trace`` and ``torch.compile`` see the reference, which is
-    written in standard operations)."""
-    return _enabled and not capturing()
+@dataclass(frozen=True)
+class Path:
+    """What one call of a module may use, chosen by :func:`select`.
+
+    Attributes:
+        kernels: the kernels of :mod:`pola_mm.ops` (same outputs and
+            gradients as the plain formula they stand beside) instead of the
+            plain PyTorch formula.
+        sdpa: ``scaled_dot_product_attention`` for softmax attention
+            instead of the explicit product-softmax-product (same result up
+            to float rounding): on GPUs always; on the CPU in inference only
+            (there it is several times faster, while for forward + backward
+            the explicit form is faster; docs/performance.md).
+        autograd: autograd records the call, so the lean training functions
+            apply (:func:`~pola_mm.ops.gelu_linear.gelu_linear`,
+            :func:`~pola_mm.ops.gate_linear.gate_linear`, the depth-wise
+            conv's weight gradient).
+        cpu_inference: CPU, autograd records nothing: work in runs of
+            tokens, in place and on channels-last maps.
+        cpu_training: CPU training in float32 / float64 with parameters of
+            the input's dtype and no autocast: large layers in runs of
+            tokens (:mod:`pola_mm.ops.token_runs`, where
+            :func:`~pola_mm.ops.token_runs.runs_pay` holds).
+    """
+    kernels: bool = False
+    sdpa: bool = False
+    autograd: bool = False
+    cpu_inference: bool = False
+    cpu_training: bool = False
 
 
-def use_sdpa(x: Tensor, *modules: nn.Module) -> bool:
-    """Whether softmax window attention on ``x`` runs the fused
-    ``scaled_dot_product_attention`` (the same result up to float rounding)
-    instead of the explicit product-softmax-product: fast paths on, no graph
-    captured, and on GPUs always, on the CPU where the CPU inference paths
-    apply (there it is several times faster, while for forward + backward
-    the explicit form is faster; docs/performance.md)."""
+#: The plain PyTorch model: fast paths off or a graph captured.
+PLAIN = Path()
+
+
+def select(x: Tensor, *modules: nn.Module) -> Path:
+    """The one decision of a module's call: which fast paths it may use on
+    input ``x``, given the switch, graph capture, the device, autograd
+    (whether it records anything computed from ``x`` or the parameters of
+    ``modules``) and autocast. :data:`PLAIN` with the fast paths off, while
+    a graph is captured (:func:`capturing`: exporters and ``torch.compile``
+    see the plain formula, written in standard operations)."""
     if not _enabled or capturing():
-        return False
-    return x.device.type != 'cpu' or cpu_inference(x, *modules)
-
-
-def cpu_inference(x: Tensor, *modules: nn.Module) -> bool:
-    """Where the CPU inference paths apply: fast paths on, ``x`` on the
-    CPU, no graph captured (:func:`capturing`: the graph would fix the
-    runs to the traced size), and autograd recording nothing computed from
-    ``x`` by ``modules``."""
-    if not _enabled or x.device.type != 'cpu' or capturing():
-        return False
-    return not (torch.is_grad_enabled() and (x.requires_grad or any(
-        p.requires_grad for m in modules for p in m.parameters())))
-
-
-def cpu_training(x: Tensor, *modules: nn.Module) -> bool:
-    """Where the CPU training paths apply: fast paths on, ``x`` on the CPU
-    in float32 or float64 with every parameter of ``modules`` in the same
-    dtype, autograd recording something computed from them, and no
-    autocast, ``torch.compile``, ``torch.jit.trace`` or export."""
-    if (not _enabled or x.device.type != 'cpu'
-            or x.dtype not in (torch.float32, torch.float64)):
-        return False
+        return PLAIN
     params = [p for m in modules for p in m.parameters()]
-    if any(p.dtype != x.dtype or p.device != x.device for p in params):
-        return False
-    if not torch.is_grad_enabled() or not (
-            x.requires_grad or any(p.requires_grad for p in params)):
-        return False
-    return not (cpu_autocast_enabled() or capturing())
-
-
-def train_in_runs(x: Tensor, width: int, *modules: nn.Module) -> bool:
-    """Whether a layer of ``modules`` mapping ``x`` ``(..., C)`` to
-    ``width`` channels should train in runs of tokens: :func:`cpu_training`
-    holds and its widest tensor spans at least ``TRAIN_MIN_RUNS`` runs."""
-    if capturing():  # (and no guard on a symbolic size while exporting)
-        return False
-    tokens = x.numel() // max(x.shape[-1], 1)
-    return (tokens * width >= TRAIN_MIN_RUNS * TRAIN_RUN_ELEMENTS
-            and cpu_training(x, *modules))
+    records = torch.is_grad_enabled() and (x.requires_grad or any(
+        p.requires_grad for p in params))
+    cpu = x.device.type == 'cpu'
+    training = (cpu and records
+                and x.dtype in (torch.float32, torch.float64)
+                and all(p.dtype == x.dtype and p.device == x.device
+                        for p in params)
+                and not autocast_enabled('cpu'))
+    return Path(kernels=True, sdpa=not (cpu and records), autograd=records,
+                cpu_inference=cpu and not records, cpu_training=training)

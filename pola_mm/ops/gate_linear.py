@@ -15,8 +15,8 @@ back to each input's dtype), so neither ``x * g`` nor autocast's fp16 copy
 of the weight is kept.
 
 :func:`gate_linear_pytorch` is the plain reference; the attention picks the
-function where :func:`~pola_mm.ops.dispatch.use_kernels` holds and autograd
-records (``pola_mm.models.layers.PolarityAttention.output``).
+function where the call's :class:`~pola_mm.ops.dispatch.Path` says
+``autograd`` (``pola_mm.models.layers.PolarityAttention.output``).
 """
 from typing import Optional
 
@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+from .precision import no_autocast
 
 __all__ = ['GateLinearFunction', 'gate_linear', 'gate_linear_pytorch']
 
@@ -65,7 +67,7 @@ class GateLinearFunction(torch.autograd.Function):
         cdt = grad.dtype  # the Linear's compute dtype (its output's)
         md = ctx.mul_dtype
         dx = dg = dw = db = None
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with no_autocast(x.device.type):
             gy = grad.reshape(-1, grad.shape[-1])
             xm, gm = x.to(md), g.to(md)
             if need_w:  # the product recomputed

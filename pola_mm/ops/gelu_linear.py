@@ -16,8 +16,8 @@ input's dtype), so the fp16/bf16 copies of the weight and of ``gelu(h)``
 are not kept either.
 
 :func:`gelu_linear_pytorch` is the plain reference; the MLP picks the
-function where :func:`~pola_mm.ops.dispatch.use_kernels` holds and autograd
-records (``pola_mm.models.layers.Mlp.forward``).
+function where the call's :class:`~pola_mm.ops.dispatch.Path` says
+``autograd`` (``pola_mm.models.layers.Mlp.forward``).
 """
 from typing import Optional
 
@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+from .precision import no_autocast
 
 __all__ = ['GeluLinearFunction', 'gelu_linear', 'gelu_linear_pytorch']
 
@@ -67,7 +69,7 @@ class GeluLinearFunction(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         cdt = grad.dtype  # the Linear's compute dtype (its output's)
         dh = dw = db = None
-        with torch.autocast(device_type=h.device.type, enabled=False):
+        with no_autocast(h.device.type):
             g = grad.reshape(-1, grad.shape[-1])
             ha = h.to(ctx.act_dtype)
             if need_w:  # GELU recomputed, as it ran in the forward

@@ -7,8 +7,8 @@ runs of tokens or grid rows in eval mode (``PreNormBlock.forward_in_runs``,
 ``PolarityAttention.forward_in_runs``, ``Mlp.forward_into``), from the
 primitives of :mod:`pola_mm.ops` (``polarity_key_state``,
 ``polarity_query_apply``, ``depthwise_conv2d``, ``linear_out``) and
-:func:`norm_in_place` here. Where they apply is decided by
-:func:`~.dispatch.cpu_inference`.
+:func:`norm_in_place` here. They apply where the call's
+:class:`~.dispatch.Path` says ``cpu_inference``.
 """
 from typing import Callable
 

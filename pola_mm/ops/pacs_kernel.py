@@ -23,8 +23,8 @@ rearranged:
   applies the adjoint of the rotary encoding, with no matrix product of the
   forward repeated.
 - Fewer passes over ``(N, 2d)`` tensors: ``[relu(x), relu(-x)]`` is one
-  concatenation rectified in place, the temperature and ``expm1`` apply in
-  place (:func:`pacs_features`), and
+  concatenation rectified in place, the temperature and ``exp(.) - 1``
+  apply in place (:func:`pacs_features`), and
   the rotary encoding (and its adjoint) is one complex product per channel
   pair, ``(x0 + i x1)(cos + i sin)``, since the tables of
   :func:`~pola_mm.models.layers.rotary.rotary_tables` give both channels of
@@ -34,43 +34,37 @@ rearranged:
 Callers compute in float32 at least (the layers disable autocast around
 it: ``exp`` overflows fp16 above 11).
 
-The kernel never sees a captured graph: while one is captured the layers
-run the plain formula (:func:`~pola_mm.ops.dispatch.use_kernels`), whose
-feature map then writes ``exp(x) - 1`` (:func:`expm1`), which every ONNX
-exporter knows (the TorchScript exporter has no ``aten::expm1``).
+The feature map is written ``exp(x) - 1`` as the authors write it (every
+ONNX exporter knows ``exp``; the TorchScript exporter has no
+``aten::expm1``). The kernel never sees a captured graph: while one is
+captured the layers run the plain formula (:func:`~pola_mm.ops.dispatch.
+select`).
 """
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from . import dispatch
 from .rotary import rotate_every_two, theta_shift
 
 __all__ = [
     'pacs_attention_kernel', 'PaCSAttentionFunction', 'pacs_features',
-    'polar_halves', 'expm1'
+    'polar_halves'
 ]
 
 _EPS = 1e-6
 
 
-def expm1(x: Tensor) -> Tensor:
-    """``exp(x) - 1``: ``torch.expm1``, or the two operations written out
-    while a graph is exported (the TorchScript ONNX exporter cannot export
-    ``aten::expm1``; the difference is float rounding near 0)."""
-    if dispatch.exporting():
-        return torch.exp(x) - 1
-    return torch.expm1(x)
-
-
 def _phasor(sin: Tensor, cos: Tensor) -> Optional[Tensor]:
     """``(N, w)`` tables -> ``(N, w / 2)`` complex ``cos + i sin`` when each
     channel pair shares its angle (as :func:`rotary_tables` makes them), so
-    that the rotary encoding is one complex product per pair; else None."""
+    that the rotary encoding is one complex product per pair; else None.
+    On the ``meta`` device (shapes only: memory estimates, timm's config
+    tests) the tables are taken to be :func:`rotary_tables`'."""
     s0, s1 = sin[..., 0::2].contiguous(), sin[..., 1::2].contiguous()
     c0, c1 = cos[..., 0::2].contiguous(), cos[..., 1::2].contiguous()
-    if not (torch.equal(s0, s1) and torch.equal(c0, c1)):
+    if sin.device.type != 'meta' and not (torch.equal(s0, s1)
+                                          and torch.equal(c0, c1)):
         return None
     return torch.complex(c0, s0)
 
@@ -131,8 +125,8 @@ def pacs_features(x: Tensor, t: Optional[Tensor] = None,
     The queries take it with the temperatures ``t = sigmoid(s1)`` (same-
     signed flow) and ``sigmoid(s2)`` with ``swap`` (opposite-signed flow),
     the keys without temperature. Where autograd records nothing (the
-    kernel, inference) the temperature and ``expm1`` apply in place on the
-    new tensor; otherwise out of place, so that backward finds what it
+    kernel, inference) the temperature and ``exp(.) - 1`` apply in place on
+    the new tensor; otherwise out of place, so that backward finds what it
     saved.
 
     Args:
@@ -148,9 +142,9 @@ def pacs_features(x: Tensor, t: Optional[Tensor] = None,
         t is not None and t.requires_grad))
     if t is not None:
         c = c * t if records else c.mul_(t)
-    if records or dispatch.exporting():
-        return expm1(c)
-    return c.expm1_()
+    if records:
+        return torch.exp(c) - 1
+    return c.exp_().sub_(1)
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
@@ -205,7 +199,7 @@ class PaCSAttentionFunction(torch.autograd.Function):
             # the flow's features, recomputed (pacs_features, keeping c):
             # qf = exp(c t) - 1
             c = polar_halves(q, swap)
-            qf = torch.expm1(c * t)
+            qf = (c * t).exp_().sub_(1)
             rz_j = rz[..., j:j + 1]
             dxj = dx[..., cols]
             da = dxj * rz_j  # d(numerator)

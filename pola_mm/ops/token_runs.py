@@ -20,8 +20,9 @@ reused run-sized buffers, so that nothing 4C-wide is allocated whole:
   separate tensors and assembles their gradients per run instead of in one
   stacked tensor.
 
-The layers call them where :func:`~.dispatch.train_in_runs` holds (CPU
-training in float32/float64 on large maps); elsewhere (GPUs with their
+The layers call them where their :class:`~.dispatch.Path` says
+``cpu_training`` (CPU training in float32/float64) and :func:`runs_pay`
+holds (large maps); elsewhere (GPUs with their
 caching allocator, autocast, ``torch.compile``, tracing, inference, small
 maps, fast paths off) the layers run as plain PyTorch.
 """
@@ -33,6 +34,15 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from . import dispatch
+
+
+def runs_pay(x: Tensor, width: int) -> bool:
+    """Whether a layer mapping ``x`` ``(..., C)`` to ``width`` channels is
+    large enough to train in runs: its widest tensor spans at least
+    ``TRAIN_MIN_RUNS`` runs (smaller maps keep the plain layers)."""
+    tokens = x.numel() // max(x.shape[-1], 1)
+    return (tokens * width
+            >= dispatch.TRAIN_MIN_RUNS * dispatch.TRAIN_RUN_ELEMENTS)
 
 
 def _run_tokens(width: int) -> int:

@@ -81,7 +81,8 @@ def test_polarity_attention_counted_with_grad_on_and_off(grad, fast_paths):
 def _window_msa_flops(monkeypatch, fused: bool) -> int:
     C, h, win, nW = 24, 3, (7, 7), 4
     msa = WindowMSA(C, h, win)
-    monkeypatch.setattr(dispatch, 'use_sdpa', lambda x, *m: fused)
+    monkeypatch.setattr(dispatch, 'select',
+                        lambda x, *m: dispatch.Path(sdpa=fused))
     x = torch.randn(nW, win[0] * win[1], C)
     mask = torch.zeros(nW, 49, 49)
     with torch.no_grad():

@@ -45,12 +45,12 @@ def test_window_msa_fused_inference_equals_explicit(mask_kind):
             'shift': shift_region_mask((14, 21), (7, 7), (3, 3)),
             'padding': key_padding_logits(torch.rand(6, 49) > 0.3)}[mask_kind]
     xg = x.clone().requires_grad_()
-    assert not dispatch.use_sdpa(xg, attn)
+    assert not dispatch.select(xg, attn).sdpa
     explicit = attn(xg, (7, 7), mask)
     with torch.no_grad():
-        assert dispatch.use_sdpa(x, attn)
+        assert dispatch.select(x, attn).sdpa
         with dispatch.plain_paths():  # the switch turns SDPA off too
-            assert not dispatch.use_sdpa(x, attn)
+            assert not dispatch.select(x, attn).sdpa
         fused = attn(x, (7, 7), mask)
     torch.testing.assert_close(fused, explicit.detach(), rtol=1e-12,
                                atol=1e-12)
@@ -269,7 +269,7 @@ def test_depthwise_conv_gradients(with_bias):
 
     def ours(*a):
         return depthwise_conv2d(a[0], a[1], a[2] if with_bias else None,
-                                (1, 1))
+                                (1, 1), lean=True)
 
     def ref(*a):
         return F.conv2d(a[0], a[1], a[2] if with_bias else None,

@@ -228,9 +228,9 @@ def _record_polarity_maps(monkeypatch):
     mix = PolarityAttention.mix
     in_runs = PolarityAttention.forward_in_runs
 
-    def spy_mix(self, q, k, v, hw):
+    def spy_mix(self, q, k, v, hw, *args):
         seen.append((self.ref_hw, tuple(hw), q.shape[0]))
-        return mix(self, q, k, v, hw)
+        return mix(self, q, k, v, hw, *args)
 
     def spy_runs(attn, x, hw, *args, **kwargs):
         seen.append((attn.ref_hw, tuple(hw), x.shape[0]))

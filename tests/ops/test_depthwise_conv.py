@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import pola_mm.ops as ops
 from pola_mm.ops.depthwise_conv import depthwise_conv2d
 
 
@@ -37,14 +36,14 @@ def _saved_storages(fn):
 @pytest.mark.parametrize('device,fast', [('meta', True), ('cpu', True),
                                          ('cpu', False)])
 def test_strided_input_saved_without_copy(device, fast):
-    """With fast paths on, only the projection output's storage and the
-    parameters are kept; the CPU's plain conv keeps a dense copy."""
+    """With ``lean`` (a training call's ``Path.autograd``), only the
+    projection output's storage and the parameters are kept; the CPU's
+    plain conv keeps a dense copy."""
     proj, v = _strided_v(device)
     weight = torch.randn(8, 1, 3, 3, device=device, requires_grad=True)
     bias = torch.randn(8, device=device, requires_grad=True)
-    with ops.plain_paths() if not fast else torch.enable_grad():
-        _, saved = _saved_storages(
-            lambda: depthwise_conv2d(v, weight, bias, (1, 1)))
+    _, saved = _saved_storages(
+        lambda: depthwise_conv2d(v, weight, bias, (1, 1), lean=fast))
     own = {t.untyped_storage()._cdata for t in (proj, weight, bias)}
     if fast:
         assert saved <= own and proj.untyped_storage()._cdata in saved
@@ -61,7 +60,7 @@ def test_strided_input_gradients_equal_dense_copy():
     v = proj[..., 16:24].reshape(2, 6, 7, 8).permute(0, 3, 1, 2)
     weight = torch.randn(8, 1, 5, 3, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(8, dtype=torch.float64, requires_grad=True)
-    y = depthwise_conv2d(v, weight, bias, (2, 1))
+    y = depthwise_conv2d(v, weight, bias, (2, 1), lean=True)
     assert y.grad_fn.name() == '_DepthwiseConv2dBackward'
     ref = F.conv2d(v.contiguous(), weight, bias, padding=(2, 1), groups=8)
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
@@ -82,7 +81,7 @@ def test_low_precision_input_kept_as_given(device):
     weight = torch.randn(8, 1, 3, 3, device=device, requires_grad=True)
     bias = torch.randn(8, device=device, requires_grad=True)
     y, saved = _saved_storages(
-        lambda: depthwise_conv2d(v, weight, bias, (1, 1)))
+        lambda: depthwise_conv2d(v, weight, bias, (1, 1), lean=True))
     own = {t.untyped_storage()._cdata for t in (proj, weight, bias)}
     assert saved <= own and proj.untyped_storage()._cdata in saved
     assert y.dtype == torch.float32

@@ -236,9 +236,9 @@ def test_pacs_models_equal_with_and_without_fast_paths(monkeypatch, cls,
     """PolaPP and feature_map='pacs' backbones: inference and a training
     step give the same outputs (1e-4 of their scale) and gradients with the
     fast paths on and off; the PaCS kernel (and its autograd function),
-    PolaPP's SDPA and the depth-wise conv's training function ran with them
-    on and not with them off, where the formula and the written-out softmax
-    ran instead."""
+    PolaPP's SDPA (in inference) and the depth-wise conv's training
+    function ran with them on and not with them off, where the formula and
+    the written-out softmax ran instead."""
     _small_runs(monkeypatch)
     torch.manual_seed(0)
     model = cls(arch=arch, drop_path_rate=0., **kwargs)
@@ -262,9 +262,11 @@ def test_pacs_models_equal_with_and_without_fast_paths(monkeypatch, cls,
 
     polapp = cls is PolaPP
     assert fast['kernel'] > 0 and fast['kernel_fn'] > 0, fast
-    assert fast['formula'] == 0 and fast['softmax'] == 0, fast
+    assert fast['formula'] == 0, fast
     if polapp:  # (the others' softmax stages are WindowMSA's)
-        assert fast['sdpa'] > 0, fast
+        # SDPA in inference; CPU training writes the softmax out (faster
+        # there for forward + backward), as WindowMSA does
+        assert fast['sdpa'] > 0 and fast['softmax'] > 0, fast
     else:  # PolarityAttention's depth-wise conv
         assert fast['dwconv_fn'] > 0, fast
     assert plain['kernel'] == plain['kernel_fn'] == plain['sdpa'] == 0, plain

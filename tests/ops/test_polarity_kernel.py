@@ -187,20 +187,25 @@ def test_resized_position_table_is_cached_only_without_grad():
     import copy
 
     from pola_mm.models.layers.polarity_attention import resize_pos_table
+
+    def resized(table, hw, cache=True):
+        return resize_pos_table(table, (7, 7), hw, cache=cache)
+
     t = torch.nn.Parameter(torch.randn(1, 49, 8))
     with torch.no_grad():
-        a = resize_pos_table(t, (7, 7), (9, 11))
-        assert resize_pos_table(t, (7, 7), (9, 11)) is a
+        a = resized(t, (9, 11))
+        assert resized(t, (9, 11)) is a
+        assert resized(t, (9, 11), cache=False) is not a  # plain path
         t.add_(1)  # an in-place change (optimiser step, load) invalidates
-        b = resize_pos_table(t, (7, 7), (9, 11))
+        b = resized(t, (9, 11))
         assert b is not a
-        assert resize_pos_table(t, (7, 7), (10, 11)).shape == (1, 110, 8)
+        assert resized(t, (10, 11)).shape == (1, 110, 8)
         # a copy (another device, a deepcopy) never sees the cache
-        assert resize_pos_table(copy.deepcopy(t), (7, 7), (9, 11)) is not b
-    c = resize_pos_table(t, (7, 7), (9, 11))
+        assert resized(copy.deepcopy(t), (9, 11)) is not b
+    c = resized(t, (9, 11))
     assert c.requires_grad  # with grad: computed, differentiable
     torch.testing.assert_close(c, b)
-    assert resize_pos_table(t, (7, 7), (7, 7)) is t
+    assert resized(t, (7, 7)) is t
 
 
 def test_slab_plan(monkeypatch):

@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.layers import Mlp, PolarityAttention
 from pola_mm.ops import dispatch, token_runs
-from pola_mm.ops.dispatch import cpu_training, train_in_runs
+from pola_mm.ops.token_runs import runs_pay
 from pola_mm.ops.token_runs import mlp_in_runs, split_linear_in_runs
 
 from helpers import PVT_TINY, SWIN_TINY_DEPTH2
@@ -122,7 +122,11 @@ def test_split_linear_in_runs_rejects_uneven_parts():
         split_linear_in_runs(torch.randn(2, 4), nn.Linear(4, 8), 3)
 
 
-def test_cpu_training_predicate():
+def cpu_training(x, *modules):
+    return dispatch.select(x, *modules).cpu_training
+
+
+def test_cpu_training_path():
     lin = nn.Linear(4, 4)
     x = torch.randn(2, 4)
     assert cpu_training(x, lin)  # trainable weights
@@ -130,29 +134,33 @@ def test_cpu_training_predicate():
     lin.float()
     with torch.no_grad():
         assert not cpu_training(x, lin)
+        assert dispatch.select(x, lin).cpu_inference
     lin.requires_grad_(False)
     assert not cpu_training(x, lin)  # nothing to differentiate
     assert cpu_training(x.requires_grad_(), lin)
     lin.requires_grad_(True)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert not cpu_training(x, lin)
+        assert dispatch.select(x, lin).kernels
     assert not cpu_training(x.detach().bfloat16(), lin.bfloat16())
     assert not cpu_training(x.detach(), lin)  # bf16 weights, float32 x
+    with dispatch.plain_paths():
+        assert dispatch.select(x, lin) == dispatch.PLAIN
 
 
-def test_train_in_runs_needs_min_runs(small_runs):
-    lin = nn.Linear(8, 32)
+def test_runs_pay_needs_min_runs(small_runs):
     need = dispatch.TRAIN_MIN_RUNS * dispatch.TRAIN_RUN_ELEMENTS  # 2048
-    assert train_in_runs(torch.randn(need // 32, 8), 32, lin)
-    assert not train_in_runs(torch.randn(need // 32 - 1, 8), 32, lin)
-    assert train_in_runs(torch.randn(2, need // 64, 8), 32, lin)
-    with torch.no_grad():
-        assert not train_in_runs(torch.randn(need, 8), 32, lin)
+    assert runs_pay(torch.randn(need // 32, 8), 32)
+    assert not runs_pay(torch.randn(need // 32 - 1, 8), 32)
+    assert runs_pay(torch.randn(2, need // 64, 8), 32)
 
 
-def test_cpu_training_off_while_compiling(monkeypatch):
+def test_plain_path_while_compiling_or_on_meta(monkeypatch):
+    lin = nn.Linear(4, 4)
+    assert dispatch.select(torch.randn(2, 4, device='meta'), lin) == \
+        dispatch.PLAIN
     monkeypatch.setattr(dispatch, 'is_compiling', lambda: True)
-    assert not cpu_training(torch.randn(2, 4), nn.Linear(4, 4))
+    assert dispatch.select(torch.randn(2, 4), lin) == dispatch.PLAIN
 
 
 def test_mlp_dispatch(small_runs):
@@ -177,7 +185,7 @@ def test_project_dispatch_and_values(small_runs, fused):
     torch.manual_seed(5)
     attn = PolarityAttention(8, 2, (4, 4), fused_qkvg=fused).double()
     x = torch.randn(2, 80, 8, dtype=torch.float64, requires_grad=True)
-    parts = attn.project(x)
+    parts = attn.project(x, dispatch.select(x, attn))
     assert all(t.grad_fn.name() == '_SplitLinearRunsBackward'
                for t in parts)
     if fused:
@@ -195,7 +203,7 @@ def test_project_dispatch_and_values(small_runs, fused):
     for a, b in zip(mine, ref):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
     with torch.no_grad():  # inference keeps the views of one output
-        q = attn.project(x)[0]
+        q = attn.project(x, dispatch.select(x, attn))[0]
         assert q.stride(-2) == (4 if fused else 2) * 8
 
 
@@ -231,7 +239,8 @@ def test_backbone_training_step_unchanged(small_runs, monkeypatch, model_cls,
     outs_runs, grads_runs = step()
     assert {'_MlpRuns', '_SplitLinearRuns'} <= set(used)
     used.clear()
-    monkeypatch.setattr(dispatch, 'train_in_runs', lambda *a: False)
+    monkeypatch.setattr(dispatch, 'select',
+                        lambda *a: dispatch.Path(kernels=True, autograd=True))
     outs_plain, grads_plain = step()
     assert not used
     for a, b in zip(outs_runs, outs_plain):

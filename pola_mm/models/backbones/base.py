@@ -10,6 +10,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ...ops import dispatch
+from ...ops.precision import autocast_enabled
 from ...type_aliases import Size2
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
@@ -201,7 +202,7 @@ class PreNormBlock(BaseModule):
         raise NotImplementedError
 
     def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        if not self.training and dispatch.cpu_inference(x, self):
+        if not self.training and dispatch.select(x, self).cpu_inference:
             return self.forward_in_runs(x, hw)  # the same, in runs
         x = x + self.drop_path(self._attend(self.norm1(x), hw))
         return x + self.drop_path(self.mlp(self.norm2(x)))
@@ -218,7 +219,7 @@ class PreNormBlock(BaseModule):
         if (isinstance(attn, PolarityAttention) and rows < hw[0]
                 and attn.feature_map == 'power' and attn.sr_ratio == 1
                 and x.dtype in (torch.float32, torch.float64)
-                and not dispatch.cpu_autocast_enabled()):
+                and not autocast_enabled('cpu')):
             x = attn.forward_in_runs(x, hw, rows, norm=self.norm1,
                                      residual=True)
             return self.ffn_in_runs(x, inplace=True)
@@ -237,7 +238,7 @@ class PreNormBlock(BaseModule):
             return x + mlp(norm2(x))
         flat = x.view(-1, C) if inplace else x.reshape(-1, C)
         out = flat if inplace else torch.empty_like(flat)
-        buffered = (not dispatch.cpu_autocast_enabled()
+        buffered = (not autocast_enabled('cpu')
                     and mlp.fc1.weight.dtype == x.dtype)
         hidden = (flat.new_empty(step, mlp.fc1.out_features)
                   if buffered else None)

@@ -257,11 +257,12 @@ class PolaPVT(PolaBackbone):
         for i in range(self.num_built):
             embed = getattr(self, f'patch_embed{i + 1}')
             x, hw = embed(x)
+            path = dispatch.select(x, embed)
             pos = resize_pos_table(getattr(self, f'pos_embed{i + 1}'),
                                    self.ref_grids[i], hw,
-                                   self.interpolate_mode)
-            fresh = dispatch.cpu_inference(x, embed)
-            if fresh and not (pos.requires_grad and torch.is_grad_enabled()):
+                                   self.interpolate_mode, cache=path.kernels)
+            if path.cpu_inference and not (pos.requires_grad
+                                           and torch.is_grad_enabled()):
                 x = x.add_(pos)  # x is the embedding's own fresh output
             else:
                 x = x + pos
@@ -274,7 +275,7 @@ class PolaPVT(PolaBackbone):
             if i in self.out_indices:
                 out = x.contiguous()  # outputs are NCHW-contiguous
                 outs.append(out)
-            if x.device.type != 'cpu' or not dispatch.fast_paths_enabled():
+            if x.device.type != 'cpu' or not path.kernels:
                 x = x.contiguous() if out is None else out
             # on CPU the next patch embedding convolves the channels-last
             # view without a copy, and its output is token-major again

@@ -78,7 +78,8 @@ class PatchEmbed(BaseModule):
         x = pad_for_stride(x, self.patch_size, self.pad_input)
         # at CPU inference: channels-last input -> channels-last
         # (token-major) output, normalised in place below
-        in_place = self.norm is not None and dispatch.cpu_inference(x, self)
+        in_place = (self.norm is not None
+                    and dispatch.select(x, self).cpu_inference)
         if in_place:
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.proj(x)

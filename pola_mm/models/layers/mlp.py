@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ...ops import dispatch
 from ...ops.gelu_linear import gelu_linear
-from ...ops.token_runs import linear_out, mlp_in_runs
+from ...ops.token_runs import linear_out, mlp_in_runs, runs_pay
 from .bricks import build_activation_layer
 
 
@@ -38,24 +38,22 @@ class Mlp(BaseModule):
         """``(..., C)`` -> ``(..., C)``.
 
         With GELU and no active dropout, where autograd records, the same
-        result comes from faster or leaner implementations: CPU training on
-        large token maps runs on runs of tokens
-        (:func:`~pola_mm.ops.token_runs.mlp_in_runs`, where
-        :func:`~pola_mm.ops.dispatch.train_in_runs` holds: the hidden layer
-        is never allocated whole); elsewhere (GPUs) ``fc2(act(h))`` is one
-        function that keeps only ``h = fc1(x)`` for backward and recomputes
-        GELU there (:func:`~pola_mm.ops.gelu_linear.gelu_linear`, where
-        :func:`~pola_mm.ops.dispatch.use_kernels` holds).
+        result comes from leaner implementations (the module's
+        :func:`~pola_mm.ops.dispatch.select`): CPU training on large token
+        maps runs on runs of tokens
+        (:func:`~pola_mm.ops.token_runs.mlp_in_runs`: the hidden layer is
+        never allocated whole); elsewhere ``fc2(act(h))`` is one function
+        that keeps only ``h = fc1(x)`` for backward and recomputes GELU
+        there (:func:`~pola_mm.ops.gelu_linear.gelu_linear`).
         """
-        if (type(self.act) is nn.GELU
+        path = dispatch.select(x, self)
+        if (path.autograd and type(self.act) is nn.GELU
                 and (self.drop.p == 0 or not self.training)):
-            if dispatch.train_in_runs(x, self.fc1.out_features, self):
+            if path.cpu_training and runs_pay(x, self.fc1.out_features):
                 return mlp_in_runs(x, self.fc1, self.fc2,
                                    self.act.approximate)
-            if torch.is_grad_enabled() and dispatch.use_kernels(x):
-                return self.drop(gelu_linear(self.fc1(x), self.fc2.weight,
-                                             self.fc2.bias,
-                                             self.act.approximate))
+            return self.drop(gelu_linear(self.fc1(x), self.fc2.weight,
+                                         self.fc2.bias, self.act.approximate))
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
     def forward_into(self, x: Tensor, out: Tensor, hidden: Tensor) -> None:

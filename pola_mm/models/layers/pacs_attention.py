@@ -24,7 +24,9 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...ops import dispatch
+from ...ops.dispatch import PLAIN, Path
 from ...ops.pacs_kernel import pacs_attention_kernel, pacs_features
+from ...ops.precision import no_autocast
 from ...type_aliases import Size2
 from .attention_args import polarity_head_dims
 from .rotary import rotary_tables, theta_shift
@@ -119,8 +121,7 @@ def pacs_attend(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
         q, k, v: ``(B, h, N, d)``, float32 or float64.
         s1, s2: raw temperatures ``(1, h, 1, 2d)``.
         sin, cos: optional ``(N, 2d)`` rotary tables of the products.
-        fast: the kernel (the module's
-            :func:`~pola_mm.ops.dispatch.use_kernels`) or the formula.
+        fast: the kernel (the call's ``Path.kernels``) or the formula.
 
     Returns:
         ``(B, h, N, d)``.
@@ -141,9 +142,10 @@ class PaCSAttention(BaseModule):
     input dtype.
 
     The attention runs the kernel
-    (:func:`~pola_mm.ops.pacs_kernel.pacs_attention_kernel`) where
-    :func:`~pola_mm.ops.dispatch.use_kernels` allows, else the formula (fast
-    paths off, export): :func:`pacs_attend`.
+    (:func:`~pola_mm.ops.pacs_kernel.pacs_attention_kernel`) where the
+    call's :class:`~pola_mm.ops.dispatch.Path` allows (chosen once in
+    :meth:`forward`), else the formula (fast paths off, export):
+    :func:`pacs_attend`.
 
     Args:
         embed_dims: channels ``C``.
@@ -168,11 +170,13 @@ class PaCSAttention(BaseModule):
     def extra_repr(self) -> str:
         return f'embed_dims={self.embed_dims}, num_heads={self.num_heads}'
 
-    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2) -> Tensor:
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2,
+            path: Path = PLAIN) -> Tensor:
         """Attention plus ``lepe`` (before the gate), float32 at least.
 
         Args:
             q, k, v: ``(B, N, C)``, ``N = H * W`` row-major on ``hw``.
+            path: the call's fast paths (:meth:`forward`).
 
         Returns:
             ``(B, N, C)`` in the dtype of ``q``.
@@ -185,12 +189,12 @@ class PaCSAttention(BaseModule):
         def heads(t: Tensor) -> Tensor:  # (B, N, C) -> (B, h, N, d)
             return t.to(dt).reshape(*t.shape[:-1], h, d).transpose(1, 2)
 
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with no_autocast(q.device.type):
             sin, cos = rotary_tables(hw, 2 * d, device=q.device, dtype=dt)
             s1, s2 = self.s1.to(dt), self.s2.to(dt)
             qh, kh, vh = heads(q), heads(k), heads(v)
             x = pacs_attend(qh, kh, vh, s1, s2, sin, cos,
-                            fast=dispatch.use_kernels(qh))
+                            fast=path.kernels)
             vmap = v.to(dt).reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)
             lepe = F.conv2d(vmap, self.lepe.weight.to(dt),
                             self.lepe.bias.to(dt), padding=self.lepe.padding,
@@ -201,6 +205,7 @@ class PaCSAttention(BaseModule):
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, N, C)`` tokens on the grid ``hw`` -> ``(B, N, C)``."""
+        path = dispatch.select(x, self)
         q, k, v, g = self.qkvg(x).reshape(*x.shape[:-1], 4,
                                           self.embed_dims).unbind(-2)
-        return self.proj(self.mix(q, k, v, hw) * g)
+        return self.proj(self.mix(q, k, v, hw, path) * g)

@@ -13,12 +13,14 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...ops import dispatch
+from ...ops.dispatch import PLAIN, Path
 from ...ops.depthwise_conv import depthwise_conv2d
 from ...ops.gate_linear import gate_linear
 from ...ops.polarity_kernel import (polarity_attention_kernel,
                                     polarity_attention_pytorch,
                                     polarity_key_state, polarity_query_apply)
-from ...ops.token_runs import split_linear_in_runs
+from ...ops.precision import no_autocast
+from ...ops.token_runs import runs_pay, split_linear_in_runs
 from ...type_aliases import Size2
 from .embed import pad_for_stride
 from .attention_args import polarity_head_dims
@@ -35,13 +37,15 @@ class PolarityAttention(BaseModule):
     :meth:`mix` (attention + dwc over the stage map, float32 under
     autocast) and :meth:`output` (gate and output projection).
 
-    ``mix`` runs the published formula through the fast kernel
+    ``mix`` runs the published formula, written with standard operations
+    (:func:`~pola_mm.ops.polarity_kernel.polarity_attention_pytorch`), or
+    where the call's :class:`~pola_mm.ops.dispatch.Path` allows (chosen once
+    per call in :meth:`forward` by :func:`pola_mm.ops.dispatch.select`) the
+    fast kernel beside it
     (:func:`~pola_mm.ops.polarity_kernel.polarity_attention_kernel`: same
     outputs and gradients, without storing the ``(B, h, N, 2d)`` feature
-    maps) or, with the fast paths off and while a graph is captured
-    (export), its plain PyTorch reference
-    (:func:`~pola_mm.ops.polarity_kernel.polarity_attention_pytorch`); the
-    choice is :func:`pola_mm.ops.dispatch.use_kernels`.
+    maps). With the fast paths off and while a graph is captured (export)
+    the plain formula runs.
 
     Args:
         embed_dims: channels ``C``.
@@ -154,26 +158,28 @@ class PolarityAttention(BaseModule):
                 (f', sr_ratio={self.sr_ratio}' if self.sr_ratio > 1 else ''))
 
     # -- step 1 ------------------------------------------------------------
-    def project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, path: Path = PLAIN
+                ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """Input projections.
 
         Args:
             x: ``(..., C)`` tokens.
+            path: the call's fast paths (:meth:`forward`).
 
         Returns:
             ``q, k, v, g``, each ``(..., C)``: the authors' ``reshape(...,
             4, C)`` split of ``qkvg``, or of ``qg`` and ``kv`` for PVT. In
-            CPU training on large token maps they are separate tensors made
-            on runs of tokens (see
-            :func:`~pola_mm.ops.dispatch.train_in_runs`; no
-            4C-wide output or stacked gradient is allocated); elsewhere
+            CPU training on large token maps (``path.cpu_training`` and
+            :func:`~pola_mm.ops.token_runs.runs_pay`) they are separate
+            tensors made on runs of tokens (no 4C-wide output or stacked
+            gradient is allocated); elsewhere
             views into the projection output, split by ``unbind`` so that
             backward assembles the projection's gradient in one pass.
         """
         C = self.embed_dims
 
         def split(linear: nn.Linear, parts: int) -> Sequence[Tensor]:
-            if dispatch.train_in_runs(x, parts * C, linear):
+            if path.cpu_training and runs_pay(x, parts * C):
                 return split_linear_in_runs(x, linear, parts)
             return linear(x).reshape(*x.shape[:-1], parts, C).unbind(-2)
 
@@ -191,17 +197,19 @@ class PolarityAttention(BaseModule):
         return t.reshape(t.shape[0], -1, self.num_heads,
                          self.head_dims).transpose(1, 2)
 
-    def positional_table(self, hw: Size2) -> Tensor:
+    def positional_table(self, hw: Size2, cache: bool = False) -> Tensor:
         """``positional_encoding`` for a grid ``hw``: ``(1, H * W, C)``.
 
         Used unchanged at its reference grid; otherwise resized with
-        ``interpolate_mode`` (``align_corners=False``) on its 2-D grid.
+        ``interpolate_mode`` (``align_corners=False``) on its 2-D grid
+        (``cache``: see :func:`~.position.resize_pos_table`).
         """
         return resize_pos_table(self.positional_encoding, self.ref_hw, hw,
-                                self.interpolate_mode)
+                                self.interpolate_mode, cache=cache)
 
     # -- step 2 ------------------------------------------------------------
-    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2) -> Tensor:
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2,
+            path: Path = PLAIN) -> Tensor:
         """Attention and depth-wise conv on v over a whole grid of tokens.
 
         Under fp16/bf16 autocast the computation runs in float32; the result
@@ -212,6 +220,8 @@ class PolarityAttention(BaseModule):
                 ``N = H * W`` tokens row-major on the stage map ``hw``;
                 ``k`` without the positional table.
             hw: ``(H, W)``.
+            path: the call's fast paths (:meth:`forward`): the kernel where
+                ``path.kernels``, else the plain formula.
 
         Returns:
             ``(B', N, C)`` (before the gate).
@@ -222,18 +232,18 @@ class PolarityAttention(BaseModule):
         B, N, C = q.shape
         h, d = self.num_heads, self.head_dims
 
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            fast = dispatch.use_kernels(q)
+        with no_autocast(q.device.type):
             # the kernel and the conv upcast inside and keep q, k, v as
             # given (under autocast fp16/bf16 views of the projection, not
             # float32 copies)
-            kernel = fast and self.feature_map != 'pacs'
+            kernel = path.kernels and self.feature_map != 'pacs'
             q, k, v = (self.split_heads(t if kernel else t.to(dt))
                        for t in (q, k, v))
-            pos = self.split_heads(self.positional_table(hw).to(dt))
+            pos = self.split_heads(
+                self.positional_table(hw, cache=path.kernels).to(dt))
             scale = self.scale.to(dt).reshape(1, h, 1, d)
             if self.feature_map == 'pacs':
-                x = self._pacs(q, k + pos, v, scale, dt, fast)
+                x = self._pacs(q, k + pos, v, scale, dt, path.kernels)
             else:
                 attend = (polarity_attention_kernel
                           if kernel else polarity_attention_pytorch)
@@ -246,7 +256,8 @@ class PolarityAttention(BaseModule):
             vmap = v.transpose(1, 2).reshape(B, hw[0], hw[1], C)
             conv = depthwise_conv2d(vmap.permute(0, 3, 1, 2),
                                     *self.dwc_params(dt),
-                                    padding=self.dwc.padding)
+                                    padding=self.dwc.padding,
+                                    lean=path.autograd)
             x = torch.add(x.transpose(1, 2).reshape(B, N, C),
                           conv.permute(0, 2, 3, 1).reshape(B, N, C))
         return x.to(out_dtype)
@@ -269,14 +280,13 @@ class PolarityAttention(BaseModule):
         return weight, None if bias is None else bias.to(dt).repeat(h)
 
     # -- step 3 ------------------------------------------------------------
-    def output(self, x: Tensor, g: Tensor) -> Tensor:
+    def output(self, x: Tensor, g: Tensor, path: Path = PLAIN) -> Tensor:
         """Gate and output projection: ``proj(x * g)``; ``(..., C)``.
 
-        Where autograd records and :func:`~pola_mm.ops.dispatch.use_kernels`
-        holds, one function that keeps ``x`` and ``g`` but not ``x * g``
-        for backward (:func:`~pola_mm.ops.gate_linear.gate_linear`)."""
-        if (torch.is_grad_enabled() and dispatch.use_kernels(x)
-                and x.shape == g.shape):
+        Where ``path.autograd`` (the call's fast paths, :meth:`forward`),
+        one function that keeps ``x`` and ``g`` but not ``x * g`` for
+        backward (:func:`~pola_mm.ops.gate_linear.gate_linear`)."""
+        if path.autograd and x.shape == g.shape:
             return self.proj_drop(gate_linear(x, g, self.proj.weight,
                                               self.proj.bias))
         return self.proj_drop(self.proj(x * g))
@@ -292,15 +302,17 @@ class PolarityAttention(BaseModule):
         Returns:
             ``(B, N, C)``.
         """
+        path = dispatch.select(x, self)
         if self.sr_ratio > 1:
-            return self.forward_reduced(x, hw)
-        q, k, v, g = self.project(x)
-        return self.output(self.mix(q, k, v, hw), g)
+            return self.forward_reduced(x, hw, path)
+        q, k, v, g = self.project(x, path)
+        return self.output(self.mix(q, k, v, hw, path), g, path)
 
-    def forward_reduced(self, x: Tensor, hw: Size2) -> Tensor:
+    def forward_reduced(self, x: Tensor, hw: Size2,
+                        path: Path = PLAIN) -> Tensor:
         """``sr_ratio > 1``: keys and values from the reduced map, the
         authors' Pola-PVT with ``la_sr_ratios``; ``(B, N, C)`` ->
-        ``(B, N, C)``."""
+        ``(B, N, C)``. The attention is the plain formula on any path."""
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dims
         q, g = self.qg(x).reshape(B, N, 2, C).unbind(-2)
@@ -315,9 +327,10 @@ class PolarityAttention(BaseModule):
         out_dtype = q.dtype
         dt = torch.promote_types(out_dtype, torch.float32)
 
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with no_autocast(x.device.type):
             q, k, v = (self.split_heads(t.to(dt)) for t in (q, k, v))
-            k = k + self.split_heads(self.positional_table(kv_hw).to(dt))
+            k = k + self.split_heads(
+                self.positional_table(kv_hw, cache=path.kernels).to(dt))
             scale = self.scale.to(dt).reshape(1, h, 1, d)
             if self.feature_map == 'pacs':
                 y = self._pacs(q, k, v, scale, dt, fast=False)
@@ -333,7 +346,7 @@ class PolarityAttention(BaseModule):
                             padding=self.dwc.padding, groups=C)
             y = y.transpose(1, 2).reshape(B, N, C) + conv.flatten(2).transpose(
                 1, 2)
-        return self.output(y.to(out_dtype), g)
+        return self.output(y.to(out_dtype), g, path)
 
     # -- CPU inference in runs (the same computation) ----------------------
     def project_parts(self, x: Tensor,
@@ -382,7 +395,8 @@ class PolarityAttention(BaseModule):
         H, W = hw
         h, d = self.num_heads, self.head_dims
         xmap = x.view(B, H, W, C)
-        pos = self.positional_table(hw).view(1, H, W, C).to(x.dtype)
+        pos = self.positional_table(hw, cache=True).view(1, H, W, C).to(
+            x.dtype)
         scale = self.scale.to(x.dtype).reshape(1, h, 1, d)
         power = self.power.to(x.dtype)
         runs = [(r, min(r + rows, H)) for r in range(0, H, rows)]

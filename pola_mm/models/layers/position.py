@@ -4,7 +4,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...ops import dispatch
 from ...type_aliases import Size2
 
 
@@ -22,24 +21,22 @@ def check_resize_mode(mode: str) -> str:
 
 
 def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2,
-                     mode: str = 'bicubic') -> Tensor:
+                     mode: str = 'bicubic', cache: bool = False) -> Tensor:
     """Resize a learned ``(1, Hr * Wr, C)`` token table to ``(1, H * W, C)``.
 
     ``mode`` (``'bicubic'`` or ``'bilinear'``), ``align_corners=False``, on
-    the 2-D grid; the table itself is returned at its reference size. Where
-    no gradient is needed (inference, frozen tables), the resized table is
-    cached on ``table`` for the last ``hw`` and reused until the table
-    changes (in place or by a move); the result must then not be modified in
-    place.
+    the 2-D grid; the table itself is returned at its reference size. With
+    ``cache`` (the caller's ``Path.kernels``: never while a graph is
+    captured, where a traced graph would hold the cached table as a
+    constant of one size and ``torch.export``'s fake tensors must not be
+    cached on the real table) and where no gradient is needed (inference,
+    frozen tables), the resized table is cached on ``table`` for the last
+    ``hw`` and reused until the table changes (in place or by a move); the
+    result must then not be modified in place.
     """
     if tuple(hw) == tuple(ref_hw):
         return table
-    # never while a graph is captured: a traced graph would hold the cached
-    # table as a constant of one size (and torch.export's fake tensors must
-    # not be cached on the real table)
-    cache = (dispatch.fast_paths_enabled()
-             and not (torch.is_grad_enabled() and table.requires_grad)
-             and not dispatch.capturing())
+    cache = cache and not (torch.is_grad_enabled() and table.requires_grad)
     if cache:
         key = (tuple(int(i) for i in hw), tuple(ref_hw), mode,
                table._version,

@@ -40,9 +40,9 @@ class RotarySelfAttention(BaseModule):
     be divisible by 4.
 
     The softmax product runs PyTorch's ``scaled_dot_product_attention``
-    where :func:`~pola_mm.ops.dispatch.use_kernels` allows, else
-    :func:`softmax_attention` (fast paths off, export): the same up to float
-    rounding.
+    where the call's :class:`~pola_mm.ops.dispatch.Path` says ``sdpa``
+    (GPUs; CPU inference), else :func:`softmax_attention` (CPU training,
+    fast paths off, export): the same up to float rounding.
 
     Args:
         embed_dims: channels ``C``.
@@ -78,7 +78,7 @@ class RotarySelfAttention(BaseModule):
         sin, cos = rotary_tables(hw, d, device=x.device, dtype=x.dtype)
         q, k, v = (t.reshape(B, N, h, d).transpose(1, 2) for t in (q, k, v))
         q, k = theta_shift(q, sin, cos), theta_shift(k, sin, cos)
-        if dispatch.use_kernels(q):
+        if dispatch.select(x, self).sdpa:
             out = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
         else:
             out = softmax_attention(q, k, v, d**-0.5)

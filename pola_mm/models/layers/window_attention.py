@@ -106,7 +106,7 @@ class WindowMSA(BaseModule):
         h = self.num_heads
         qkv = self.qkv(x).reshape(B_, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        if dispatch.use_sdpa(x, self):
+        if dispatch.select(x, self).sdpa:
             return self._sdpa(q, k, v, window, mask)
         attn = (q * self.scale) @ k.transpose(-2, -1)
         attn = attn + self.relative_bias(window).unsqueeze(0)
