@@ -66,13 +66,14 @@ RUN = (
 #: timm's registry-wide tests that do not run here, and why (docs/timm.md).
 NOT_RUN: Dict[str, str] = {
     'test_model_forward_torchscript': (
-        'TorchScript: torch.jit.script compiles every submodule; pola_mm '
-        "keeps one copy of each layer, whose forward picks at run time "
-        'between the reference formula and fast kernels '
-        '(torch.autograd.Function subclasses, C++ CPU loops, token runs, '
-        'autocast contexts, cached position tables), none of which '
-        'TorchScript compiles. Export with torch.export / ONNX instead '
-        '(docs/deployment.md).'),
+        'TorchScript: torch.jit.script is deprecated in the torch we install '
+        "(2.14: FutureWarning 'switch to torch.compile or torch.export'), "
+        'and it compiles every submodule; pola_mm keeps one copy of each '
+        'layer, whose forward picks per call between the plain formula and '
+        'fast kernels (torch.autograd.Function subclasses, C++ CPU loops, '
+        'token runs, autocast contexts, cached position tables), none of '
+        'which TorchScript compiles. torch.export runs the plain formula '
+        '(tests/timm/test_timm_export.py; ONNX: docs/deployment.md).'),
     'test_model_forward_fx_torchscript': (
         'TorchScript of the FX graph: the graph calls the blocks as leaf '
         'modules, which TorchScript compiles as above.'),

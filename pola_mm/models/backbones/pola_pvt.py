@@ -249,34 +249,37 @@ class PolaPVT(PolaBackbone):
             getattr(self, f'pos_embed{i}').requires_grad = False
             freeze(getattr(self, f'block{i}'))
 
+    def embed(self, i: int, x: Tensor) -> Tuple[Tensor, Size2]:
+        """Stage ``i``'s patch embedding, position table and dropout:
+        ``(B, Cin, H, W)`` (any strides) -> tokens ``(B, H' * W', C)`` and
+        ``(H', W')``. In CPU inference the table is added in place to the
+        embedding's fresh output."""
+        patch_embed = getattr(self, f'patch_embed{i + 1}')
+        x, hw = patch_embed(x)
+        path = dispatch.select(x, patch_embed)
+        pos = resize_pos_table(getattr(self, f'pos_embed{i + 1}'),
+                               self.ref_grids[i], hw, self.interpolate_mode,
+                               cache=path.kernels)
+        if path.cpu_inference and not (pos.requires_grad
+                                       and torch.is_grad_enabled()):
+            x = x.add_(pos)
+        else:
+            x = x + pos
+        return getattr(self, f'pos_drop{i + 1}')(x), hw
+
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
         self.check_input(x)
         B = x.shape[0]
         outs = []
         for i in range(self.num_built):
-            embed = getattr(self, f'patch_embed{i + 1}')
-            x, hw = embed(x)
-            path = dispatch.select(x, embed)
-            pos = resize_pos_table(getattr(self, f'pos_embed{i + 1}'),
-                                   self.ref_grids[i], hw,
-                                   self.interpolate_mode, cache=path.kernels)
-            if path.cpu_inference and not (pos.requires_grad
-                                           and torch.is_grad_enabled()):
-                x = x.add_(pos)  # x is the embedding's own fresh output
-            else:
-                x = x + pos
-            x = getattr(self, f'pos_drop{i + 1}')(x)
+            x, hw = self.embed(i, x)
             for block in getattr(self, f'block{i + 1}'):
                 x = block(x, hw)
+            # NCHW; the next patch embedding convolves this view as it is
+            # (channels-last, no copy), the outputs are made contiguous
             x = x.view(B, hw[0], hw[1], self.num_features[i]).permute(
                 0, 3, 1, 2)
-            out = None
             if i in self.out_indices:
-                out = x.contiguous()  # outputs are NCHW-contiguous
-                outs.append(out)
-            if x.device.type != 'cpu' or not path.kernels:
-                x = x.contiguous() if out is None else out
-            # on CPU the next patch embedding convolves the channels-last
-            # view without a copy, and its output is token-major again
+                outs.append(x.contiguous())
         return tuple(outs)
