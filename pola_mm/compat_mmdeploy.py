@@ -31,7 +31,20 @@ included, for two reasons, both fixed here and nowhere else:
    for ncnn) are still in torch's internal modules and are re-exported from
    there. Only missing names are added; nothing of torch is replaced.
 
-Both are applied when MMDeploy is imported (an import hook waits for
+3. **Inexact adaptive pooling** (not a torch 2.14 matter, but it decides
+   whether UperNet verifies): MMDeploy replaces ``adaptive_avg_pool2d`` by
+   ``avg_pool2d`` with kernel ``floor(size / out)`` for every backend but
+   ncnn and TorchScript, which equals adaptive pooling only where the map
+   is divisible by the output size (UperNet's pyramid pooling at 512x512:
+   the 16x16 map pooled to 3x3 and 6x6 is not). For the ONNX Runtime
+   backend, a rewriter registered for that backend (MMDeploy prefers it to
+   its default one) computes adaptive pooling exactly at static sizes: a
+   product with constant averaging matrices, ``P_h x P_w^T``, whose rows
+   average PyTorch's bins ``[floor(i H / h), ceil((i + 1) H / h))``; where
+   the map is divisible it keeps MMDeploy's ``avg_pool2d``, and with dynamic
+   shapes MMDeploy's rule. mmseg's own UperNet gets the same, exact, file.
+
+All are applied when MMDeploy is imported (an import hook waits for
 ``mmdeploy.core``; nothing of MMDeploy is imported by ``import pola_mm``),
 or at once if it already was. Nothing here runs the models: what mmdet's,
 mmseg's and pola_mm's models compute is unchanged (the export runs their
@@ -51,7 +64,8 @@ from mmengine.logging import print_log
 __all__ = [
     'DynamicSizeError', 'fixed_size_backbones', 'refuse_dynamic_hw',
     'needs_torchscript_exporter', 'provide_removed_symbolics',
-    'register_mmdeploy_rewriters', 'install_mmdeploy_fixes', 'applied'
+    'register_mmdeploy_rewriters', 'install_mmdeploy_fixes', 'applied',
+    'adaptive_pool_matrix'
 ]
 
 #: What has been applied: ``'symbolics'`` (the names added to torch's
@@ -195,10 +209,43 @@ def _onnx_export__torchscript(*args: Any, **kwargs: Any) -> Any:
     return ctx.origin_func(*args, **kwargs)
 
 
+def adaptive_pool_matrix(size: int, out: int,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(out, size)``: row ``i`` averages PyTorch's adaptive-pooling bin
+    ``[floor(i size / out), ceil((i + 1) size / out))`` of one axis."""
+    m = torch.zeros(out, size, dtype=dtype)
+    for i in range(out):
+        a, b = (i * size) // out, -(-(i + 1) * size // out)
+        m[i, a:b] = 1.0 / (b - a)
+    return m
+
+
+def _adaptive_avg_pool2d__exact(input: torch.Tensor,
+                                output_size: Any) -> torch.Tensor:
+    """MMDeploy function rewriter of ``adaptive_avg_pool2d`` for the ONNX
+    Runtime backend: exact at static sizes (see the module docstring)."""
+    import torch.nn.functional as F
+    from mmdeploy.core import FUNCTION_REWRITER
+    from mmdeploy.utils import is_dynamic_shape
+    ctx = FUNCTION_REWRITER.get_context()
+    H, W = int(input.shape[-2]), int(input.shape[-1])
+    size = output_size if isinstance(output_size,
+                                     (tuple, list)) else (output_size, ) * 2
+    oh, ow = (int(o) if o is not None else d for o, d in zip(size, (H, W)))
+    if oh == ow == 1:
+        return ctx.origin_func(input, output_size)
+    if is_dynamic_shape(ctx.cfg) or (H % oh == 0 and W % ow == 0):
+        k = (H // oh, W // ow)  # MMDeploy's rule (exact when divisible)
+        return F.avg_pool2d(input, kernel_size=k, stride=k)
+    ph = adaptive_pool_matrix(H, oh, input.dtype).to(input.device)
+    pw = adaptive_pool_matrix(W, ow, input.dtype).to(input.device)
+    return torch.matmul(torch.matmul(ph, input), pw.t())
+
+
 def register_mmdeploy_rewriters(core: Optional[ModuleType] = None) -> bool:
-    """Register the ``torch.onnx.export`` rewriter in MMDeploy's
-    ``FUNCTION_REWRITER`` (only where torch defaults to the dynamo exporter;
-    idempotent).
+    """Register the ``torch.onnx.export`` rewriter and the ONNX Runtime
+    ``adaptive_avg_pool2d`` rewriter in MMDeploy's ``FUNCTION_REWRITER``
+    (only where torch defaults to the dynamo exporter; idempotent).
 
     Args:
         core: the imported ``mmdeploy.core`` (imported here if None).
@@ -215,6 +262,9 @@ def register_mmdeploy_rewriters(core: Optional[ModuleType] = None) -> bool:
             import mmdeploy.core as core
         core.FUNCTION_REWRITER.register_rewriter(
             func_name='torch.onnx.export')(_onnx_export__torchscript)
+        core.FUNCTION_REWRITER.register_rewriter(
+            func_name='torch.nn.functional.adaptive_avg_pool2d',
+            backend='onnxruntime')(_adaptive_avg_pool2d__exact)
         applied['rewriters'] = True
     return True
 

@@ -197,6 +197,51 @@ def test_semantic_fpn_static_matches_pytorch(tmp_path, photo, with_argmax):
     assert any(key in n for n in names), names
 
 
+def _upernet_options() -> dict:
+    return {
+        'model.backbone.init_cfg': None,
+        'model.backbone.arch': dict(_delete_=True, embed_dims=16,
+                                    depths=[1, 1, 1, 1],
+                                    num_heads=[1, 1, 2, 2]),
+        'model.decode_head.in_channels': [16, 32, 64, 128],
+        'model.decode_head.channels': 32,
+        'model.auxiliary_head.in_channels': 64,
+        'model.auxiliary_head.channels': 16,
+    }
+
+
+def test_exact_adaptive_pooling_matrices():
+    """The ONNX Runtime rewriter's averaging matrices are PyTorch's
+    adaptive bins, also where the map is not divisible (16 -> 3, 6)."""
+    import torch.nn.functional as F
+    x = torch.randn(2, 3, 16, 23, dtype=torch.float64)
+    for out in ((3, 6), (6, 6), (2, 5), (16, 23)):
+        ph = compat_mmdeploy.adaptive_pool_matrix(16, out[0], x.dtype)
+        pw = compat_mmdeploy.adaptive_pool_matrix(23, out[1], x.dtype)
+        torch.testing.assert_close(ph @ x @ pw.t(),
+                                   F.adaptive_avg_pool2d(x, out),
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_upernet_static_matches_pytorch(tmp_path, photo):
+    """UperNet (Pola-Swin) through the stock static 512x512 config with
+    ``with_argmax=False``: its pyramid pooling pools the 16x16 map to 3x3
+    and 6x6, which MMDeploy's own ``avg_pool2d`` rewrite gets wrong; with
+    pola_mm's exact rewriter for ONNX Runtime the logits are within 1e-4
+    of their scale."""
+    from mmengine.config import Config
+    deploy = Config.fromfile(
+        stock('mmseg/segmentation_onnxruntime_static-512x512.py'))
+    deploy.codebase_config.with_argmax = False
+    report = deploy_and_verify(
+        deploy, osp.join(CONFIGS, 'upernet_pola_swin_t_ade20k.py'), None,
+        photo, str(tmp_path), cfg_options=_upernet_options())
+    assert report.ok, report
+    assert report.input_shapes == [(1, 3, 512, 512)]
+    assert any('logit max' in c.name for c in report.checks)
+    assert osp.exists(tmp_path / 'end2end.onnx')
+
+
 def test_classifier_cli_writes_only_a_verified_file(tmp_path, photo):
     """tools/deployment/deploy.py with the stock static classification
     config: the file is written, the class scores printed."""
