@@ -310,6 +310,56 @@ def test_mask_rcnn_exports_with_roi_align_at_opset_11(tmp_path, shapes_image):
     assert outs[0].shape[-1] == 5 and outs[2].shape[-2:] == (28, 28)
 
 
+MASK_RCNN = osp.join(DATA, 'mask_rcnn_pola_pvt_shapes.py')
+MASK_RCNN_PTH = osp.join(DATA, 'mask_rcnn_pola_pvt_shapes.pth')
+
+
+def _without_ours(monkeypatch, *names):
+    """MMDeploy's rewriter registry without pola_mm's rewriters of
+    ``names`` (MMDeploy's own default rewriters then apply)."""
+    from mmdeploy.core import FUNCTION_REWRITER
+    records = FUNCTION_REWRITER._registry._rewrite_records
+    ours = {compat_mmdeploy._rpn_head__predict_by_feat__levelwise,
+            compat_mmdeploy._bbox_head__predict_by_feat__classwise}
+    for name in names:
+        kept = [r for r in records[name]
+                if not any(v is f for v in r.values() for f in ours)]
+        assert len(kept) < len(records[name])
+        monkeypatch.setitem(records, name, kept)
+
+
+def test_mask_rcnn_static_matches_pytorch(tmp_path, shapes_image, photo):
+    """A trained Mask R-CNN (Pola-PVT) through the stock static instance-seg
+    config: ONNX Runtime finds PyTorch's confident shapes, same labels,
+    boxes within 1e-3 of the image size, scores within 1e-4, masks IoU >=
+    0.99 (pola_mm's level-wise RPN and class-wise box rewriters)."""
+    report = deploy_and_verify(
+        stock('mmdet/instance-seg/instance-seg_onnxruntime_static.py'),
+        MASK_RCNN, MASK_RCNN_PTH, [shapes_image, photo],
+        str(tmp_path / 'mask'))
+    assert report.ok and osp.isfile(report.onnx_file)
+    counted = [c for c in report.checks if 'without a counterpart' in c.name]
+    assert 'PyTorch 0,' not in counted[0].detail, counted[0].detail
+    assert any('mask IoU' in c.name for c in report.checks)
+
+
+def test_mask_rcnn_differs_with_mmdeploys_own_rpn(tmp_path, monkeypatch,
+                                                  shapes_image):
+    """The same model with MMDeploy's own RPN and box rewrites (one NMS
+    over all levels, a score threshold on proposals, each RoI's best-class
+    box for every class) is refused: the comparison can fail, and
+    pola_mm's rewriters are what make it pass."""
+    _without_ours(monkeypatch,
+                  'mmdet.models.dense_heads.rpn_head.RPNHead.predict_by_feat',
+                  'mmdet.models.roi_heads.bbox_heads.bbox_head.BBoxHead.'
+                  'predict_by_feat')
+    with pytest.raises(DeployError, match='differs from PyTorch'):
+        deploy_and_verify(
+            stock('mmdet/instance-seg/instance-seg_onnxruntime_static.py'),
+            MASK_RCNN, MASK_RCNN_PTH, shapes_image, str(tmp_path / 'm'))
+    assert not osp.exists(tmp_path / 'm' / 'end2end.onnx')
+
+
 def test_polapp_backbone_exports_at_opset_11(tmp_path):
     """PolaPP (rotary softmax and PaCS stages) through MMDeploy's export at
     its default opset 11 (no aten::unflatten), equal to PyTorch."""
