@@ -155,10 +155,10 @@ def test_runs_pay_needs_min_runs(small_runs):
     assert runs_pay(torch.randn(2, need // 64, 8), 32)
 
 
-def test_plain_path_while_compiling_or_on_meta(monkeypatch):
+def test_plain_path_while_compiling(monkeypatch):
     lin = nn.Linear(4, 4)
-    assert dispatch.select(torch.randn(2, 4, device='meta'), lin) == \
-        dispatch.PLAIN
+    # (meta keeps the kernels: the memory estimates measure their storage)
+    assert dispatch.select(torch.randn(2, 4, device='meta'), lin).kernels
     monkeypatch.setattr(dispatch, 'is_compiling', lambda: True)
     assert dispatch.select(torch.randn(2, 4), lin) == dispatch.PLAIN
 
