@@ -16,15 +16,17 @@ pola_mm's fast paths off (:func:`pola_mm.ops.plain_paths`: they compute the
 same model, partly in fused loops no dispatcher can see into). Two kinds of
 work are charged by formula instead of by what the dispatcher sees:
 
-- :meth:`PolarityAttention.mix <pola_mm.models.layers.PolarityAttention.mix>`
-  (the attention core and its depth-wise conv) by
-  :func:`polarity_attention_flops`: its matrix products, the conv and the
-  elementwise work of the published formula (feature maps with the learned
-  power, the scalings, the normalisers), whatever implementation runs and
-  whether or not gradients are on; with PolaFormer++'s PaCS feature map
-  (``feature_map='pacs'``) by :func:`pacs_attention_flops`;
-- :meth:`PaCSAttention.mix <pola_mm.models.layers.PaCSAttention.mix>`
-  (PolaPP's linear attention: PaCS features, rotary encoding, ``lepe``) by
+- the ``mix`` of every module with a ``mix_flops(batch, tokens)`` method,
+  by what that method returns (the model describes its own attention, the
+  published computation whatever implementation runs and whether or not
+  gradients are on):
+  :meth:`PolarityAttention.mix_flops <pola_mm.models.layers.
+  PolarityAttention.mix_flops>` charges :func:`polarity_attention_flops`
+  (its matrix products, the conv and the elementwise work of the formula:
+  feature maps with the learned power, scalings, normalisers) or, with
+  PolaFormer++'s PaCS feature map, :func:`pacs_attention_flops`;
+  :meth:`PaCSAttention.mix_flops <pola_mm.models.layers.PaCSAttention.
+  mix_flops>` (PolaPP: PaCS features, rotary encoding, ``lepe``)
   :func:`pacs_attention_flops` with ``rotary=True``;
 - every ``scaled_dot_product_attention`` kernel (fused softmax attention,
   which :class:`torch.utils.flop_counter.FlopCounterMode` counts as 0 on
@@ -324,13 +326,14 @@ class _Counter(TorchDispatchMode):
 
 @contextlib.contextmanager
 def _tracked(model: nn.Module, counter: _Counter) -> Iterator[None]:
-    """Module-stack hooks on every submodule, and the formula for every
-    :class:`PolarityAttention`'s and :class:`PaCSAttention`'s ``mix``."""
-    from ..models.layers import PaCSAttention, PolarityAttention
+    """Module-stack hooks on every submodule, and the module's own formula
+    (``mix_flops``) for the ``mix`` of every module that has one
+    (:class:`PolarityAttention`, :class:`PaCSAttention`, or a user's)."""
     handles = []
     patched: List[nn.Module] = []
     for name, module in model.named_modules():
-        if isinstance(module, (PolarityAttention, PaCSAttention)):
+        if callable(getattr(module, 'mix_flops', None)) and callable(
+                getattr(module, 'mix', None)):
             patched.append(module)
             module.mix = _formula_mix(module, counter, name)
         if not name:  # the root is always on the stack
@@ -365,22 +368,7 @@ def _formula_mix(module: nn.Module, counter: _Counter,
             out = original(q, k, v, hw, *args, **kwargs)
         finally:
             counter.suppress -= 1
-        B, N = q.shape[0], q.shape[1]
-        C, h = module.embed_dims, module.num_heads
-        if not hasattr(module, 'feature_map'):  # PolaPP's PaCSAttention
-            op = 'pacs_attention'
-            flops = pacs_attention_flops(B, N, C, h,
-                                         module.lepe.kernel_size[0],
-                                         rotary=True)
-        elif module.feature_map == 'pacs':
-            op = 'pacs_attention'
-            flops = pacs_attention_flops(B, N, C, h,
-                                         module.dwc.kernel_size[0],
-                                         scaled_inputs=True)
-        else:
-            op = 'polarity_attention'
-            flops = polarity_attention_flops(B, N, C, h,
-                                             module.dwc.kernel_size[0])
+        op, flops = module.mix_flops(q.shape[0], q.shape[1])
         counter.add(op, flops['total'])
         return out
 

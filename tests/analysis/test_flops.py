@@ -311,3 +311,26 @@ def test_pacs_attention_counted_whatever_runs(kind, grad, fast_paths):
     assert 'polarity_attention' not in report.by_op
     assert report.total == f['total'] + B * N * C * 5 * C  # qkvg, proj
     assert 'mix' not in vars(attn)
+
+
+def test_any_module_with_mix_flops_is_charged_its_own_formula():
+    """The counter takes the attention's cost from the module itself: a
+    user's module with ``mix`` and ``mix_flops`` is charged what it says,
+    in place of the operations its ``mix`` runs."""
+
+    class MyAttention(torch.nn.Module):
+
+        def mix(self, q, k, v, hw):
+            return (q @ k.transpose(-2, -1)) @ v
+
+        def mix_flops(self, batch, tokens):
+            return 'my_attention', dict(total=1234 * batch * tokens)
+
+        def forward(self, x):
+            return self.mix(x, x, x, (1, x.shape[1]))
+
+    mod = MyAttention()
+    x = torch.randn(2, 5, 4)
+    report = count_flops(mod, lambda: mod(x))
+    assert report.by_op == {'my_attention': 1234 * 2 * 5}
+    assert 'mix' not in vars(mod)  # the method is the class's again

@@ -15,7 +15,7 @@ feature map :func:`~pola_mm.ops.pacs_kernel.pacs_features`, the formula
 the last two (:func:`pacs_attend`) and the temperatures ``s1``, ``s2``
 (:func:`add_pacs_temperatures`, :func:`reset_pacs_temperatures`).
 """
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -202,6 +202,16 @@ class PaCSAttention(BaseModule):
             x = x.transpose(1, 2).reshape(B, N, C) + \
                 lepe.flatten(2).transpose(1, 2)
         return x.to(out_dtype)
+
+    def mix_flops(self, batch: int, tokens: int) -> Tuple[str, Dict[str, int]]:
+        """FLOPs of :meth:`mix` on ``batch`` maps of ``tokens`` tokens (1
+        multiply-add = 1 FLOP): ``('pacs_attention',``
+        :func:`~pola_mm.analysis.flops.pacs_attention_flops` ``)`` with the
+        rotary encoding and ``lepe``."""
+        from ...analysis.flops import pacs_attention_flops
+        return 'pacs_attention', pacs_attention_flops(
+            batch, tokens, self.embed_dims, self.num_heads,
+            self.lepe.kernel_size[0], rotary=True)
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, N, C)`` tokens on the grid ``hw`` -> ``(B, N, C)``."""

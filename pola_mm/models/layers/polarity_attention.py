@@ -4,7 +4,7 @@ One module serves both backbones: Pola-Swin (fused ``qkvg`` projection) and
 Pola-PVT (``qg`` + ``kv`` projections); both attend to all tokens of a
 stage map. Parameter names are the authors'.
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -270,6 +270,23 @@ class PolarityAttention(BaseModule):
         s = F.softplus(scale)
         return pacs_attend(q / s, k / s, v, self.s1.to(dt), self.s2.to(dt),
                            fast=fast)
+
+    def mix_flops(self, batch: int, tokens: int) -> Tuple[str, Dict[str, int]]:
+        """FLOPs of :meth:`mix` on ``batch`` maps of ``tokens`` tokens, the
+        published computation whatever implementation runs (1 multiply-add
+        = 1 FLOP): ``('polarity_attention',``
+        :func:`~pola_mm.analysis.flops.polarity_attention_flops` ``)``, or
+        with the PaCS feature map ``('pacs_attention',``
+        :func:`~pola_mm.analysis.flops.pacs_attention_flops` ``)`` with the
+        positional table and scale (``scaled_inputs``)."""
+        from ...analysis.flops import (pacs_attention_flops,
+                                       polarity_attention_flops)
+        args = (batch, tokens, self.embed_dims, self.num_heads,
+                self.dwc.kernel_size[0])
+        if self.feature_map == 'pacs':
+            return 'pacs_attention', pacs_attention_flops(
+                *args, scaled_inputs=True)
+        return 'polarity_attention', polarity_attention_flops(*args)
 
     def dwc_params(self, dt: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
         """The depth-wise conv's per-head kernel and bias repeated over the
