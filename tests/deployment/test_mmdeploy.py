@@ -18,6 +18,7 @@ mmdeploy = pytest.importorskip('mmdeploy')
 
 import pola_mm  # noqa: E402,F401
 from pola_mm import compat_mmdeploy  # noqa: E402
+from pola_mm.deployment import mmdeploy_rewriters  # noqa: E402
 from pola_mm.deployment.mmdeploy_verify import (DeployError,  # noqa: E402
                                                 deploy_and_verify)
 
@@ -85,8 +86,14 @@ def test_compat_fixes_are_in_place_and_narrow():
     assert compat_mmdeploy.needs_torchscript_exporter()
     assert opset9._cast_Long is compat_mmdeploy._cast_long
     assert compat_mmdeploy.applied['rewriters'] is True
-    names = [r for r in FUNCTION_REWRITER._registry._rewrite_records]
-    assert 'torch.onnx.export' in names
+    records = FUNCTION_REWRITER._registry._rewrite_records
+    assert 'torch.onnx.export' in records
+    # the exact head / pooling rewriters: registered for ONNX Runtime only
+    for name, fn in mmdeploy_rewriters.ONNXRUNTIME_REWRITERS.items():
+        ours = [r for r in records[name] if fn in r.values()]
+        assert len(ours) == 1
+        assert [type(c).__name__ for c in ours[0]['_checkers']] == \
+            ['BackendChecker']
     # outside MMDeploy's export torch's default exporter is untouched
     param = inspect.signature(torch.onnx.export).parameters['dynamo']
     assert param.default is True
@@ -221,8 +228,8 @@ def test_exact_adaptive_pooling_matrices():
     import torch.nn.functional as F
     x = torch.randn(2, 3, 16, 23, dtype=torch.float64)
     for out in ((3, 6), (6, 6), (2, 5), (16, 23)):
-        ph = compat_mmdeploy.adaptive_pool_matrix(16, out[0], x.dtype)
-        pw = compat_mmdeploy.adaptive_pool_matrix(23, out[1], x.dtype)
+        ph = mmdeploy_rewriters.adaptive_pool_matrix(16, out[0], x.dtype)
+        pw = mmdeploy_rewriters.adaptive_pool_matrix(23, out[1], x.dtype)
         torch.testing.assert_close(ph @ x @ pw.t(),
                                    F.adaptive_avg_pool2d(x, out),
                                    rtol=1e-12, atol=1e-12)
@@ -324,8 +331,7 @@ def _without_ours(monkeypatch, *names):
     ``names`` (MMDeploy's own default rewriters then apply)."""
     from mmdeploy.core import FUNCTION_REWRITER
     records = FUNCTION_REWRITER._registry._rewrite_records
-    ours = {compat_mmdeploy._rpn_head__predict_by_feat__levelwise,
-            compat_mmdeploy._bbox_head__predict_by_feat__classwise}
+    ours = set(mmdeploy_rewriters.ONNXRUNTIME_REWRITERS.values())
     for name in names:
         kept = [r for r in records[name]
                 if not any(v is f for v in r.values() for f in ours)]

@@ -1,0 +1,201 @@
+"""MMDeploy function rewriters for the ONNX Runtime backend that compute what
+mmdet's and mmseg's PyTorch models compute, where MMDeploy 1.3.1's own rewrites
+compute something else (found while verifying exported files against PyTorch,
+``tools/deployment/deploy.py``):
+
+- **Inexact adaptive pooling** (UperNet): MMDeploy replaces
+  ``adaptive_avg_pool2d`` by ``avg_pool2d`` with kernel ``floor(size / out)``
+  for every backend but ncnn and TorchScript, which equals adaptive pooling
+  only where the map is divisible by the output size (UperNet's pyramid pooling
+  at 512x512: the 16x16 map pooled to 3x3 and 6x6 is not). For the ONNX Runtime
+  backend, a rewriter registered for that backend (MMDeploy prefers it to its
+  default one) computes adaptive pooling exactly at static sizes: a product
+  with constant averaging matrices, ``P_h x P_w^T``, whose rows average
+  PyTorch's bins ``[floor(i H / h), ceil((i + 1) H / h))``; where the map is
+  divisible it keeps MMDeploy's ``avg_pool2d``, and with dynamic shapes
+  MMDeploy's rule. mmseg's own UperNet gets the same, exact, file.
+
+- **Cross-level RPN NMS and one box per RoI** (Mask R-CNN, Cascade): MMDeploy's
+  ``RPNHead.predict_by_feat`` rewrite runs one NMS over the proposals of all
+  levels, with the deploy config's score threshold (0.05), where mmdet runs a
+  level-wise NMS (``batched_nms`` by level) without one and drops empty boxes
+  first. The proposals, and then every detection of Mask R-CNN and Cascade,
+  differ from mmdet's. For the ONNX Runtime backend a rewriter computes mmdet's
+  rule in the graph: per level the ``nms_pre`` best, decoded and clipped; empty
+  boxes scored 0; one ONNX ``NonMaxSuppression`` over boxes offset by ``level *
+  (max coordinate + 1)`` (mmdet's own ``batched_nms`` trick, so boxes of
+  different levels never overlap), the ``max_per_img`` best kept and the
+  offsets taken off again. Likewise MMDeploy's ``BBoxHead.predict_by_feat``
+  keeps, for every class, the box of each RoI's best class, where mmdet decodes
+  each class's own box (``reg_class_agnostic=False``, Mask R-CNN's default);
+  its ONNX Runtime rewriter here runs the same grouped NMS over every (RoI,
+  class) pair with its own box, as mmdet's ``multiclass_nms``.
+
+Each is registered for the ``onnxruntime`` backend only (MMDeploy prefers a
+backend's rewriter to its default one) by
+:func:`pola_mm.compat_mmdeploy.register_mmdeploy_rewriters`, when MMDeploy is
+imported. They change what MMDeploy exports for mmdet's and mmseg's own models
+too, toward what those compute in PyTorch; nothing of the PyTorch models
+changes.
+"""
+from typing import Any, Callable, Dict, List
+
+import torch
+
+__all__ = [
+    'ONNXRUNTIME_REWRITERS', 'adaptive_pool_matrix',
+    'adaptive_avg_pool2d__exact', 'rpn_head__predict_by_feat__levelwise',
+    'bbox_head__predict_by_feat__classwise', 'nms_in_groups'
+]
+
+
+def adaptive_pool_matrix(size: int, out: int,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(out, size)``: row ``i`` averages PyTorch's adaptive-pooling bin
+    ``[floor(i size / out), ceil((i + 1) size / out))`` of one axis."""
+    m = torch.zeros(out, size, dtype=dtype)
+    for i in range(out):
+        a, b = (i * size) // out, -(-(i + 1) * size // out)
+        m[i, a:b] = 1.0 / (b - a)
+    return m
+
+
+def adaptive_avg_pool2d__exact(input: torch.Tensor,
+                               output_size: Any) -> torch.Tensor:
+    """MMDeploy function rewriter of ``adaptive_avg_pool2d`` for the ONNX
+    Runtime backend: exact at static sizes (see the module docstring)."""
+    import torch.nn.functional as F
+    from mmdeploy.core import FUNCTION_REWRITER
+    from mmdeploy.utils import is_dynamic_shape
+    ctx = FUNCTION_REWRITER.get_context()
+    H, W = int(input.shape[-2]), int(input.shape[-1])
+    size = output_size if isinstance(output_size,
+                                     (tuple, list)) else (output_size, ) * 2
+    oh, ow = (int(o) if o is not None else d for o, d in zip(size, (H, W)))
+    if oh == ow == 1:
+        return ctx.origin_func(input, output_size)
+    if is_dynamic_shape(ctx.cfg) or (H % oh == 0 and W % ow == 0):
+        k = (H // oh, W // ow)  # MMDeploy's rule (exact when divisible)
+        return F.avg_pool2d(input, kernel_size=k, stride=k)
+    ph = adaptive_pool_matrix(H, oh, input.dtype).to(input.device)
+    pw = adaptive_pool_matrix(W, ow, input.dtype).to(input.device)
+    return torch.matmul(torch.matmul(ph, input), pw.t())
+
+
+def rpn_head__predict_by_feat__levelwise(self: Any,
+                                         cls_scores: List[torch.Tensor],
+                                         bbox_preds: List[torch.Tensor],
+                                         score_factors: Any = None,
+                                         batch_img_metas: Any = None,
+                                         cfg: Any = None,
+                                         rescale: bool = False,
+                                         with_nms: bool = True,
+                                         **kwargs: Any) -> Any:
+    """MMDeploy function rewriter of mmdet's ``RPNHead.predict_by_feat``
+    for the ONNX Runtime backend: mmdet's level-wise NMS in the graph (see
+    the module docstring). Returns ``(dets, labels)`` as MMDeploy's own
+    rewrite does: ``dets`` ``(B, max_per_img, 5)`` (boxes and scores, best
+    first, zero rows where there are fewer), ``labels`` ``(B,
+    max_per_img)`` (all 0: one class)."""
+    cfg = self.test_cfg if cfg is None else cfg
+    batch = cls_scores[0].shape[0]
+    sizes = [c.shape[-2:] for c in cls_scores]
+    priors = self.prior_generator.grid_priors(
+        sizes, device=cls_scores[0].device)
+    nms_pre = cfg.get('nms_pre', -1)
+    img_shape = batch_img_metas[0]['img_shape']
+    boxes, scores, levels = [], [], []
+    for level, (cls, reg, anchors) in enumerate(
+            zip(cls_scores, bbox_preds, priors)):
+        cls = cls.detach().permute(0, 2, 3, 1)
+        if self.use_sigmoid_cls:
+            score = cls.reshape(batch, -1).sigmoid()
+        else:  # background last since mmdet 2.5
+            score = cls.reshape(batch, -1, 2).softmax(-1)[..., 0]
+        reg = reg.detach().permute(0, 2, 3, 1).reshape(
+            batch, -1, self.bbox_coder.encode_size)
+        anchors = anchors.unsqueeze(0).expand(batch, -1, -1)
+        if 0 < nms_pre < score.shape[1]:
+            score, keep = score.topk(nms_pre, dim=1)
+            reg = reg.gather(1, keep.unsqueeze(-1).expand(-1, -1,
+                                                          reg.shape[-1]))
+            anchors = anchors.gather(1, keep.unsqueeze(-1).expand(-1, -1, 4))
+        boxes.append(self.bbox_coder.decode(anchors, reg,
+                                            max_shape=img_shape))
+        scores.append(score)
+        levels.append(torch.full_like(score, float(level)))
+    box = torch.cat(boxes, 1)
+    score = torch.cat(scores, 1)
+    level = torch.cat(levels, 1).unsqueeze(-1)
+    min_size = cfg.get('min_bbox_size', -1)
+    if min_size >= 0:  # mmdet drops these before its NMS
+        wh = box[..., 2:] - box[..., :2]
+        score = score * ((wh[..., 0] > min_size) &
+                         (wh[..., 1] > min_size)).to(score.dtype)
+    dets, _ = nms_in_groups(box, score, level.squeeze(-1),
+                            cfg.nms.get('iou_threshold', 0.7), 0.0,
+                            cfg.max_per_img)
+    return dets, torch.zeros_like(dets[..., 4], dtype=torch.long)
+
+
+def nms_in_groups(box: torch.Tensor, score: torch.Tensor,
+                  group: torch.Tensor, iou_threshold: float,
+                  score_threshold: float, keep: int) -> Any:
+    """mmdet's ``batched_nms`` in an exported graph: boxes ``(B, M, 4)``
+    with scores ``(B, M)`` and group ids ``(B, M)`` (levels, classes; float)
+    suppress only within their group. The boxes are offset by ``group *
+    (max coordinate + 1)`` (as mmdet does) for one ONNX
+    ``NonMaxSuppression``; the ``keep`` best with score above
+    ``score_threshold`` come back as ``dets`` ``(B, keep, 5)`` (offsets
+    taken off, zero rows where fewer) and their group ids ``(B, keep)``."""
+    from mmdeploy.mmcv.ops import multiclass_nms
+    span = box.max() + 1
+    dets, _ = multiclass_nms(
+        box + group.unsqueeze(-1) * span, score.unsqueeze(-1),
+        max_output_boxes_per_class=keep, iou_threshold=iou_threshold,
+        score_threshold=score_threshold, pre_top_k=-1, keep_top_k=keep)
+    ids = torch.floor(dets[..., :1] / span)
+    return torch.cat([dets[..., :4] - ids * span, dets[..., 4:]], -1), \
+        ids.squeeze(-1)
+
+
+def bbox_head__predict_by_feat__classwise(self: Any, rois: Any,
+                                          cls_scores: Any, bbox_preds: Any,
+                                          batch_img_metas: Any,
+                                          rcnn_test_cfg: Any = None,
+                                          rescale: bool = False) -> Any:
+    """MMDeploy function rewriter of mmdet's ``BBoxHead.predict_by_feat``
+    for the ONNX Runtime backend: every class's own box, as mmdet's
+    ``multiclass_nms`` (MMDeploy keeps only the box of each RoI's best class
+    for all classes, so a detection of another class gets that class's box).
+    Returns ``(dets, labels)`` as MMDeploy's rewrite does."""
+    import torch.nn.functional as F
+    from mmdet.structures.bbox import get_box_tensor
+    img_shape = batch_img_metas[0]['img_shape']
+    if self.custom_cls_channels:
+        scores = self.loss_cls.get_activation(cls_scores)
+    else:
+        scores = F.softmax(cls_scores, dim=-1)
+    scores = scores[..., :self.num_classes]  # (B, N, C), background off
+    boxes = get_box_tensor(self.bbox_coder.decode(
+        rois[..., 1:], bbox_preds, max_shape=img_shape))
+    batch, num, classes = scores.shape
+    size = self.bbox_coder.encode_size
+    boxes = boxes.reshape(batch, num, -1, size).expand(-1, -1, classes, -1)
+    group = torch.arange(classes, device=scores.device,
+                         dtype=scores.dtype).expand(batch, num, classes)
+    dets, ids = nms_in_groups(
+        boxes.reshape(batch, -1, size), scores.reshape(batch, -1),
+        group.reshape(batch, -1), rcnn_test_cfg.nms.get('iou_threshold'),
+        rcnn_test_cfg.get('score_thr', 0.0), rcnn_test_cfg.max_per_img)
+    return dets, ids.long()
+
+
+#: MMDeploy function name -> rewriter, for the ``onnxruntime`` backend.
+ONNXRUNTIME_REWRITERS: Dict[str, Callable[..., Any]] = {
+    'torch.nn.functional.adaptive_avg_pool2d': adaptive_avg_pool2d__exact,
+    'mmdet.models.dense_heads.rpn_head.RPNHead.predict_by_feat':
+    rpn_head__predict_by_feat__levelwise,
+    'mmdet.models.roi_heads.bbox_heads.bbox_head.BBoxHead.predict_by_feat':
+    bbox_head__predict_by_feat__classwise,
+}
