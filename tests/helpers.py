@@ -116,6 +116,20 @@ def randomise_attention(model: torch.nn.Module, seed: int = 1) -> None:
                     t.copy_(torch.randn(t.shape, generator=g) * 0.5)
 
 
+def saved_storages(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` and what autograd saved for its backward: a list of
+    ``(untyped_storage()._cdata, dtype)`` per saved tensor."""
+    saved = []
+
+    def pack(t):
+        saved.append((t.untyped_storage()._cdata, t.dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    return out, saved
+
+
 def count_calls(monkeypatch, obj: Any, name: str) -> List[int]:
     """Wrap ``obj.name`` so that each call appends to the returned list."""
     calls: List[int] = []

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from pola_mm.ops.depthwise_conv import depthwise_conv2d
 
+from helpers import saved_storages
+
 
 def _strided_v(device: str, requires_grad: bool = True):
     """v as ``mix`` passes it: ``(B, C, H, W)`` channels-last view of the
@@ -21,18 +23,6 @@ def _strided_v(device: str, requires_grad: bool = True):
     return proj, v
 
 
-def _saved_storages(fn):
-    saved = []
-
-    def pack(t):
-        saved.append(t.untyped_storage()._cdata)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, set(saved)
-
-
 @pytest.mark.parametrize('device,fast', [('meta', True), ('cpu', True),
                                          ('cpu', False)])
 def test_strided_input_saved_without_copy(device, fast):
@@ -42,8 +32,9 @@ def test_strided_input_saved_without_copy(device, fast):
     proj, v = _strided_v(device)
     weight = torch.randn(8, 1, 3, 3, device=device, requires_grad=True)
     bias = torch.randn(8, device=device, requires_grad=True)
-    _, saved = _saved_storages(
-        lambda: depthwise_conv2d(v, weight, bias, (1, 1), lean=fast))
+    _, saved = saved_storages(depthwise_conv2d, v, weight, bias, (1, 1),
+                              fast)
+    saved = {s for s, _ in saved}
     own = {t.untyped_storage()._cdata for t in (proj, weight, bias)}
     if fast:
         assert saved <= own and proj.untyped_storage()._cdata in saved
@@ -80,8 +71,9 @@ def test_low_precision_input_kept_as_given(device):
     v = proj[..., 16:24].reshape(2, 6, 7, 8).permute(0, 3, 1, 2)
     weight = torch.randn(8, 1, 3, 3, device=device, requires_grad=True)
     bias = torch.randn(8, device=device, requires_grad=True)
-    y, saved = _saved_storages(
-        lambda: depthwise_conv2d(v, weight, bias, (1, 1), lean=True))
+    y, saved = saved_storages(depthwise_conv2d, v, weight, bias, (1, 1),
+                              True)
+    saved = {s for s, _ in saved}
     own = {t.untyped_storage()._cdata for t in (proj, weight, bias)}
     assert saved <= own and proj.untyped_storage()._cdata in saved
     assert y.dtype == torch.float32

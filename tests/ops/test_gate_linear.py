@@ -11,19 +11,7 @@ from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops.gate_linear import (GateLinearFunction, gate_linear,
                                      gate_linear_pytorch)
 
-from helpers import count_calls, randomise
-
-
-def _saved(fn, *args):
-    saved = []
-
-    def pack(t):
-        saved.append((t.untyped_storage()._cdata, t.dtype))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn(*args)
-    return out, saved
+from helpers import count_calls, randomise, saved_storages
 
 
 @pytest.mark.parametrize('bias', [True, False])
@@ -58,7 +46,7 @@ def test_saves_only_inputs_and_autocast():
         for fn in (gate_linear, gate_linear_pytorch):
             x, g = (t.clone().requires_grad_() for t in (x0, g0))
             with torch.autocast('cpu', dtype=torch.bfloat16, enabled=amp):
-                out, saved = _saved(fn, x, g, lin.weight, lin.bias)
+                out, saved = saved_storages(fn, x, g, lin.weight, lin.bias)
             own = {t.untyped_storage()._cdata
                    for t in (x, g, lin.weight, lin.bias)}
             extra = {s for s, _ in saved} - own

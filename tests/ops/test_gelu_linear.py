@@ -14,21 +14,7 @@ from pola_mm.ops import dispatch, token_runs
 from pola_mm.ops.gelu_linear import (GeluLinearFunction, gelu_linear,
                                      gelu_linear_pytorch)
 
-from helpers import count_calls
-
-
-def _saved_storages(fn, *args):
-    """Storages (``untyped_storage()._cdata``) saved for backward by
-    ``fn(*args)``, with the saved tensors' dtypes."""
-    saved = []
-
-    def pack(t):
-        saved.append((t.untyped_storage()._cdata, t.dtype))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn(*args)
-    return out, saved
+from helpers import count_calls, saved_storages
 
 
 @pytest.mark.parametrize('approximate', ['none', 'tanh'])
@@ -80,11 +66,11 @@ def test_saves_only_the_pre_activation():
     fc2 = nn.Linear(12, 8)
     params = {fc2.weight.untyped_storage()._cdata,
               fc2.bias.untyped_storage()._cdata}
-    out, saved = _saved_storages(gelu_linear, h, fc2.weight, fc2.bias)
+    out, saved = saved_storages(gelu_linear, h, fc2.weight, fc2.bias)
     kept = {s for s, _ in saved} - params
     assert kept == {h.untyped_storage()._cdata}
-    ref, ref_saved = _saved_storages(gelu_linear_pytorch, h, fc2.weight,
-                                     fc2.bias)
+    ref, ref_saved = saved_storages(gelu_linear_pytorch, h, fc2.weight,
+                                    fc2.bias)
     assert len({s for s, _ in ref_saved} - params) == 2  # h and gelu(h)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
@@ -102,7 +88,7 @@ def test_autocast_saves_low_precision_h_and_matches_plain():
     for fn in (gelu_linear, gelu_linear_pytorch):
         with torch.autocast('cpu', dtype=torch.bfloat16):
             h = fc1(x).detach().requires_grad_()
-            out, saved = _saved_storages(fn, h, *params)
+            out, saved = saved_storages(fn, h, *params)
         assert h.dtype == out.dtype == torch.bfloat16
         kept = [dt for s, dt in saved if s not in {
             p.untyped_storage()._cdata for p in params}]
