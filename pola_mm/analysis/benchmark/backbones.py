@@ -29,7 +29,7 @@ from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
 
 from mmengine.logging import print_log
 
-from .worker import Size, StepMemory, run_in_worker, timed_steps
+from .worker import Size, StepMemory, measure_in, timed_steps
 
 ModelSpec = Union[str, Dict[str, Any]]
 
@@ -397,11 +397,8 @@ def benchmark_model(model: ModelSpec,
     job = dict(model=model, mode=mode, size=list(hw), batch=batch,
                device=device, dtype=dtype, warmup=warmup, repeats=repeats,
                threads=threads, preload=list(preload))
-    if not isolate:
-        out = measure(**job)
-    else:
-        out = run_in_worker(
-            'pola_mm.analysis.benchmark.backbones:measure', job, timeout)
+    out = measure_in('pola_mm.analysis.benchmark.backbones:measure', job,
+                     isolate, timeout)
     if 'error' in out:
         result.error = out['error']
         return result

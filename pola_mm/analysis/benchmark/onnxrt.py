@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Any, Dict, Optional, Sequence
 
-from .worker import Size, run_in_worker, timed_steps
+from .worker import Size, measure_in, timed_steps
 
 __all__ = ['RUNTIMES', 'DEFAULT_EXPORTER', 'export_and_check',
            'measure_onnxruntime', 'run_onnxruntime']
@@ -204,24 +204,17 @@ def run_onnxruntime(model: Any,
         job = dict(model=model, path=path, size=hw, batch=batch,
                    exporter=exporter, opset=opset, threads=threads,
                    rtol=rtol, preload=list(preload))
-        if isolate:
-            out = run_in_worker(
-                'pola_mm.analysis.benchmark.onnxrt:export_and_check', job,
-                timeout)
-        else:
-            out = export_and_check(**job)
+        out = measure_in('pola_mm.analysis.benchmark.onnxrt:export_and_check',
+                         job, isolate, timeout)
         if 'error' in out:
             return out
         if not osp.exists(path):
             return dict(out, error=f'no ONNX file at {path}')
         job = dict(path=path, size=hw, batch=batch, warmup=warmup,
                    repeats=repeats, threads=threads)
-        if isolate:
-            timed = run_in_worker(
-                'pola_mm.analysis.benchmark.onnxrt:measure_onnxruntime', job,
-                timeout)
-        else:
-            timed = measure_onnxruntime(**job)
+        timed = measure_in(
+            'pola_mm.analysis.benchmark.onnxrt:measure_onnxruntime', job,
+            isolate, timeout)
         return dict(out, **timed)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

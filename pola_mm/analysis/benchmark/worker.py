@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = [
     'RESULT_MARK', 'Size', 'StepMemory', 'current_rss_mb', 'peak_rss_mb',
-    'timed_steps', 'serve', 'run_in_worker'
+    'timed_steps', 'serve', 'run_in_worker', 'measure_in'
 ]
 
 #: ``(height, width)`` of an input or a grid.
@@ -173,6 +173,22 @@ def timed_steps(step: Callable[[], None], dev: Any, warmup: int,
     return times, base, peak
 
 
+def _resolve(measure: str) -> Callable[..., Dict[str, Any]]:
+    """The function named ``'package.module:function'``."""
+    module, name = measure.split(':', 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def measure_in(measure: str, job: Dict[str, Any], isolate: bool = True,
+               timeout: Optional[float] = None) -> Dict[str, Any]:
+    """``measure(**job)`` in a fresh worker process
+    (:func:`run_in_worker`) or, without ``isolate``, in this one (where an
+    exception is raised rather than reported)."""
+    if isolate:
+        return run_in_worker(measure, job, timeout)
+    return _resolve(measure)(**job)
+
+
 def serve(measure: str) -> None:
     """Entry point of a worker process: a JSON job on stdin, the result on
     stdout.
@@ -185,8 +201,7 @@ def serve(measure: str) -> None:
     """
     job = json.loads(sys.stdin.read())
     try:
-        module, name = measure.split(':', 1)
-        out = getattr(importlib.import_module(module), name)(**job)
+        out = _resolve(measure)(**job)
     except Exception as e:  # reported to the parent, not raised there
         out = dict(error=f'{type(e).__name__}: {e}')
     sys.stdout.write('\n' + RESULT_MARK + json.dumps(out) + '\n')
