@@ -117,22 +117,21 @@ def rpn_head__predict_by_feat__levelwise(self: Any,
         anchors = anchors.unsqueeze(0).expand(batch, -1, -1)
         if 0 < nms_pre < score.shape[1]:
             score, keep = score.topk(nms_pre, dim=1)
-            reg = reg.gather(1, keep.unsqueeze(-1).expand(-1, -1,
-                                                          reg.shape[-1]))
-            anchors = anchors.gather(1, keep.unsqueeze(-1).expand(-1, -1, 4))
+            reg, anchors = (t.gather(1, keep.unsqueeze(-1).expand(
+                -1, -1, t.shape[-1])) for t in (reg, anchors))
         boxes.append(self.bbox_coder.decode(anchors, reg,
                                             max_shape=img_shape))
         scores.append(score)
         levels.append(torch.full_like(score, float(level)))
     box = torch.cat(boxes, 1)
     score = torch.cat(scores, 1)
-    level = torch.cat(levels, 1).unsqueeze(-1)
+    level = torch.cat(levels, 1)
     min_size = cfg.get('min_bbox_size', -1)
     if min_size >= 0:  # mmdet drops these before its NMS
         wh = box[..., 2:] - box[..., :2]
         score = score * ((wh[..., 0] > min_size) &
                          (wh[..., 1] > min_size)).to(score.dtype)
-    dets, _ = nms_in_groups(box, score, level.squeeze(-1),
+    dets, _ = nms_in_groups(box, score, level,
                             cfg.nms.get('iou_threshold', 0.7), 0.0,
                             cfg.max_per_img)
     return dets, torch.zeros_like(dets[..., 4], dtype=torch.long)
