@@ -641,17 +641,26 @@ def polarity_attention_pytorch(q: Tensor,
         x_opp = q_opp (k'^T v2 / n) / (q_opp . mean(k') + eps)
         out   = [x_sim, x_opp]
 
-    written in its cheap algebraic form: ``f+`` and ``f-`` come from one
-    ``|t|^p`` and a sign mask (disjoint supports); the opposite-signed flow
-    uses the same key products with the roles of ``f+(q)`` and ``f-(q)``
-    swapped, so both flows and both normalisers are two products of the
-    query features with one small ``(d, d + 2)`` matrix each:
+    written in its cheap algebraic form, which touches each query and key
+    only with ``abs``, ``pow``, a sign mask, one product and one difference
+    (elementwise), and two matrix products:
 
-        x_sim = (f+(q) P1 + f-(q) Q1) / (f+(q) kp + f-(q) kn + eps n)
-        x_opp = (f+(q) Q2 + f-(q) P2) / (f+(q) kn + f-(q) kp + eps n)
+    - ``|t / s|^p = c |t|^p`` with the per-channel ``c = (1 / s)^p``, so
+      ``c`` scales rows of the small matrices below instead of every token;
+    - ``f+`` and ``f-`` have disjoint supports: both are selected from one
+      ``a = |t|^p`` by the sign of ``t`` (``a * [t > 0]`` and its
+      complement ``a - a * [t > 0]``, each exactly ``a`` or 0);
+    - the opposite-signed flow uses the same key products with the roles of
+      ``f+(q)`` and ``f-(q)`` swapped, so both flows and both normalisers
+      are two products of the query features with small ``(d, d + 2)``
+      matrices::
+
+        [num_sim, num_opp, z_sim, z_opp] = f+(q) [P1, Q2, kp, kn]
+                                         + f-(q) [Q1, P2, kn, kp]
 
     with ``P = f+(k)^T v``, ``Q = f-(k)^T v`` (halves 1, 2 of the value
-    channels), ``kp``, ``kn`` the sums of ``f+(k)``, ``f-(k)`` over keys.
+    channels), ``kp``, ``kn`` the sums of ``f+(k)``, ``f-(k)`` over keys,
+    and ``z + eps n`` dividing its flow's half of the channels.
     No feature map is concatenated; every operation exports to ONNX opset
     11. (The paper's form, with the concatenated features, is kept in the
     tests as the arbiter.)
@@ -672,26 +681,27 @@ def polarity_attention_pytorch(q: Tensor,
     """
     if k_bias is not None:
         k = k + k_bias
-    inv_s = 1 / F.softplus(scale)
     p = 1 + alpha * torch.sigmoid(power)
+    c = (1 / F.softplus(scale)).expand_as(p) ** p  # (1, h, 1, d)
+    c_rows = c.transpose(-2, -1)  # scales the rows of (d, .) matrices
     n = k.shape[-2]
     half = q.shape[-1] // 2
+    d = 2 * half
 
     def features(t: Tensor) -> Tuple[Tensor, Tensor]:
-        a = (t * inv_s).abs() ** p  # |t / s|^p
-        pos = a * (t > 0).to(a.dtype)
-        return pos, a - pos  # relu(t / s)^p, relu(-t / s)^p
+        a = t.abs() ** p  # |t|^p = |t / s|^p / c
+        pos = a * (t > 0).to(a.dtype)  # exactly a or 0, so a - pos is too
+        return pos, a - pos
 
-    qp, qn = features(q)
+    qp, qn = features(q)  # f+(q) / c, f-(q) / c
     kp, kn = features(k)
-    P = kp.transpose(-2, -1) @ v  # (B, h, d, d)
-    Q = kn.transpose(-2, -1) @ v
-    sp = kp.sum(-2, keepdim=True).transpose(-2, -1)  # (B, h, d, 1)
-    sn = kn.sum(-2, keepdim=True).transpose(-2, -1)
+    P = c_rows * (kp.transpose(-2, -1) @ v)  # f+(k)^T v, (B, h, d, d)
+    Q = c_rows * (kn.transpose(-2, -1) @ v)  # f-(k)^T v
+    sp = c_rows * kp.sum(-2, keepdim=True).transpose(-2, -1)  # (B, h, d, 1)
+    sn = c_rows * kn.sum(-2, keepdim=True).transpose(-2, -1)
     m_pos = torch.cat([P[..., :half], Q[..., half:], sp, sn], -1)
     m_neg = torch.cat([Q[..., :half], P[..., half:], sn, sp], -1)
-    u = qp @ m_pos + qn @ m_neg  # (B, h, N, d + 2): [num_sim, num_opp, z]
-    d = 2 * half
+    u = qp @ (c_rows * m_pos) + qn @ (c_rows * m_neg)
     z = u[..., d:] + eps * n  # n (mean + eps) = sum + eps n
-    return torch.cat([u[..., :half] / z[..., :1],
-                      u[..., half:d] / z[..., 1:]], -1)
+    y = u[..., :d].reshape(u.shape[:-1] + (2, half)) / z.unsqueeze(-1)
+    return y.reshape(u.shape[:-1] + (d, ))
