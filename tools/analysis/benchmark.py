@@ -19,6 +19,13 @@ Each model runs in its own process. Examples::
         --models pola_swin_t swin_t pola_pvt_t pvt_t --size 800x1344 \\
         --threads 2
 
+    # whole detectors exported by MMDeploy (stock static ONNX Runtime
+    # deploy configs at --size), checked against PyTorch and timed in ONNX
+    # Runtime; ratios against the named baselines (mmdet's configs)
+    python tools/analysis/benchmark.py --runtime onnxruntime --size 800x1344 \\
+        --threads 2 --whole mask_rcnn_pola_swin_t mask_rcnn_swin_t \\
+        retinanet_pola_pvt_t retinanet_pvt_t
+
     # a sweep over resolutions with a plot
     python tools/analysis/benchmark.py --models pola_pvt_t pvt_t \\
         --size 256 512 800x1344 --plot pvt_sweep.png
@@ -41,10 +48,10 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
 from typing import List, Optional, Sequence, Tuple  # noqa: E402
 
 from pola_mm.analysis.benchmark import (  # noqa: E402
-    MODEL_ZOO, PRESETS, RUNTIMES, SEQ_METHODS, SEQ_MODES, BenchmarkCase,
-    BenchmarkResult, compute_ratios, format_ratio, format_seqlen_table,
-    format_table, parse_size, plot_results, plot_seqlen, run_benchmarks,
-    run_seqlen, size_str)
+    MODEL_ZOO, PRESETS, RUNTIMES, SEQ_METHODS, SEQ_MODES, WHOLE_MODELS,
+    BenchmarkCase, BenchmarkResult, compute_ratios, format_ratio,
+    format_seqlen_table, format_table, parse_size, plot_results, plot_seqlen,
+    run_benchmarks, run_seqlen, run_whole_benchmarks, size_str, whole_spec)
 
 #: The performance goals ``--preset goals`` is checked against: (title of
 #: the case, metric, largest allowed ratio of Pola over softmax).
@@ -144,6 +151,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--opset', type=int, default=None,
                         help='ONNX opset of --runtime onnxruntime (default: '
                         "the exporter's)")
+    whole = parser.add_argument_group(
+        'whole models (--runtime onnxruntime): exported by MMDeploy, '
+        'checked against PyTorch, timed in ONNX Runtime')
+    whole.add_argument('--whole', nargs='+', metavar='NAME|CONFIG',
+                       help='whole models to measure instead of backbones: '
+                       f'{", ".join(WHOLE_MODELS)}, or config files '
+                       '(mmdet::PATH for mmdet\'s own)')
+    whole.add_argument('--pair', nargs=2, action='append', default=[],
+                       metavar=('MODEL', 'BASELINE'),
+                       help='compare MODEL with BASELINE (names as in '
+                       '--whole, both measured); the zoo names have their '
+                       'pairs')
+    whole.add_argument('--deploy-cfg', metavar='FILE',
+                       help='an MMDeploy static ONNX Runtime deploy config '
+                       'for every whole model (default: the stock '
+                       'detection or instance-seg config)')
     parser.add_argument('--plot', metavar='PNG',
                         help='write time and memory against resolution')
     parser.add_argument('--json', metavar='FILE', help='write raw results')
@@ -165,6 +188,15 @@ def parse_args() -> argparse.Namespace:
                      help='stop a method after a step slower than this '
                      '(default 60 s)')
     args = parser.parse_args()
+    if args.whole or args.pair:
+        if args.runtime != 'onnxruntime':
+            parser.error('--whole measures in ONNX Runtime: add --runtime '
+                         'onnxruntime')
+        if args.preset or args.seqlen or len(args.size) != 1 or \
+                args.batch != 1 or args.opset is not None:
+            parser.error('--whole takes one --size, batch 1, no --preset, '
+                         '--seqlen or --opset (the deploy config sets the '
+                         'opset)')
     if args.runtime == 'onnxruntime':
         if args.seqlen:
             parser.error('--runtime onnxruntime measures backbones, not '
@@ -209,10 +241,54 @@ def main_seqlen(args: argparse.Namespace) -> None:
         print(f'plot written to {args.plot}')
 
 
+def whole_models(args: argparse.Namespace) -> List[dict]:
+    """The whole models of ``--whole`` and ``--pair``, each once, with
+    their baselines (``--pair`` over the zoo's)."""
+    names = list(args.whole or [])
+    for model, base in args.pair:
+        names += [n for n in (model, base) if n not in names]
+    specs = [whole_spec(n) for n in names]
+    by_arg = dict(zip(names, specs))
+    for model, base in args.pair:
+        by_arg[model]['baseline'] = by_arg[base]['name']
+    if args.deploy_cfg:
+        for spec in specs:
+            spec['deploy_cfg'] = args.deploy_cfg
+    return specs
+
+
+def main_whole(args: argparse.Namespace) -> None:
+    """The whole-model mode: run, print the table, write JSON."""
+    import onnxruntime
+    import torch
+    load0 = os.getloadavg()
+    t0 = time.time()
+    results = run_whole_benchmarks(
+        whole_models(args), size=parse_size(args.size[0]),
+        rounds=args.rounds, warmup=args.warmup, repeats=args.repeats,
+        threads=args.threads, timeout=args.timeout)
+    load1 = os.getloadavg()
+    cpu = platform.processor() or platform.machine()
+    print()
+    print(f'torch {torch.__version__}, onnxruntime {onnxruntime.__version__} '
+          f'(MMDeploy export), {cpu}, {os.cpu_count()} CPUs, threads '
+          f'{args.threads or "default"}, batch 1, float32, warm-up '
+          f'{args.warmup}, median of {args.repeats} x {args.rounds} '
+          f'round(s); load average {load0[0]:.2f} at start, {load1[0]:.2f} '
+          f'at end; {time.time() - t0:.0f} s in all')
+    print()
+    print(format_table(results))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump([r.to_dict() for r in results], f, indent=1)
+
+
 def main() -> None:
     args = parse_args()
     if args.seqlen:
         return main_seqlen(args)
+    if args.whole or args.pair:
+        return main_whole(args)
     if args.preset:
         cases = PRESETS[args.preset]
     else:

@@ -6,6 +6,9 @@
   (``tools/analysis/benchmark.py``);
 - :mod:`.onnxrt`: the backbones exported, checked and timed in ONNX Runtime
   (``tools/analysis/benchmark.py --runtime onnxruntime``);
+- :mod:`.whole`: whole detectors exported by MMDeploy, checked and timed
+  in ONNX Runtime (``tools/analysis/benchmark.py --runtime onnxruntime
+  --whole ...``);
 - :mod:`.seqlen`: the attention alone against sequence length
   (``tools/analysis/benchmark.py --seqlen``).
 """
@@ -19,6 +22,7 @@ from .onnxrt import RUNTIMES
 from .seqlen import (SEQ_METHODS, SEQ_MODES, SeqLenResult, fit_slopes,
                      format_seqlen_table, measure_seqlen, naive_bytes,
                      plot_seqlen, run_seqlen, seq_grid)
+from .whole import WHOLE_MODELS, run_whole_benchmarks, whole_spec
 from .worker import Size
 
 __all__ = [
@@ -28,5 +32,6 @@ __all__ = [
     'format_ratio', 'format_table', 'measure', 'parse_size', 'plot_results',
     'run_benchmarks', 'size_str', 'RUNTIMES', 'SEQ_METHODS', 'SEQ_MODES',
     'SeqLenResult', 'fit_slopes', 'format_seqlen_table', 'measure_seqlen',
-    'naive_bytes', 'plot_seqlen', 'run_seqlen', 'seq_grid'
+    'naive_bytes', 'plot_seqlen', 'run_seqlen', 'seq_grid', 'WHOLE_MODELS',
+    'run_whole_benchmarks', 'whole_spec'
 ]

@@ -166,6 +166,15 @@ class BenchmarkResult(StepMemory, _BackboneKey):
     opset: Optional[int] = None
     export_s: Optional[float] = None
     ort_version: Optional[str] = None
+    #: The model the ratios compare this one with; None: the family's
+    #: baseline (:func:`baseline_of`). Whole models set it (see
+    #: :mod:`pola_mm.analysis.benchmark.whole`).
+    baseline: Optional[str] = None
+    #: Whole models: the check against PyTorch in words, the deploy config
+    #: and the weights (``'random'`` or a checkpoint's file name).
+    check: Optional[str] = None
+    deploy_cfg: Optional[str] = None
+    weights: Optional[str] = None
 
 
 def parse_size(text: Union[str, int, Sequence[int]]) -> Size:
@@ -524,14 +533,14 @@ def compute_ratios(
 ) -> Dict[int, Tuple[Optional[float], Optional[float]]]:
     """Pola / softmax (time, peak memory) ratios, keyed by result index.
 
-    A result is compared with its family's baseline (:data:`BASELINES`)
-    measured under the same conditions (runtime included) in the same
-    case.
+    A result is compared with its ``baseline`` if it names one, else with
+    its family's baseline (:data:`BASELINES`), measured under the same
+    conditions (runtime included) in the same case.
     """
     by_key = {(_group_key(r), r.name): r for r in results}
     ratios = {}
     for i, r in enumerate(results):
-        base_name = baseline_of(r.name)
+        base_name = r.baseline or baseline_of(r.name)
         base = by_key.get((_group_key(r), base_name))
         if base is None or base is r:
             continue
@@ -601,6 +610,7 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
     for i, r in enumerate(results):
         mode = r.mode if r.runtime == 'pytorch' else f'{r.mode} {r.runtime}'
         diff = [] if not ort else [
+            r.check if r.check else
             '-' if r.onnx_rel_diff is None else f'{r.onnx_rel_diff:.1e}']
         if r.error:
             cells = [r.title, r.name, mode, size_str(r.size), str(r.batch),
@@ -626,7 +636,8 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
         lines.append('')
         lines.append('Fused CPU loops (pola_mm/ops/csrc): ' + (
             'used by ' + ', '.join(fused) if fused else 'not used'))
-    exported = [r for r in results if r.export_s is not None]
+    exported = [r for r in results if r.export_s is not None
+                and r.exporter != 'mmdeploy']
     if exported:
         how = sorted({f'{r.exporter} exporter, opset {r.opset}'
                       for r in exported})
@@ -636,6 +647,16 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
             'ONNX Runtime ' + (', '.join(versions) or '?') + ' (CPU), '
             + '; '.join(how) + '; export time (s): ' + ', '.join(
                 f'{r.name} {r.export_s:.1f}' for r in exported))
+    from .whole import whole_notes
+    notes = whole_notes(results)
+    if notes:
+        versions = sorted({r.ort_version for r in results
+                           if r.exporter == 'mmdeploy' and r.ort_version})
+        lines.append('')
+        lines.append('Whole models in ONNX Runtime ' + (
+            ', '.join(versions) or '?') + ' (CPU), ratios against the '
+            'named baseline:')
+        lines.extend('- ' + n for n in notes)
     return '\n'.join(lines)
 
 
