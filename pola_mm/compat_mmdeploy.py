@@ -30,6 +30,12 @@ included, for two reasons, both fixed here and nowhere else:
    _prepare_onnx_paddings`` for TensorRT, ``symbolic_opset9._generic_rnn``
    for ncnn) are still in torch's internal modules and are re-exported from
    there. Only missing names are added; nothing of torch is replaced.
+   Also missing below opset 13: ``aten::unflatten``, which
+   ``nn.MultiheadAttention`` now calls when query, key and value are one
+   tensor (mmdet's own PVT, in its last stage), so MMDeploy's stock configs
+   (opset 11) failed for mmdet's PVT models. It is registered for opsets 11
+   and 12 only (torch's own symbolic serves 13 on) as the same ``Reshape``
+   (:func:`provide_unflatten_below_opset13`).
 
 3. **What MMDeploy's rewrites compute** (not a torch matter, but it decides
    whether UperNet, Mask R-CNN and Cascade verify): for the ONNX Runtime
@@ -58,12 +64,13 @@ from mmengine.logging import print_log
 __all__ = [
     'DynamicSizeError', 'fixed_size_backbones', 'refuse_dynamic_hw',
     'needs_torchscript_exporter', 'provide_removed_symbolics',
+    'provide_unflatten_below_opset13',
     'register_mmdeploy_rewriters', 'install_mmdeploy_fixes', 'applied'
 ]
 
 #: What has been applied: ``'symbolics'`` (the names added to torch's
-#: modules) and ``'rewriters'`` (True once the export rewriter is
-#: registered).
+#: modules, and ``'aten::unflatten@11'`` once that symbolic is registered)
+#: and ``'rewriters'`` (True once the export rewriter is registered).
 applied: Dict[str, Any] = {'symbolics': [], 'rewriters': False}
 
 _lock = threading.Lock()
@@ -131,6 +138,48 @@ def provide_removed_symbolics() -> List[str]:
         added.append(f'{module_name}.{name}')
     applied['symbolics'].extend(added)
     return added
+
+
+def _unflatten_symbolic(g: Any, x: Any, dim: Any, sizes: Any) -> Any:
+    """``aten::unflatten`` for the TorchScript exporter at opsets 11 and 12:
+    a ``Reshape`` of ``x`` to its shape with ``dim`` replaced by ``sizes``
+    (``Shape``, ``Slice`` and ``Concat`` of opset 11)."""
+    from torch.onnx import symbolic_helper as sh
+    rank = sh._get_tensor_rank(x)
+    if rank is None:
+        return sh._unimplemented('unflatten', 'input of unknown rank')
+    d = sh._get_const(dim, 'i', 'dim') % rank
+
+    def const(v: List[int]) -> Any:
+        return g.op('Constant', value_t=torch.tensor(v, dtype=torch.int64))
+
+    shape = g.op('Shape', x)
+    parts = []
+    if d > 0:
+        parts.append(g.op('Slice', shape, const([0]), const([d])))
+    parts.append(sizes)
+    if d + 1 < rank:
+        parts.append(g.op('Slice', shape, const([d + 1]), const([rank])))
+    return g.op('Reshape', x, g.op('Concat', *parts, axis_i=0))
+
+
+def provide_unflatten_below_opset13() -> bool:
+    """Register :func:`_unflatten_symbolic` for opsets 11 and 12, where
+    torch has none (its own serves opset 13 on; the exporter picks the
+    highest registered opset not above the target). Idempotent.
+
+    Returns:
+        True if it was registered by this call.
+    """
+    with _lock:
+        if 'aten::unflatten@11' in applied['symbolics']:
+            return False
+        from torch.onnx import register_custom_op_symbolic
+        for opset in (11, 12):
+            register_custom_op_symbolic('aten::unflatten',
+                                        _unflatten_symbolic, opset)
+        applied['symbolics'].append('aten::unflatten@11')
+    return True
 
 
 class DynamicSizeError(RuntimeError):
@@ -232,8 +281,9 @@ def register_mmdeploy_rewriters(core: Optional[ModuleType] = None) -> bool:
 
 
 def _apply(core: ModuleType) -> None:
-    """Both fixes, once ``mmdeploy.core`` is importable."""
+    """The fixes, once ``mmdeploy.core`` is importable."""
     provide_removed_symbolics()
+    provide_unflatten_below_opset13()
     register_mmdeploy_rewriters(core)
 
 

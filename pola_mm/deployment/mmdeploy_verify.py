@@ -81,6 +81,8 @@ class Check:
     #: ``'max'``: ``value <= limit`` passes; ``'min'``: ``value >= limit``.
     kind: str = 'max'
     detail: str = ''
+    #: numbers behind ``detail`` for programs (e.g. the detection counts).
+    data: Dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -288,7 +290,8 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
     checks = [
         Check('confident detections without a counterpart', unmatched, 0,
               detail=f'PyTorch {n_ref}, backend {n_got} with score >= '
-              f'{score_thr:g}'),
+              f'{score_thr:g}',
+              data=dict(torch=n_ref, backend=n_got, score_thr=score_thr)),
         Check('box max abs diff', worst_box, box_rtol * scale,
               detail=f'{box_rtol:g} of the image scale {scale:g}'),
         Check('score max abs diff', worst_score, score_atol),

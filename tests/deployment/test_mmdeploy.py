@@ -100,6 +100,38 @@ def test_compat_fixes_are_in_place_and_narrow():
     assert compat_mmdeploy.provide_removed_symbolics() == []  # idempotent
 
 
+def test_unflatten_below_opset13_is_pytorchs_and_narrow(tmp_path):
+    """The opset-11/12 ``aten::unflatten`` (nn.MultiheadAttention calls it:
+    mmdet's PVT through MMDeploy's stock opset-11 configs) computes what
+    PyTorch computes at every dim; opset 13 on keeps torch's own."""
+    import mmdeploy.core  # noqa: F401  (the import hook applies the fixes)
+    import onnx
+    import onnxruntime as ort
+    assert 'aten::unflatten@11' in compat_mmdeploy.applied['symbolics']
+    assert not compat_mmdeploy.provide_unflatten_below_opset13()
+
+    class Unflatten(torch.nn.Module):
+
+        def forward(self, x):
+            return (x.unflatten(-1, (3, 4)), x.unflatten(0, (1, 2)),
+                    x.unflatten(1, (-1, 5)))
+
+    x = torch.randn(2, 10, 12)
+    kinds = {}
+    for opset in (11, 12, 13):
+        path = str(tmp_path / f'u{opset}.onnx')
+        torch.onnx.export(Unflatten(), (x, ), path, dynamo=False,
+                          opset_version=opset, input_names=['x'])
+        outs = ort.InferenceSession(
+            path, providers=['CPUExecutionProvider']).run(
+                None, {'x': x.numpy()})
+        for got, ref in zip(outs, Unflatten()(x)):
+            np.testing.assert_array_equal(got, ref.numpy())
+        kinds[opset] = [n.op_type for n in onnx.load(path).graph.node]
+    assert kinds[11] == kinds[12] and 'Concat' in kinds[11]
+    assert kinds[13] != kinds[11]  # torch's own symbolic from opset 13
+
+
 def test_cast_long_symbolic_exports_a_cast(tmp_path):
     """The restored helper builds a real INT64 Cast in a traced graph."""
     import onnx

@@ -48,7 +48,7 @@ from .worker import Size, measure_in
 
 __all__ = [
     'WHOLE_MODELS', 'STOCK_DEPLOY_CONFIGS', 'WholeSpec', 'resolve_config',
-    'stock_deploy_config', 'whole_spec', 'allow_unflatten_below_opset13',
+    'stock_deploy_config', 'whole_spec',
     'export_whole', 'run_whole',
     'run_whole_benchmarks', 'whole_notes'
 ]
@@ -188,11 +188,9 @@ def _check_summary(report: Any) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for c in report.checks:
         if 'without a counterpart' in c.name:
-            # detail: 'PyTorch N, backend M with score >= T'
-            parts = c.detail.replace(',', '').split()
-            out['dets_torch'] = int(parts[1])
-            out['dets_backend'] = int(parts[3])
-            out['score_thr'] = float(parts[-1])
+            out['dets_torch'] = int(c.data['torch'])
+            out['dets_backend'] = int(c.data['backend'])
+            out['score_thr'] = float(c.data['score_thr'])
         elif 'box max abs diff' in c.name:
             out['box_diff_px'] = c.value
         elif 'score max abs diff' in c.name:
@@ -206,44 +204,6 @@ def _check_summary(report: Any) -> Dict[str, Any]:
         words += f", mask IoU >= {out['mask_iou']:.3f}"
     out['check'] = words
     return out
-
-
-def _unflatten_symbolic(g: Any, x: Any, dim: Any, sizes: Any) -> Any:
-    """``aten::unflatten`` for the TorchScript exporter below opset 13: a
-    ``Reshape`` to the input's shape with ``dim`` replaced by ``sizes``
-    (``Shape``, ``Slice`` and ``Concat`` exist from opset 11)."""
-    import torch
-    from torch.onnx import symbolic_helper as sh
-    rank = sh._get_tensor_rank(x)
-    if rank is None:
-        return sh._unimplemented('unflatten', 'input of unknown rank')
-    d = sh._get_const(dim, 'i', 'dim') % rank
-
-    def const(v: List[int]) -> Any:
-        return g.op('Constant', value_t=torch.tensor(v, dtype=torch.int64))
-
-    shape = g.op('Shape', x)
-    parts = []
-    if d > 0:
-        parts.append(g.op('Slice', shape, const([0]), const([d])))
-    parts.append(sizes)
-    if d + 1 < rank:
-        parts.append(g.op('Slice', shape, const([d + 1]), const([rank])))
-    return g.op('Reshape', x, g.op('Concat', *parts, axis_i=0))
-
-
-def allow_unflatten_below_opset13() -> None:
-    """Give the TorchScript exporter ``aten::unflatten`` at opsets 11 and 12.
-
-    torch's ``multi_head_attention_forward`` (``nn.MultiheadAttention``,
-    which mmdet's PVT uses) unflattens the packed projection when query, key
-    and value are one tensor (PVT's last stage). torch translates
-    ``unflatten`` from opset 13 only, so MMDeploy's stock configs (opset 11)
-    fail for mmdet's own PVT-T. Registered in the benchmark's export worker
-    only; the graph is the same reshape.
-    """
-    from torch.onnx import register_custom_op_symbolic
-    register_custom_op_symbolic('aten::unflatten', _unflatten_symbolic, 11)
 
 
 def export_whole(model: WholeSpec,
@@ -301,8 +261,6 @@ def export_whole(model: WholeSpec,
         raise ValueError(f'{deploy_file} frees the input size; the '
                          'benchmark times one static size')
     deploy.onnx_config.input_shape = [w, h]  # MMDeploy's (W, H)
-    if deploy.onnx_config.get('opset_version', 11) < 13:
-        allow_unflatten_below_opset13()
 
     _quiet_import_mmdeploy()
     from mmdeploy.apis import build_task_processor
