@@ -497,24 +497,46 @@ def run_benchmarks(cases: Sequence[BenchmarkCase],
         preload = ['mmdet.models'] if any(
             MODEL_ZOO.get(m, {}).get('_scope_') == 'mmdet'
             for m in case.models) else []
-        pooled: Dict[str, BenchmarkResult] = {}
-        for r in range(rounds):
-            order = list(case.models) if r % 2 == 0 else list(
-                reversed(case.models))
-            for name in order:
-                res = benchmark_model(MODEL_ZOO.get(name, name), name=name,
-                                      mode=case.mode, size=case.size,
-                                      batch=case.batch, preload=preload,
-                                      **kwargs)
-                res.title = case.title
-                log(f'[{case.title}] round {r + 1}/{rounds} {name}: '
-                    + (f'error {res.error}' if res.error else
-                       f'{res.time_median:.3f} s, '
-                       f'peak {res.peak_mem_mb:.0f} MiB'))
-                pooled[name] = _merge(pooled[name],
-                                      res) if name in pooled else res
-        results.extend(pooled[name] for name in case.models)
+
+        def measure_one(name: str) -> BenchmarkResult:
+            res = benchmark_model(MODEL_ZOO.get(name, name), name=name,
+                                  mode=case.mode, size=case.size,
+                                  batch=case.batch, preload=preload,
+                                  **kwargs)
+            res.title = case.title
+            return res
+
+        results.extend(measure_in_rounds(case.models, rounds, measure_one,
+                                         log, case.title))
     return results
+
+
+def measure_in_rounds(names: Sequence[str], rounds: int,
+                      measure: Callable[[str], BenchmarkResult],
+                      log: Callable[[str], None],
+                      title: str) -> List[BenchmarkResult]:
+    """``measure`` each of ``names`` ``rounds`` times, the order
+    alternating from round to round (so that a change of the machine's load
+    falls on both sides of a ratio), logging a line after each; the rounds
+    of a name are pooled (:func:`_merge`). Returns one result per name, in
+    order."""
+    pooled: Dict[str, BenchmarkResult] = {}
+    for r in range(rounds):
+        order = list(names) if r % 2 == 0 else list(reversed(names))
+        for name in order:
+            res = measure(name)
+            if res.error:
+                what = f'error {res.error}'
+            else:
+                what = (f'{res.time_median:.3f} s, '
+                        f'peak {res.peak_mem_mb:.0f} MiB')
+                if res.check:
+                    what += (f', export and check {res.export_s:.0f} s, '
+                             f'{res.check}')
+            log(f'[{title}] round {r + 1}/{rounds} {name}: {what}')
+            pooled[name] = _merge(pooled[name], res) if name in pooled \
+                else res
+    return [pooled[name] for name in names]
 
 
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:

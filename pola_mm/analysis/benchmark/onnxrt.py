@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional, Sequence
 from .worker import Size, measure_in, timed_steps
 
 __all__ = ['RUNTIMES', 'DEFAULT_EXPORTER', 'export_and_check',
-           'measure_onnxruntime', 'run_onnxruntime']
+           'measure_onnxruntime', 'export_then_time', 'run_onnxruntime']
 
 #: What the benchmark can run a backbone in.
 RUNTIMES = ('pytorch', 'onnxruntime')
@@ -197,23 +197,43 @@ def run_onnxruntime(model: Any,
         :func:`measure_onnxruntime` together, or ``error`` (with
         ``onnx_rel_diff`` when the check failed on a large difference).
     """
-    hw = list(size)
+    job = dict(model=model, size=list(size), batch=batch, exporter=exporter,
+               opset=opset, threads=threads, rtol=rtol, preload=list(preload))
+    return export_then_time(
+        'pola_mm.analysis.benchmark.onnxrt:export_and_check', job,
+        'backbone.onnx', warmup, repeats, threads, isolate, timeout)
+
+
+def export_then_time(export: str, job: Dict[str, Any], filename: str,
+                     warmup: int, repeats: int, threads: Optional[int],
+                     isolate: bool, timeout: Optional[float]
+                     ) -> Dict[str, Any]:
+    """The two steps of the ONNX Runtime modes, each in its own worker
+    process unless ``isolate`` is False (``timeout`` applies to each):
+    ``export`` (``'module:function'``, called with ``job`` and ``path``)
+    writes and checks the file ``filename`` in a temporary directory
+    removed afterwards, then :func:`measure_onnxruntime` times it, on the
+    input shape the export reports (``input_shape``) or ``(job['batch'],
+    3, *job['size'])``.
+
+    Returns:
+        The export's keys and :func:`measure_onnxruntime`'s together, or
+        ``error``.
+    """
     tmp = tempfile.mkdtemp(prefix='pola_mm_bench_')
     try:
-        path = osp.join(tmp, 'backbone.onnx')
-        job = dict(model=model, path=path, size=hw, batch=batch,
-                   exporter=exporter, opset=opset, threads=threads,
-                   rtol=rtol, preload=list(preload))
-        out = measure_in('pola_mm.analysis.benchmark.onnxrt:export_and_check',
-                         job, isolate, timeout)
+        path = osp.join(tmp, filename)
+        out = measure_in(export, dict(job, path=path), isolate, timeout)
         if 'error' in out:
             return out
         if not osp.exists(path):
             return dict(out, error=f'no ONNX file at {path}')
-        job = dict(path=path, size=hw, batch=batch, warmup=warmup,
-                   repeats=repeats, threads=threads)
+        shape = out.get('input_shape') or (
+            [job.get('batch', 1), 3] + list(job['size']))
         timed = measure_in(
-            'pola_mm.analysis.benchmark.onnxrt:measure_onnxruntime', job,
+            'pola_mm.analysis.benchmark.onnxrt:measure_onnxruntime',
+            dict(path=path, size=list(shape[2:]), batch=shape[0],
+                 warmup=warmup, repeats=repeats, threads=threads),
             isolate, timeout)
         return dict(out, **timed)
     finally:

@@ -39,12 +39,10 @@ inputs).
 import copy
 import os
 import os.path as osp
-import shutil
-import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from .worker import Size, measure_in
+from .worker import Size
 
 __all__ = [
     'WHOLE_MODELS', 'STOCK_DEPLOY_CONFIGS', 'WholeSpec', 'resolve_config',
@@ -321,28 +319,12 @@ def run_whole(model: WholeSpec,
         :func:`~pola_mm.analysis.benchmark.onnxrt.measure_onnxruntime`
         together, or ``error``.
     """
-    hw = list(size)
-    spec = whole_spec(model)
-    tmp = tempfile.mkdtemp(prefix='pola_mm_bench_whole_')
-    try:
-        path = osp.join(tmp, 'end2end.onnx')
-        job = dict(model=spec, path=path, size=hw, threads=threads,
-                   preload=list(preload))
-        out = measure_in('pola_mm.analysis.benchmark.whole:export_whole',
-                         job, isolate, timeout)
-        if 'error' in out:
-            return out
-        if not osp.exists(path):
-            return dict(out, error=f'no ONNX file at {path}')
-        shape = out.get('input_shape') or [1, 3] + hw
-        job = dict(path=path, size=shape[2:], batch=shape[0],
-                   warmup=warmup, repeats=repeats, threads=threads)
-        timed = measure_in(
-            'pola_mm.analysis.benchmark.onnxrt:measure_onnxruntime', job,
-            isolate, timeout)
-        return dict(out, **timed)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    from .onnxrt import export_then_time
+    job = dict(model=whole_spec(model), size=list(size), threads=threads,
+               preload=list(preload))
+    return export_then_time('pola_mm.analysis.benchmark.whole:export_whole',
+                            job, 'end2end.onnx', warmup, repeats, threads,
+                            isolate, timeout)
 
 
 def _whole_result(spec: Dict[str, Any], size: Size, title: str,
@@ -388,28 +370,18 @@ def run_whole_benchmarks(models: Sequence[WholeSpec],
         ``exporter='mmdeploy'`` and ``baseline`` the name of the model the
         ratios use.
     """
-    from .backbones import _merge, parse_size, size_str
+    from .backbones import measure_in_rounds, parse_size, size_str
     hw = parse_size(size)
-    specs = [whole_spec(m) for m in models]
+    specs = {s['name']: s for s in (whole_spec(m) for m in models)}
     title = title or f'whole {size_str(hw)}'
     if log is None:
         def log(msg: str) -> None:
             print(msg, flush=True)
-    pooled: Dict[str, Any] = {}
-    for r in range(rounds):
-        order = specs if r % 2 == 0 else list(reversed(specs))
-        for spec in order:
-            res = _whole_result(spec, hw, title,
-                                run_whole(spec, size=hw, **kwargs))
-            log(f'[{title}] round {r + 1}/{rounds} {spec["name"]}: '
-                + (f'error {res.error}' if res.error else
-                   f'{res.time_median:.3f} s, peak {res.peak_mem_mb:.0f} '
-                   f'MiB, export and check {res.export_s:.0f} s, '
-                   f'{res.check}'))
-            name = spec['name']
-            pooled[name] = _merge(pooled[name], res) if name in pooled \
-                else res
-    return [pooled[s['name']] for s in specs]
+    return measure_in_rounds(
+        list(specs), rounds,
+        lambda name: _whole_result(specs[name], hw, title,
+                                   run_whole(specs[name], size=hw,
+                                             **kwargs)), log, title)
 
 
 def whole_notes(results: Sequence[Any]) -> List[str]:
