@@ -45,7 +45,7 @@ import time
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
-from typing import List, Optional, Sequence, Tuple  # noqa: E402
+from typing import Callable, List, Optional, Sequence, Tuple  # noqa: E402
 
 from pola_mm.analysis.benchmark import (  # noqa: E402
     MODEL_ZOO, PRESETS, RUNTIMES, SEQ_METHODS, SEQ_MODES, WHOLE_MODELS,
@@ -212,30 +212,42 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def run_watched(run: Callable[[], list]) -> Tuple[list, str]:
+    """``run()``'s results and the conditions it ran under: ``'load
+    average A at start, B at end; N s in all'``."""
+    load0 = os.getloadavg()
+    t0 = time.time()
+    results = run()
+    return results, (f'load average {load0[0]:.2f} at start, '
+                     f'{os.getloadavg()[0]:.2f} at end; '
+                     f'{time.time() - t0:.0f} s in all')
+
+
+def write_json(results: Sequence, path: Optional[str]) -> None:
+    """Write the raw results to ``path`` (``--json``), if given."""
+    if path:
+        with open(path, 'w') as f:
+            json.dump([r.to_dict() for r in results], f, indent=1)
+
+
 def main_seqlen(args: argparse.Namespace) -> None:
     """The sequence-length mode: run, print the table, write JSON/plot."""
     import torch
-    load0 = os.getloadavg()
-    t0 = time.time()
-    results = run_seqlen(
+    results, watched = run_watched(lambda: run_seqlen(
         args.seqlen, args.methods, args.seq_modes, batch=args.batch,
         heads=args.heads, head_dims=args.head_dims, device=args.device,
         warmup=args.warmup, repeats=args.repeats, threads=args.threads,
         mem_cap_mb=args.mem_cap, time_cap_s=args.time_cap,
-        log=lambda m: print(m, flush=True))
-    load1 = os.getloadavg()
+        log=lambda m: print(m, flush=True)))
     threads = sorted({r.threads for r in results if r.threads})
     print()
     print(f'torch {torch.__version__}, {os.cpu_count()} CPUs, threads '
           f'{threads}, device {args.device}, float32, batch {args.batch}, '
           f'{args.heads} head(s) of {args.head_dims}, median of '
-          f'{args.repeats}; load average {load0[0]:.2f} at start, '
-          f'{load1[0]:.2f} at end; {time.time() - t0:.0f} s in all')
+          f'{args.repeats}; {watched}')
     print()
     print(format_seqlen_table(results))
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump([r.to_dict() for r in results], f, indent=1)
+    write_json(results, args.json)
     if args.plot:
         plot_seqlen(results, args.plot)
         print(f'plot written to {args.plot}')
@@ -261,26 +273,20 @@ def main_whole(args: argparse.Namespace) -> None:
     """The whole-model mode: run, print the table, write JSON."""
     import onnxruntime
     import torch
-    load0 = os.getloadavg()
-    t0 = time.time()
-    results = run_whole_benchmarks(
+    results, watched = run_watched(lambda: run_whole_benchmarks(
         whole_models(args), size=parse_size(args.size[0]),
         rounds=args.rounds, warmup=args.warmup, repeats=args.repeats,
-        threads=args.threads, timeout=args.timeout)
-    load1 = os.getloadavg()
+        threads=args.threads, timeout=args.timeout))
     cpu = platform.processor() or platform.machine()
     print()
     print(f'torch {torch.__version__}, onnxruntime {onnxruntime.__version__} '
           f'(MMDeploy export), {cpu}, {os.cpu_count()} CPUs, threads '
           f'{args.threads or "default"}, batch 1, float32, warm-up '
           f'{args.warmup}, median of {args.repeats} x {args.rounds} '
-          f'round(s); load average {load0[0]:.2f} at start, {load1[0]:.2f} '
-          f'at end; {time.time() - t0:.0f} s in all')
+          f'round(s); {watched}')
     print()
     print(format_table(results))
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump([r.to_dict() for r in results], f, indent=1)
+    write_json(results, args.json)
 
 
 def main() -> None:
@@ -308,14 +314,11 @@ def main() -> None:
             sys.exit('a batch other than 1 in ONNX Runtime needs '
                      '--exporter dynamo')
     import torch
-    load0 = os.getloadavg()
-    t0 = time.time()
-    results = run_benchmarks(
+    results, watched = run_watched(lambda: run_benchmarks(
         cases, rounds=args.rounds, log=lambda m: print(m, flush=True),
         device=args.device, dtype=args.dtype, warmup=args.warmup,
         repeats=args.repeats, threads=args.threads, timeout=args.timeout,
-        runtime=args.runtime, exporter=args.exporter, opset=args.opset)
-    load1 = os.getloadavg()
+        runtime=args.runtime, exporter=args.exporter, opset=args.opset))
     threads = sorted({r.threads for r in results if r.threads})
     print()
     cpu = platform.processor() or platform.machine()
@@ -327,9 +330,7 @@ def main() -> None:
     print(f'torch {torch.__version__}, {runtime}{cpu}, {os.cpu_count()} '
           f'CPUs, threads {threads}, device {args.device}, '
           f'dtype {args.dtype}, warm-up {args.warmup}, median of '
-          f'{args.repeats} x {args.rounds} round(s); load average '
-          f'{load0[0]:.2f} at start, {load1[0]:.2f} at end; '
-          f'{time.time() - t0:.0f} s in all')
+          f'{args.repeats} x {args.rounds} round(s); {watched}')
     print()
     print(format_table(results))
     if args.preset == 'goals':
@@ -337,9 +338,7 @@ def main() -> None:
         print('Performance goals:')
         for line in check_goals(results):
             print('- ' + line)
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump([r.to_dict() for r in results], f, indent=1)
+    write_json(results, args.json)
     if args.plot:
         plot_results(results, args.plot)
         print(f'plot written to {args.plot}')

@@ -176,6 +176,20 @@ class BenchmarkResult(StepMemory, _BackboneKey):
     deploy_cfg: Optional[str] = None
     weights: Optional[str] = None
 
+    def take(self, out: Dict[str, Any], keys: Sequence[str]
+             ) -> 'BenchmarkResult':
+        """Fill this result from a worker's ``out``: the fields ``keys``,
+        then its ``error``, or its steps (:meth:`record`) and fastest step.
+        Returns ``self``."""
+        for key in keys:
+            setattr(self, key, out.get(key))
+        if 'error' in out:
+            self.error = out['error']
+            return self
+        self.record(out)
+        self.time_min = min(self.times)
+        return self
+
 
 def parse_size(text: Union[str, int, Sequence[int]]) -> Size:
     """``'224'`` -> (224, 224); ``'800x1344'`` -> (800, 1344) as (H, W)."""
@@ -408,14 +422,7 @@ def benchmark_model(model: ModelSpec,
                threads=threads, preload=list(preload))
     out = measure_in('pola_mm.analysis.benchmark.backbones:measure', job,
                      isolate, timeout)
-    if 'error' in out:
-        result.error = out['error']
-        return result
-    result.record(out)
-    for key in ('torch_version', 'num_params', 'cpu_ext'):
-        setattr(result, key, out.get(key))
-    result.time_min = min(result.times)
-    return result
+    return result.take(out, ('torch_version', 'num_params', 'cpu_ext'))
 
 
 def _benchmark_onnxruntime(result: BenchmarkResult, model: ModelSpec,
@@ -440,15 +447,8 @@ def _benchmark_onnxruntime(result: BenchmarkResult, model: ModelSpec,
                           warmup=warmup, repeats=repeats, threads=threads,
                           exporter=result.exporter, opset=opset, rtol=rtol,
                           isolate=isolate, timeout=timeout, preload=preload)
-    for key in ('onnx_rel_diff', 'opset', 'export_s', 'torch_version',
-                'num_params', 'ort_version'):
-        setattr(result, key, out.get(key))
-    if 'error' in out:
-        result.error = out['error']
-        return result
-    result.record(out)
-    result.time_min = min(result.times)
-    return result
+    return result.take(out, ('onnx_rel_diff', 'opset', 'export_s',
+                             'torch_version', 'num_params', 'ort_version'))
 
 
 def _merge(a: BenchmarkResult, b: BenchmarkResult) -> BenchmarkResult:

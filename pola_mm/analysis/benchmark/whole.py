@@ -334,15 +334,8 @@ def _whole_result(spec: Dict[str, Any], size: Size, title: str,
                         batch=1, device='cpu', dtype='float32',
                         runtime='onnxruntime', title=title,
                         exporter='mmdeploy', baseline=spec['baseline'])
-    for key in ('export_s', 'opset', 'torch_version', 'num_params',
-                'ort_version', 'check', 'deploy_cfg', 'weights'):
-        setattr(r, key, out.get(key))
-    if 'error' in out:
-        r.error = out['error']
-        return r
-    r.record(out)
-    r.time_min = min(r.times)
-    return r
+    return r.take(out, ('export_s', 'opset', 'torch_version', 'num_params',
+                        'ort_version', 'check', 'deploy_cfg', 'weights'))
 
 
 def run_whole_benchmarks(models: Sequence[WholeSpec],
