@@ -221,19 +221,28 @@ def _sem_fpn_options() -> dict:
     }
 
 
+def _segmentation_report(config: str, options: dict, with_argmax: bool,
+                         photo, tmp_path):
+    """``deploy_and_verify`` of a pola_mm segmentation config (random
+    weights, ``options``) through the stock static 512x512 config, its
+    ``with_argmax`` set in memory."""
+    from mmengine.config import Config
+    deploy = Config.fromfile(
+        stock('mmseg/segmentation_onnxruntime_static-512x512.py'))
+    deploy.codebase_config.with_argmax = with_argmax
+    return deploy_and_verify(deploy, osp.join(CONFIGS, config), None, photo,
+                             str(tmp_path), cfg_options=options)
+
+
 @pytest.mark.parametrize('with_argmax', [True, False])
 def test_semantic_fpn_static_matches_pytorch(tmp_path, photo, with_argmax):
     """Semantic FPN (Pola-PVT) through the stock static 512x512 config on a
     photo: labels equal PyTorch's argmax (except near-ties), and with
     ``with_argmax=False`` (the same stock file, one key changed in memory)
     the logits are within 1e-4 of their scale."""
-    from mmengine.config import Config
-    deploy = Config.fromfile(
-        stock('mmseg/segmentation_onnxruntime_static-512x512.py'))
-    deploy.codebase_config.with_argmax = with_argmax
-    report = deploy_and_verify(
-        deploy, osp.join(CONFIGS, 'sem_fpn_pola_pvt_t_ade20k.py'), None,
-        photo, str(tmp_path), cfg_options=_sem_fpn_options())
+    report = _segmentation_report('sem_fpn_pola_pvt_t_ade20k.py',
+                                  _sem_fpn_options(), with_argmax, photo,
+                                  tmp_path)
     assert report.ok
     assert report.input_shapes == [(1, 3, 512, 512)]
     names = [c.name for c in report.checks]
@@ -273,13 +282,8 @@ def test_upernet_static_matches_pytorch(tmp_path, photo):
     and 6x6, which MMDeploy's own ``avg_pool2d`` rewrite gets wrong; with
     pola_mm's exact rewriter for ONNX Runtime the logits are within 1e-4
     of their scale."""
-    from mmengine.config import Config
-    deploy = Config.fromfile(
-        stock('mmseg/segmentation_onnxruntime_static-512x512.py'))
-    deploy.codebase_config.with_argmax = False
-    report = deploy_and_verify(
-        deploy, osp.join(CONFIGS, 'upernet_pola_swin_t_ade20k.py'), None,
-        photo, str(tmp_path), cfg_options=_upernet_options())
+    report = _segmentation_report('upernet_pola_swin_t_ade20k.py',
+                                  _upernet_options(), False, photo, tmp_path)
     assert report.ok, report
     assert report.input_shapes == [(1, 3, 512, 512)]
     assert any('logit max' in c.name for c in report.checks)
