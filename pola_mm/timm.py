@@ -226,17 +226,30 @@ class PolaClassifier(nn.Module):
         their grid, and the input of stage ``i + 1`` with its grid."""
         raise NotImplementedError
 
-    def _out_norm(self, i: int) -> Optional[nn.Module]:
-        """The output norm of stage ``i``, if the model has one."""
-        return None
+    def _stages(self, x: Tensor, hw: Size2) -> Tuple[Tensor, Size2]:
+        """Every built stage on :meth:`_stem`'s output: the last stage's raw
+        output tokens and grid. (A family whose :meth:`_stage` indexes a
+        ``ModuleList`` by ``i``, which TorchScript cannot compile, loops
+        over the list instead.)"""
+        out, out_hw = x, hw
+        for i in range(self.backbone.num_built):
+            out, out_hw, x, hw = self._stage(i, x, hw)
+        return out, out_hw
+
+    def _out_norm(self, i: int, tokens: Tensor) -> Tensor:
+        """The output norm of stage ``i`` on its raw tokens, where the
+        model has one (else ``tokens``)."""
+        return tokens
 
     def _final(self, tokens: Tensor, hw: Size2) -> Tensor:
         """The last stage's raw tokens -> :meth:`forward_features`' map
         (through the output norm of the last stage where there is one)."""
-        norm = self._out_norm(self.backbone.num_built - 1)
-        if norm is not None:
-            tokens = norm(tokens)
-        return to_map(tokens, hw).contiguous()
+        tokens = self._out_norm(self.backbone.num_built - 1, tokens)
+        return self._neck(to_map(tokens, hw))
+
+    def _neck(self, x: Tensor) -> Tensor:
+        """The last stage's map -> :meth:`forward_features`' output."""
+        return x.contiguous()
 
     def _prune_after(self, last: int) -> None:
         """Remove the stages after ``last`` (and ``last``'s downsampling,
@@ -361,10 +374,7 @@ class PolaClassifier(nn.Module):
         for i in range(stop + 1):
             out, out_hw, x, hw = self._stage(i, x, hw)
             if i in take:
-                t = out
-                stage_norm = self._out_norm(i) if norm else None
-                if stage_norm is not None:
-                    t = stage_norm(t)
+                t = self._out_norm(i, out) if norm else out
                 t = to_map(t, out_hw)
                 if output_fmt == 'NHWC':
                     t = t.permute(0, 2, 3, 1)
@@ -399,11 +409,12 @@ class PolaClassifier(nn.Module):
     def forward_features(self, x: Tensor) -> Tensor:
         """``(B, in_chans, H, W)`` -> the last map
         ``(B, num_features, ceil(H / 32), ceil(W / 32))``."""
-        check_input(x, self.in_chans, type(self).__name__)
+        if torch.jit.is_scripting():
+            check_input(x, self.in_chans, 'the model')
+        else:
+            check_input(x, self.in_chans, type(self).__name__)
         x, hw = self._stem(x)
-        out, out_hw = x, hw
-        for i in range(self.backbone.num_built):
-            out, out_hw, x, hw = self._stage(i, x, hw)
+        out, out_hw = self._stages(x, hw)
         return self._final(out, out_hw)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -498,8 +509,14 @@ class PolaSwin(PolaClassifier):
                ) -> Tuple[Tensor, Size2, Tensor, Size2]:
         return self.backbone.layers[i](x, hw)
 
-    def _out_norm(self, i: int) -> Optional[nn.Module]:
-        return getattr(self.backbone, f'norm{i}', None)
+    def _stages(self, x: Tensor, hw: Size2) -> Tuple[Tensor, Size2]:
+        out, out_hw = x, hw
+        for layer in self.backbone.layers:
+            out, out_hw, x, hw = layer(x, hw)
+        return out, out_hw
+
+    def _out_norm(self, i: int, tokens: Tensor) -> Tensor:
+        return self.backbone.out_norm(i, tokens)
 
     def _prune_after(self, last: int) -> None:
         bb = self.backbone
@@ -551,15 +568,7 @@ class PolaPVTClassifier(PolaClassifier):
 
     def _stage(self, i: int, x: Tensor, hw: Size2
                ) -> Tuple[Tensor, Size2, Tensor, Size2]:
-        bb = self.backbone
-        x, hw = getattr(bb, f'patch_embed{i + 1}')(x)
-        table = getattr(bb, f'pos_embed{i + 1}')
-        mode = getattr(bb, 'interpolate_mode', None)  # as the backbone's
-        pos = (resize_pos_table(table, bb.ref_grids[i], hw) if mode is None
-               else resize_pos_table(table, bb.ref_grids[i], hw, mode))
-        x = getattr(bb, f'pos_drop{i + 1}')(x + pos)
-        for block in getattr(bb, f'block{i + 1}'):
-            x = block(x, hw)
+        x, hw = self.backbone.stage(i, x)
         return x, hw, to_map(x, hw), hw
 
     def _prune_after(self, last: int) -> None:
@@ -641,22 +650,24 @@ class PolaPPClassifier(PolaClassifier):
 
     def _stage(self, i: int, x: Tensor, hw: Size2
                ) -> Tuple[Tensor, Size2, Tensor, Size2]:
-        layer = self.backbone.layers[i]
-        out = layer(x, hw)
-        if layer.downsample is None:
-            return out, hw, out, hw
-        down = layer.downsample(to_map(out, hw))
-        return out, hw, to_tokens(down), (down.shape[2], down.shape[3])
+        return self.backbone.layers[i].forward_and_downsample(x, hw)
 
-    def _out_norm(self, i: int) -> Optional[nn.Module]:
-        norms = self.backbone.extra_norms
-        return norms[str(i)] if str(i) in norms else None
+    def _stages(self, x: Tensor, hw: Size2) -> Tuple[Tensor, Size2]:
+        out, out_hw = x, hw
+        for layer in self.backbone.layers:
+            out, out_hw, x, hw = layer.forward_and_downsample(x, hw)
+        return out, out_hw
 
-    def _final(self, tokens: Tensor, hw: Size2) -> Tensor:
+    def _out_norm(self, i: int, tokens: Tensor) -> Tensor:
+        for key, norm in self.backbone.extra_norms.items():
+            if key == str(i):
+                tokens = norm(tokens)
+        return tokens
+
+    def _neck(self, x: Tensor) -> Tensor:
         if self.neck is None:
-            return super()._final(tokens, hw)
-        neck = self.neck
-        return neck.act(neck.norm(neck.proj(to_map(tokens, hw))))
+            return x.contiguous()
+        return self.neck.act(self.neck.norm(self.neck.proj(x)))
 
     def _prune_after(self, last: int) -> None:
         bb = self.backbone

@@ -105,12 +105,23 @@ def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor],
     Returns:
         ``(B, C, H, W)`` in the weight's dtype.
     """
-    if (lean and torch.is_grad_enabled()
+    if lean and _lean_applies(x, weight, bias):
+        return _lean_conv(x, weight, bias, padding)
+    x = _conv_input(x, weight.dtype)
+    return F.conv2d(x, weight, bias, padding=padding, groups=x.shape[1])
+
+
+@torch.jit.unused  # compiled code runs the plain conv
+def _lean_applies(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """Whether :class:`_DepthwiseConv2d` serves the call (autograd records
+    it, on the CPU or with ``x`` in another dtype than the weight)."""
+    return (torch.is_grad_enabled()
             and (x.device.type == 'cpu' or x.dtype != weight.dtype)
             and any(t is not None and t.requires_grad
-                    for t in (x, weight, bias))):
-        return _DepthwiseConv2d.apply(x, weight, bias, tuple(padding))
-    x = x.to(weight.dtype)
-    if x.device.type == 'cpu':
-        x = _dense(x)
-    return F.conv2d(x, weight, bias, padding=padding, groups=x.shape[1])
+                    for t in (x, weight, bias)))
+
+
+@torch.jit.unused
+def _lean_conv(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+               padding: Tuple[int, int]) -> Tensor:
+    return _DepthwiseConv2d.apply(x, weight, bias, tuple(padding))

@@ -29,8 +29,7 @@ of sequences) processed at a time; the constants below size them in elements
 """
 import contextlib
 import os
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -137,9 +136,12 @@ def capturing() -> bool:
     return is_compiling() or exporting()
 
 
-@dataclass(frozen=True)
-class Path:
+class Path(NamedTuple):
     """What one call of a module may use, chosen by :func:`select`.
+
+    A ``NamedTuple``, so that TorchScript compiles the code that reads it
+    (compiled code always gets the plain ``Path()``: see
+    :class:`~pola_mm.models.layers.module.PolaModule`).
 
     Attributes:
         kernels: the kernels of :mod:`pola_mm.ops` (same outputs and
@@ -178,8 +180,9 @@ def select(x: Tensor, *modules: nn.Module) -> Path:
     (whether it records anything computed from ``x`` or the parameters of
     ``modules``) and autocast. :data:`PLAIN` with the fast paths off, while
     a graph is captured (:func:`capturing`: exporters and ``torch.compile``
-    see the plain formula, written in standard operations)."""
-    if not _enabled or capturing():
+    see the plain formula, written in standard operations) and while
+    ``torch.fx`` traces (``x`` a ``Proxy``)."""
+    if not _enabled or capturing() or isinstance(x, torch.fx.Proxy):
         return PLAIN
     params = [p for m in modules for p in m.parameters()]
     records = torch.is_grad_enabled() and (x.requires_grad or any(

@@ -86,6 +86,7 @@ class GateLinearFunction(torch.autograd.Function):
         return dx, dg, dw, db
 
 
+@torch.jit.unused  # compiled code runs the plain layer
 def gate_linear(x: Tensor, g: Tensor, weight: Tensor,
                 bias: Optional[Tensor]) -> Tensor:
     """``F.linear(x * g, weight, bias)`` with gradients, saving only ``x``,

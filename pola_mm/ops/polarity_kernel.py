@@ -688,13 +688,8 @@ def polarity_attention_pytorch(q: Tensor,
     half = q.shape[-1] // 2
     d = 2 * half
 
-    def features(t: Tensor) -> Tuple[Tensor, Tensor]:
-        a = t.abs() ** p  # |t|^p = |t / s|^p / c
-        pos = a * (t > 0).to(a.dtype)  # exactly a or 0, so a - pos is too
-        return pos, a - pos
-
-    qp, qn = features(q)  # f+(q) / c, f-(q) / c
-    kp, kn = features(k)
+    qp, qn = _signed_powers(q, p)  # f+(q) / c, f-(q) / c
+    kp, kn = _signed_powers(k, p)
     P = c_rows * (kp.transpose(-2, -1) @ v)  # f+(k)^T v, (B, h, d, d)
     Q = c_rows * (kn.transpose(-2, -1) @ v)  # f-(k)^T v
     sp = c_rows * kp.sum(-2, keepdim=True).transpose(-2, -1)  # (B, h, d, 1)
@@ -703,5 +698,13 @@ def polarity_attention_pytorch(q: Tensor,
     m_neg = torch.cat([Q[..., :half], P[..., half:], sn, sp], -1)
     u = qp @ (c_rows * m_pos) + qn @ (c_rows * m_neg)
     z = u[..., d:] + eps * n  # n (mean + eps) = sum + eps n
-    y = u[..., :d].reshape(u.shape[:-1] + (2, half)) / z.unsqueeze(-1)
-    return y.reshape(u.shape[:-1] + (d, ))
+    B, h, N = u.shape[0], u.shape[1], u.shape[2]
+    y = u[..., :d].reshape(B, h, N, 2, half) / z.unsqueeze(-1)
+    return y.reshape(B, h, N, d)
+
+
+def _signed_powers(t: Tensor, p: Tensor) -> Tuple[Tensor, Tensor]:
+    """``relu(t)^p`` and ``relu(-t)^p`` from one ``|t|^p``."""
+    a = t.abs() ** p
+    pos = a * (t > 0).to(a.dtype)  # exactly a or 0, so a - pos is too
+    return pos, a - pos

@@ -36,6 +36,7 @@ from torch.autograd.function import once_differentiable
 from . import dispatch
 
 
+@torch.jit.unused  # compiled code never trains in runs
 def runs_pay(x: Tensor, width: int) -> bool:
     """Whether a layer mapping ``x`` ``(..., C)`` to ``width`` channels is
     large enough to train in runs: its widest tensor spans at least

@@ -61,22 +61,12 @@ RUN = (
     'test_prune_intermediate_layers_contract',
     'test_model_forward_fx',
     'test_model_backward_fx',
+    'test_model_forward_torchscript',
+    'test_model_forward_fx_torchscript',
 )
 
 #: timm's registry-wide tests that do not run here, and why (docs/timm.md).
 NOT_RUN: Dict[str, str] = {
-    'test_model_forward_torchscript': (
-        'TorchScript: torch.jit.script is deprecated in the torch we install '
-        "(2.14: FutureWarning 'switch to torch.compile or torch.export'), "
-        'and it compiles every submodule; pola_mm keeps one copy of each '
-        'layer, whose forward picks per call between the plain formula and '
-        'fast kernels (torch.autograd.Function subclasses, C++ CPU loops, '
-        'token runs, autocast contexts, cached position tables), none of '
-        'which TorchScript compiles. torch.export runs the plain formula '
-        '(tests/timm/test_timm_export.py; ONNX: docs/deployment.md).'),
-    'test_model_forward_fx_torchscript': (
-        'TorchScript of the FX graph: the graph calls the blocks as leaf '
-        'modules, which TorchScript compiles as above.'),
     'test_model_default_cfgs_non_std': (
         "timm's list for non-standard models (NON_STD_FILTERS: ViT-like "
         'sequence outputs); pola_mm models are standard NCHW models and run '

@@ -5,7 +5,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
@@ -15,6 +14,7 @@ from ...type_aliases import Size2
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
 from ..layers.bricks import DropPath, build_norm_layer
+from ..layers.module import PolaModule
 from ..layers.pacs_attention import reset_pacs_temperatures
 
 
@@ -104,6 +104,16 @@ def check_input(x: Tensor, in_channels: int, name: str) -> None:
         in_channels: the ``Cin`` the backbone was built with.
         name: the backbone's class name, for the message.
     """
+    if x.dim() != 4 or x.shape[1] != in_channels or x.numel() == 0:
+        if torch.jit.is_scripting():
+            raise ValueError(f'{name} expects a non-empty image batch (B, '
+                             f'{in_channels}, H, W)')
+        _raise_input_error(x, in_channels, name)
+
+
+@torch.jit.unused
+def _raise_input_error(x: Tensor, in_channels: int, name: str) -> None:
+    """:func:`check_input`'s messages."""
     if x.dim() != 4 or x.shape[1] != in_channels:
         raise ValueError(
             f'{name} expects images of shape (B, {in_channels}, H, W), got '
@@ -119,7 +129,7 @@ def check_input(x: Tensor, in_channels: int, name: str) -> None:
             'model')
 
 
-class PolaBackbone(BaseModule):
+class PolaBackbone(PolaModule):
     """What Pola-Swin and Pola-PVT share: default init, strict pretrained
     loading through ``init_cfg``, frozen stages kept in eval mode, and the
     input check.
@@ -174,7 +184,7 @@ class PolaBackbone(BaseModule):
         check_input(x, self.in_channels, type(self).__name__)
 
 
-class PreNormBlock(BaseModule):
+class PreNormBlock(PolaModule):
     """Transformer block ``x + drop_path(attn(norm1(x)))``,
     ``x + drop_path(mlp(norm2(x)))`` with optional gradient checkpointing.
 
@@ -202,12 +212,13 @@ class PreNormBlock(BaseModule):
         raise NotImplementedError
 
     def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        if not self.training and dispatch.select(x, self).cpu_inference:
+        if not self.training and self.select_path(x).cpu_inference:
             return self.forward_in_runs(x, hw)  # the same, in runs
         x = x + self.drop_path(self._attend(self.norm1(x), hw))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
     # -- CPU inference in runs (the same computation) ----------------------
+    @torch.jit.unused
     def forward_in_runs(self, x: Tensor, hw: Size2) -> Tensor:
         """The block in eval mode with small intermediates: a polarity
         attention over a map taller than one run goes through
@@ -225,6 +236,7 @@ class PreNormBlock(BaseModule):
             return self.ffn_in_runs(x, inplace=True)
         return self.ffn_in_runs(x + self._attend(self.norm1(x), hw))
 
+    @torch.jit.unused
     def ffn_in_runs(self, x: Tensor, inplace: bool = False) -> Tensor:
         """``x + mlp(norm2(x))`` in eval mode, in runs of tokens (one
         reused hidden buffer, :meth:`Mlp.forward_into`); with ``inplace``
@@ -259,5 +271,9 @@ class PreNormBlock(BaseModule):
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
         if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
+            return self._forward_checkpointed(x, hw)
         return self._forward(x, hw)
+
+    @torch.jit.unused
+    def _forward_checkpointed(self, x: Tensor, hw: Size2) -> Tensor:
+        return cp.checkpoint(self._forward, x, hw, use_reentrant=False)

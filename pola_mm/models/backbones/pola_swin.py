@@ -1,14 +1,15 @@
 """Pola-Swin: Swin Transformer with polarity-aware linear attention."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
 import torch.nn as nn
-from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...registry import register_model
 from ...type_aliases import Size2
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, WindowMSA
 from ..layers.bricks import build_norm_layer
+from ..layers.module import PolaModule
 from ..layers.window import (crop_map, cyclic_shift, effective_window,
                              grid_padding, key_padding_logits, key_valid_mask,
                              pad_map, shift_region_mask, valid_token_map,
@@ -111,11 +112,11 @@ class PolaSwinBlock(PreNormBlock):
         pad = grid_padding(hw, win)
         padded = pad_map(x.view(B, hw[0], hw[1], C), pad)
         padded_hw = (padded.shape[1], padded.shape[2])
-        mask = None
-        if shift != (0, 0):
+        mask: Optional[Tensor] = None
+        if shift[0] != 0 or shift[1] != 0:
             padded = cyclic_shift(padded, shift)
             mask = shift_region_mask(padded_hw, win, shift, x.device)
-        if self.mask_padding and any(pad):
+        if self.mask_padding and (pad[1] > 0 or pad[3] > 0):
             vmap = cyclic_shift(valid_token_map(hw, pad, x.device), shift)
             kpl = key_padding_logits(key_valid_mask(vmap, win))
             mask = kpl if mask is None else mask + kpl
@@ -125,12 +126,16 @@ class PolaSwinBlock(PreNormBlock):
         return crop_map(y, pad).reshape(B, L, C)
 
     def _attend(self, x: Tensor, hw: Size2) -> Tensor:
-        if self.attn_type == 'L':
-            return self.attn(x, hw)  # global over the stage map
-        return self._softmax(x, hw)
+        # (the attention's kind by its table, which TorchScript tests while
+        # compiling: the two kinds take different arguments)
+        if hasattr(self.attn, 'relative_position_bias_table'):  # 'S'
+            y = self._softmax(x, hw)
+        else:  # 'L': global over the stage map
+            y = self.attn(x, hw)
+        return y
 
 
-class PolaSwinStage(BaseModule):
+class PolaSwinStage(PolaModule):
     """Blocks of one stage (``blocks``) and the optional patch merging at its
     end (``downsample``), the authors' ``BasicLayer``; block ``j`` has the
     attention ``attn_types[j]`` and the window ``window_sizes[j]``."""
@@ -376,17 +381,37 @@ class PolaSwinTransformer(PolaBackbone):
             if (i - 1) in self.out_indices:
                 freeze(getattr(self, f'norm{i - 1}'))
 
+    # (a tuple of as many maps as out_indices, which TorchScript cannot
+    # type: compiled, the timm models run the stages, pola_mm.timm)
+    @torch.jit.unused
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
         self.check_input(x)
         x, hw = self.patch_embed(x)
         x = self.drop_after_pos(x)
-        outs = []
+        outs: List[Tensor] = []
         for i, layer in enumerate(self.layers):
             out, out_hw, x, hw = layer(x, hw)
             if i in self.out_indices:
-                out = getattr(self, f'norm{i}')(out)
+                out = self.out_norm(i, out)
                 outs.append(out.view(-1, out_hw[0], out_hw[1],
                                      self.num_features[i]).permute(
                                          0, 3, 1, 2).contiguous())
         return tuple(outs)
+
+    def out_norm(self, i: int, x: Tensor) -> Tensor:
+        """The output norm ``norm{i}`` of stage ``i`` on its tokens ``x``
+        (``x`` itself where the model has none)."""
+        if not torch.jit.is_scripting():
+            norm = getattr(self, f'norm{i}', None)
+            return x if norm is None else norm(x)
+        # TorchScript reaches attributes by literal names only
+        if hasattr(self, 'norm0') and i == 0:
+            return self.norm0(x)
+        if hasattr(self, 'norm1') and i == 1:
+            return self.norm1(x)
+        if hasattr(self, 'norm2') and i == 2:
+            return self.norm2(x)
+        if hasattr(self, 'norm3') and i == 3:
+            return self.norm3(x)
+        return x

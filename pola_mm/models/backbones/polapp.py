@@ -15,6 +15,7 @@ checkpoints load as they are.
 """
 from typing import Dict, Optional, Sequence, Tuple, Union
 
+import torch
 import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
@@ -230,6 +231,9 @@ class PolaPP(PolaBackbone):
                 f'more, images larger than {s}x{s} pixels on one side, '
                 'norm_eval=True, or eval mode')
 
+    # (a tuple of as many maps as out_indices, which TorchScript cannot
+    # type: compiled, the timm models run the stages, pola_mm.timm)
+    @torch.jit.unused
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
         self.check_input(x)

@@ -142,7 +142,7 @@ def drop_path(x: Tensor, drop_prob: float = 0.,
     if drop_prob == 0. or not training:
         return x
     keep_prob = 1 - drop_prob
-    shape = (x.shape[0], ) + (1, ) * (x.ndim - 1)
+    shape = [x.shape[0]] + [1] * (x.dim() - 1)
     # keep where u >= drop_prob, u ~ U[0, 1): mmcv's draw, so a seed gives
     # the same samples as mmcv's DropPath
     keep = torch.rand(shape, dtype=x.dtype, device=x.device) >= drop_prob

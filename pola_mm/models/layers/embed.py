@@ -4,13 +4,12 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...ops import dispatch
 from ...ops.inference_runs import norm_in_place
 from ...type_aliases import Size2
 from .bricks import build_norm_layer
+from .module import PolaModule
 
 
 def pad_for_stride(x: Tensor, stride: int, pad_input: bool) -> Tensor:
@@ -32,12 +31,12 @@ def pad_for_stride(x: Tensor, stride: int, pad_input: bool) -> Tensor:
         pad_h, pad_w = (-H) % stride, (-W) % stride
     else:
         pad_h, pad_w = max(0, stride - H), max(0, stride - W)
-    if pad_h or pad_w:
+    if pad_h > 0 or pad_w > 0:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
 
 
-class PatchEmbed(BaseModule):
+class PatchEmbed(PolaModule):
     """Non-overlapping patch embedding: conv (kernel = stride = patch) + norm.
 
     With ``pad_input=True`` (Swin, as mmdet's ``AdaptivePadding``) the input
@@ -76,24 +75,29 @@ class PatchEmbed(BaseModule):
         ``ceil(H / patch)`` with ``pad_input``, else ``max(1, floor(H /
         patch))`` (likewise ``W'``)."""
         x = pad_for_stride(x, self.patch_size, self.pad_input)
-        # at CPU inference: channels-last input -> channels-last
-        # (token-major) output, normalised in place below
-        in_place = (self.norm is not None
-                    and dispatch.select(x, self).cpu_inference)
-        if in_place:
-            x = x.contiguous(memory_format=torch.channels_last)
+        if self.norm is not None and self.select_path(x).cpu_inference:
+            return self._forward_in_place(x)
         x = self.proj(x)
         hw = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)
-        if self.norm is None:
-            return x, hw
-        if in_place and x.is_contiguous():
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, hw
+
+    @torch.jit.unused
+    def _forward_in_place(self, x: Tensor) -> Tuple[Tensor, Size2]:
+        """:meth:`forward` at CPU inference: channels-last input ->
+        channels-last (token-major) output, normalised in place."""
+        x = self.proj(x.contiguous(memory_format=torch.channels_last))
+        hw = (x.shape[2], x.shape[3])
+        x = x.flatten(2).transpose(1, 2)
+        if x.is_contiguous():
             # a channels-last conv output is token-major already
             return norm_in_place(self.norm, x), hw
         return self.norm(x), hw
 
 
-class PatchMerging(BaseModule):
+class PatchMerging(PolaModule):
     """Swin's 2x2 patch merging (downsample by 2, channels x2).
 
     The map is zero-padded to even size; the 2x2 neighbours are concatenated
@@ -123,7 +127,7 @@ class PatchMerging(BaseModule):
         B, L, C = x.shape
         H, W = hw
         x = x.view(B, H, W, C)
-        if H % 2 or W % 2:
+        if H % 2 == 1 or W % 2 == 1:
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
         x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2],
                        x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)

@@ -3,16 +3,16 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...ops import dispatch
+from ...ops.dispatch import Path
 from ...ops.gelu_linear import gelu_linear
 from ...ops.token_runs import linear_out, mlp_in_runs, runs_pay
 from .bricks import build_activation_layer
+from .module import PolaModule
 
 
-class Mlp(BaseModule):
+class Mlp(PolaModule):
     """``fc2(drop(act(fc1(x))))`` followed by dropout.
 
     Args:
@@ -46,15 +46,24 @@ class Mlp(BaseModule):
         that keeps only ``h = fc1(x)`` for backward and recomputes GELU
         there (:func:`~pola_mm.ops.gelu_linear.gelu_linear`).
         """
-        path = dispatch.select(x, self)
-        if (path.autograd and type(self.act) is nn.GELU
-                and (self.drop.p == 0 or not self.training)):
-            if path.cpu_training and runs_pay(x, self.fc1.out_features):
-                return mlp_in_runs(x, self.fc1, self.fc2,
-                                   self.act.approximate)
-            return self.drop(gelu_linear(self.fc1(x), self.fc2.weight,
-                                         self.fc2.bias, self.act.approximate))
+        path = self.select_path(x)
+        if path.autograd and self._lean_applies():
+            return self._forward_lean(x, path)
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+    @torch.jit.unused
+    def _lean_applies(self) -> bool:
+        """Whether the lean training functions serve :meth:`forward`: GELU
+        and no active dropout."""
+        return (type(self.act) is nn.GELU
+                and (self.drop.p == 0 or not self.training))
+
+    @torch.jit.unused
+    def _forward_lean(self, x: Tensor, path: Path) -> Tensor:
+        if path.cpu_training and runs_pay(x, self.fc1.out_features):
+            return mlp_in_runs(x, self.fc1, self.fc2, self.act.approximate)
+        return self.drop(gelu_linear(self.fc1(x), self.fc2.weight,
+                                     self.fc2.bias, self.act.approximate))
 
     def forward_into(self, x: Tensor, out: Tensor, hidden: Tensor) -> None:
         """:meth:`forward` of tokens ``x`` ``(T, C)`` written into ``out``

@@ -20,15 +20,14 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...ops import dispatch
 from ...ops.dispatch import PLAIN, Path
 from ...ops.pacs_kernel import pacs_attention_kernel, pacs_features
 from ...ops.precision import no_autocast
 from ...type_aliases import Size2
 from .attention_args import polarity_head_dims
+from .module import PolaModule
 from .rotary import rotary_tables, theta_shift
 
 __all__ = [
@@ -126,11 +125,12 @@ def pacs_attend(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
     Returns:
         ``(B, h, N, d)``.
     """
-    fn = pacs_attention_kernel if fast else pacs_linear_attention
-    return fn(q, k, v, s1, s2, sin, cos)
+    if not torch.jit.is_scripting() and fast:  # (compiled: the formula)
+        return pacs_attention_kernel(q, k, v, s1, s2, sin, cos)
+    return pacs_linear_attention(q, k, v, s1, s2, sin, cos)
 
 
-class PaCSAttention(BaseModule):
+class PaCSAttention(PolaModule):
     """PolaFormer++'s linear attention block part (the authors'
     ``AddLinearAttention``), on tokens of a stage map.
 
@@ -181,27 +181,35 @@ class PaCSAttention(BaseModule):
         Returns:
             ``(B, N, C)`` in the dtype of ``q``.
         """
+        if not torch.jit.is_scripting():  # (compiled code: no autocast)
+            with no_autocast(q.device.type):
+                return self._mix(q, k, v, hw, path)
+        return self._mix(q, k, v, hw, path)
+
+    def _mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2,
+             path: Path) -> Tensor:
+        """:meth:`mix` with autocast off."""
         out_dtype = q.dtype
         dt = torch.promote_types(out_dtype, torch.float32)
         B, N, C = q.shape
-        h, d = self.num_heads, self.head_dims
-
-        def heads(t: Tensor) -> Tensor:  # (B, N, C) -> (B, h, N, d)
-            return t.to(dt).reshape(*t.shape[:-1], h, d).transpose(1, 2)
-
-        with no_autocast(q.device.type):
-            sin, cos = rotary_tables(hw, 2 * d, device=q.device, dtype=dt)
-            s1, s2 = self.s1.to(dt), self.s2.to(dt)
-            qh, kh, vh = heads(q), heads(k), heads(v)
-            x = pacs_attend(qh, kh, vh, s1, s2, sin, cos,
-                            fast=path.kernels)
-            vmap = v.to(dt).reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)
-            lepe = F.conv2d(vmap, self.lepe.weight.to(dt),
-                            self.lepe.bias.to(dt), padding=self.lepe.padding,
-                            groups=C)
-            x = x.transpose(1, 2).reshape(B, N, C) + \
-                lepe.flatten(2).transpose(1, 2)
+        sin, cos = rotary_tables(hw, 2 * self.head_dims, device=q.device,
+                                 dtype=dt)
+        x = pacs_attend(self._heads(q, dt), self._heads(k, dt),
+                        self._heads(v, dt), self.s1.to(dt), self.s2.to(dt),
+                        sin, cos, fast=path.kernels)
+        vmap = v.to(dt).reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)
+        bias = self.lepe.bias
+        lepe = F.conv2d(vmap, self.lepe.weight.to(dt),
+                        None if bias is None else bias.to(dt),
+                        padding=self.lepe.padding, groups=C)
+        x = x.transpose(1, 2).reshape(B, N, C) + \
+            lepe.flatten(2).transpose(1, 2)
         return x.to(out_dtype)
+
+    def _heads(self, t: Tensor, dt: torch.dtype) -> Tensor:
+        """``(B, N, C)`` -> ``(B, h, N, d)`` in ``dt``."""
+        return t.to(dt).reshape(t.shape[0], t.shape[1], self.num_heads,
+                                self.head_dims).transpose(1, 2)
 
     def mix_flops(self, batch: int, tokens: int) -> Tuple[str, Dict[str, int]]:
         """FLOPs of :meth:`mix` on ``batch`` maps of ``tokens`` tokens (1
@@ -215,7 +223,7 @@ class PaCSAttention(BaseModule):
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, N, C)`` tokens on the grid ``hw`` -> ``(B, N, C)``."""
-        path = dispatch.select(x, self)
-        q, k, v, g = self.qkvg(x).reshape(*x.shape[:-1], 4,
+        path = self.select_path(x)
+        q, k, v, g = self.qkvg(x).reshape(x.shape[0], x.shape[1], 4,
                                           self.embed_dims).unbind(-2)
         return self.proj(self.mix(q, k, v, hw, path) * g)

@@ -2,18 +2,18 @@
 pre-norm attention (PaCS linear or rotary softmax) and a conv FFN, each with
 optional layer scale and stochastic depth (the authors' ``Block`` and
 ``BasicLayer``)."""
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...type_aliases import Size2
 from .bricks import DropPath
 from .conv_embed import ConvDownsample
 from .conv_ffn import ConvFFN
+from .module import PolaModule
 from .pacs_attention import PaCSAttention
 from .rotary_attention import RotarySelfAttention
 from .token_map import to_map, to_tokens
@@ -44,7 +44,7 @@ def layer_scale(x: Tensor, gamma: Optional[Tensor]) -> Tensor:
     return x if gamma is None else x * gamma.flatten(1).unsqueeze(1)
 
 
-class PolaPPBlock(BaseModule):
+class PolaPPBlock(PolaModule):
     """``x + pos(x)`` (depth-wise 3x3 conv), then
     ``x + drop_path(gamma_1 * attn(norm1(x)))``,
     ``x + drop_path(gamma_2 * ffn(norm2(x)))``; ``gamma_*``
@@ -87,8 +87,10 @@ class PolaPPBlock(BaseModule):
                 torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
 
     def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        g1, g2 = ((self.gamma_1, self.gamma_2) if self.layer_scale else
-                  (None, None))
+        g1: Optional[Tensor] = None
+        g2: Optional[Tensor] = None
+        if hasattr(self, 'gamma_1'):  # layer scale
+            g1, g2 = self.gamma_1, self.gamma_2
         x = x + to_tokens(self.pos(to_map(x, hw)))
         x = x + self.drop_path(layer_scale(self.attn(self.norm1(x), hw), g1))
         return x + self.drop_path(layer_scale(self.ffn(self.norm2(x), hw),
@@ -96,12 +98,12 @@ class PolaPPBlock(BaseModule):
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
-        if self.with_cp and x.requires_grad:
+        if not torch.jit.is_scripting() and self.with_cp and x.requires_grad:
             return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
         return self._forward(x, hw)
 
 
-class PolaPPStage(BaseModule):
+class PolaPPStage(PolaModule):
     """The blocks of one stage, then (unless last) the downsampling
     (:class:`~.conv_embed.ConvDownsample`, applied by the backbone to the
     stage's map). The authors' ``BasicLayer``.
@@ -134,3 +136,14 @@ class PolaPPStage(BaseModule):
         for block in self.blocks:
             x = block(x, hw)
         return x
+
+    def forward_and_downsample(self, x: Tensor, hw: Size2
+                               ) -> Tuple[Tensor, Size2, Tensor, Size2]:
+        """Tokens ``(B, H * W, C)`` -> the stage output with its ``hw`` and
+        the downsampled tokens with theirs (the same when there is no
+        downsampling)."""
+        out = self.forward(x, hw)
+        if self.downsample is None:
+            return out, hw, out, hw
+        down = self.downsample(to_map(out, hw))
+        return out, hw, to_tokens(down), (down.shape[2], down.shape[3])

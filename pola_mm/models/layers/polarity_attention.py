@@ -4,15 +4,13 @@ One module serves both backbones: Pola-Swin (fused ``qkvg`` projection) and
 Pola-PVT (``qg`` + ``kv`` projections); both attend to all tokens of a
 stage map. Parameter names are the authors'.
 """
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...ops import dispatch
 from ...ops.dispatch import PLAIN, Path
 from ...ops.depthwise_conv import depthwise_conv2d
 from ...ops.gate_linear import gate_linear
@@ -24,13 +22,14 @@ from ...ops.token_runs import runs_pay, split_linear_in_runs
 from ...type_aliases import Size2
 from .embed import pad_for_stride
 from .attention_args import polarity_head_dims
+from .module import PolaModule
 from .pacs_attention import add_pacs_temperatures, pacs_attend
 from .position import check_resize_mode, resize_pos_table
 
 FEATURE_MAPS = ('power', 'pacs')
 
 
-class PolarityAttention(BaseModule):
+class PolarityAttention(PolaModule):
     """Polarity-aware linear attention with gate and depth-wise conv on v.
 
     The forward has three steps: :meth:`project` (tokens -> q, k, v, g),
@@ -126,7 +125,7 @@ class PolarityAttention(BaseModule):
         self.sr_ratio = int(sr_ratio)
         self.interpolate_mode = check_resize_mode(interpolate_mode)
         self.fused_qkvg = fused_qkvg
-        self.alpha = alpha
+        self.alpha = float(alpha)
         self.feature_map = feature_map
         if fused_qkvg:
             self.qkvg = nn.Linear(embed_dims, embed_dims * 4, bias=qkv_bias)
@@ -176,18 +175,31 @@ class PolarityAttention(BaseModule):
             views into the projection output, split by ``unbind`` so that
             backward assembles the projection's gradient in one pass.
         """
-        C = self.embed_dims
-
-        def split(linear: nn.Linear, parts: int) -> Sequence[Tensor]:
-            if path.cpu_training and runs_pay(x, parts * C):
-                return split_linear_in_runs(x, linear, parts)
-            return linear(x).reshape(*x.shape[:-1], parts, C).unbind(-2)
-
-        if self.fused_qkvg:
-            q, k, v, g = split(self.qkvg, 4)
+        width = (4 if self.fused_qkvg else 2) * self.embed_dims
+        if path.cpu_training and runs_pay(x, width):
+            return self._project_in_runs(x)
+        if hasattr(self, 'qkvg'):
+            q, k, v, g = self._split(self.qkvg(x), 4)
         else:
-            q, g = split(self.qg, 2)
-            k, v = split(self.kv, 2)
+            q, g = self._split(self.qg(x), 2)
+            k, v = self._split(self.kv(x), 2)
+        return q, k, v, g
+
+    def _split(self, y: Tensor, parts: int) -> List[Tensor]:
+        """A projection's output ``(..., parts * C)`` -> ``parts`` views
+        ``(..., C)``."""
+        shape = list(y.shape[:-1])
+        return y.reshape(shape + [parts, self.embed_dims]).unbind(-2)
+
+    @torch.jit.unused
+    def _project_in_runs(self, x: Tensor
+                         ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:meth:`project` on runs of tokens (CPU training)."""
+        if self.fused_qkvg:
+            q, k, v, g = split_linear_in_runs(x, self.qkvg, 4)
+        else:
+            q, g = split_linear_in_runs(x, self.qg, 2)
+            k, v = split_linear_in_runs(x, self.kv, 2)
         return q, k, v, g
 
     def split_heads(self, t: Tensor) -> Tensor:
@@ -226,40 +238,54 @@ class PolarityAttention(BaseModule):
         Returns:
             ``(B', N, C)`` (before the gate).
         """
+        if not torch.jit.is_scripting():  # (compiled code: no autocast)
+            with no_autocast(q.device.type):
+                return self._mix(q, k, v, hw, path)
+        return self._mix(q, k, v, hw, path)
+
+    def _mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2,
+             path: Path) -> Tensor:
+        """:meth:`mix` with autocast off."""
         out_dtype = q.dtype
         # float32 at least (float64 stays float64, e.g. for gradcheck)
         dt = torch.promote_types(out_dtype, torch.float32)
         B, N, C = q.shape
         h, d = self.num_heads, self.head_dims
-
-        with no_autocast(q.device.type):
-            # the kernel and the conv upcast inside and keep q, k, v as
-            # given (under autocast fp16/bf16 views of the projection, not
-            # float32 copies)
-            kernel = path.kernels and self.feature_map != 'pacs'
-            q, k, v = (self.split_heads(t if kernel else t.to(dt))
-                       for t in (q, k, v))
-            pos = self.split_heads(
-                self.positional_table(hw, cache=path.kernels).to(dt))
-            scale = self.scale.to(dt).reshape(1, h, 1, d)
-            if self.feature_map == 'pacs':
-                x = self._pacs(q, k + pos, v, scale, dt, path.kernels)
+        pos = self.split_heads(
+            self.positional_table(hw, cache=path.kernels).to(dt))
+        scale = self.scale.to(dt).reshape(1, h, 1, d)
+        if hasattr(self, 'power'):
+            # (TorchScript compiles the plain formula only)
+            if not torch.jit.is_scripting() and path.kernels:
+                # the kernel and the conv upcast inside and keep q, k, v as
+                # given (under autocast fp16/bf16 views of the projection,
+                # not float32 copies)
+                q, k, v = (self.split_heads(q), self.split_heads(k),
+                           self.split_heads(v))
+                x = polarity_attention_kernel(q, k, v, scale,
+                                              self.power.to(dt), self.alpha,
+                                              k_bias=pos)
             else:
-                attend = (polarity_attention_kernel
-                          if kernel else polarity_attention_pytorch)
-                x = attend(q, k, v, scale, self.power.to(dt), self.alpha,
-                           k_bias=pos)
-            # depth-wise conv on v: the per-head kernel repeated over the
-            # heads, on the channels-last (B, C, H, W) map, so its output is
-            # token-major like the attention's; v may be a view of the
-            # projection's output (no copy kept for backward on GPUs)
-            vmap = v.transpose(1, 2).reshape(B, hw[0], hw[1], C)
-            conv = depthwise_conv2d(vmap.permute(0, 3, 1, 2),
-                                    *self.dwc_params(dt),
-                                    padding=self.dwc.padding,
-                                    lean=path.autograd)
-            x = torch.add(x.transpose(1, 2).reshape(B, N, C),
-                          conv.permute(0, 2, 3, 1).reshape(B, N, C))
+                q, k, v = (self.split_heads(q.to(dt)),
+                           self.split_heads(k.to(dt)),
+                           self.split_heads(v.to(dt)))
+                x = polarity_attention_pytorch(q, k, v, scale,
+                                               self.power.to(dt), self.alpha,
+                                               k_bias=pos)
+        else:
+            q, k, v = (self.split_heads(q.to(dt)), self.split_heads(k.to(dt)),
+                       self.split_heads(v.to(dt)))
+            x = self._pacs(q, k + pos, v, scale, dt, path.kernels)
+        # depth-wise conv on v: the per-head kernel repeated over the heads,
+        # on the channels-last (B, C, H, W) map, so its output is
+        # token-major like the attention's; v may be a view of the
+        # projection's output (no copy kept for backward on GPUs)
+        vmap = v.transpose(1, 2).reshape(B, hw[0], hw[1], C)
+        weight, bias = self.dwc_params(dt)
+        conv = depthwise_conv2d(vmap.permute(0, 3, 1, 2), weight, bias,
+                                self.dwc.padding, lean=path.autograd)
+        x = torch.add(x.transpose(1, 2).reshape(B, N, C),
+                      conv.permute(0, 2, 3, 1).reshape(B, N, C))
         return x.to(out_dtype)
 
     def _pacs(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
@@ -294,7 +320,9 @@ class PolarityAttention(BaseModule):
         h = self.num_heads
         weight = self.dwc.weight.to(dt).repeat(h, 1, 1, 1)
         bias = self.dwc.bias
-        return weight, None if bias is None else bias.to(dt).repeat(h)
+        if bias is None:
+            return weight, None
+        return weight, bias.to(dt).repeat(h)
 
     # -- step 3 ------------------------------------------------------------
     def output(self, x: Tensor, g: Tensor, path: Path = PLAIN) -> Tensor:
@@ -319,8 +347,8 @@ class PolarityAttention(BaseModule):
         Returns:
             ``(B, N, C)``.
         """
-        path = dispatch.select(x, self)
-        if self.sr_ratio > 1:
+        path = self.select_path(x)
+        if hasattr(self, 'sr'):  # sr_ratio > 1
             return self.forward_reduced(x, hw, path)
         q, k, v, g = self.project(x, path)
         return self.output(self.mix(q, k, v, hw, path), g, path)
@@ -331,7 +359,6 @@ class PolarityAttention(BaseModule):
         authors' Pola-PVT with ``la_sr_ratios``; ``(B, N, C)`` ->
         ``(B, N, C)``. The attention is the plain formula on any path."""
         B, N, C = x.shape
-        h, d = self.num_heads, self.head_dims
         q, g = self.qg(x).reshape(B, N, 2, C).unbind(-2)
         # like the authors' conv; a side shorter than r is padded to r
         reduced = self.sr(pad_for_stride(
@@ -340,30 +367,44 @@ class PolarityAttention(BaseModule):
         kv_hw = (reduced.shape[2], reduced.shape[3])
         k, v = self.kv(self.norm(reduced.flatten(2).transpose(1, 2))
                        ).reshape(B, -1, 2, C).unbind(-2)
+        if not torch.jit.is_scripting():  # (compiled code: no autocast)
+            with no_autocast(x.device.type):
+                y = self._mix_reduced(q, k, v, hw, kv_hw, path)
+        else:
+            y = self._mix_reduced(q, k, v, hw, kv_hw, path)
+        return self.output(y, g, path)
+
+    def _mix_reduced(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2,
+                     kv_hw: Size2, path: Path) -> Tensor:
+        """Attention and depth-wise conv of :meth:`forward_reduced`, with
+        autocast off: ``q`` ``(B, N, C)``, ``k``, ``v`` ``(B, n, C)`` on
+        the reduced grid ``kv_hw``."""
+        B, N, C = q.shape
+        h, d = self.num_heads, self.head_dims
         n = k.shape[1]
         out_dtype = q.dtype
         dt = torch.promote_types(out_dtype, torch.float32)
-
-        with no_autocast(x.device.type):
-            q, k, v = (self.split_heads(t.to(dt)) for t in (q, k, v))
-            k = k + self.split_heads(
-                self.positional_table(kv_hw, cache=path.kernels).to(dt))
-            scale = self.scale.to(dt).reshape(1, h, 1, d)
-            if self.feature_map == 'pacs':
-                y = self._pacs(q, k, v, scale, dt, fast=False)
-            else:
-                y = polarity_attention_pytorch(q, k, v, scale,
-                                               self.power.to(dt), self.alpha)
-            # v back to N tokens (linear along the token sequence), then
-            # the depth-wise conv on the stage map
-            v = F.interpolate(v.transpose(-2, -1).reshape(B * h, d, n),
-                              size=N, mode='linear')
-            vmap = v.reshape(B, C, hw[0], hw[1])
-            conv = F.conv2d(vmap, *self.dwc_params(dt),
-                            padding=self.dwc.padding, groups=C)
-            y = y.transpose(1, 2).reshape(B, N, C) + conv.flatten(2).transpose(
-                1, 2)
-        return self.output(y.to(out_dtype), g, path)
+        q, k, v = (self.split_heads(q.to(dt)), self.split_heads(k.to(dt)),
+                   self.split_heads(v.to(dt)))
+        k = k + self.split_heads(
+            self.positional_table(kv_hw, cache=path.kernels).to(dt))
+        scale = self.scale.to(dt).reshape(1, h, 1, d)
+        if hasattr(self, 'power'):
+            y = polarity_attention_pytorch(q, k, v, scale, self.power.to(dt),
+                                           self.alpha)
+        else:
+            y = self._pacs(q, k, v, scale, dt, fast=False)
+        # v back to N tokens (linear along the token sequence), then the
+        # depth-wise conv on the stage map
+        v = F.interpolate(v.transpose(-2, -1).reshape(B * h, d, n), size=N,
+                          mode='linear')
+        vmap = v.reshape(B, C, hw[0], hw[1])
+        weight, bias = self.dwc_params(dt)
+        conv = F.conv2d(vmap, weight, bias, padding=self.dwc.padding,
+                        groups=C)
+        y = y.transpose(1, 2).reshape(B, N, C) + conv.flatten(2).transpose(
+            1, 2)
+        return y.to(out_dtype)
 
     # -- CPU inference in runs (the same computation) ----------------------
     def project_parts(self, x: Tensor,

@@ -34,22 +34,31 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2,
     ``hw`` and reused until the table changes (in place or by a move); the
     result must then not be modified in place.
     """
-    if tuple(hw) == tuple(ref_hw):
+    if hw[0] == ref_hw[0] and hw[1] == ref_hw[1]:
         return table
-    cache = cache and not (torch.is_grad_enabled() and table.requires_grad)
-    if cache:
-        key = (tuple(int(i) for i in hw), tuple(ref_hw), mode,
-               table._version,
-               table.data_ptr(), table.dtype, table.device)
-        hit = getattr(table, '_pola_resized', None)
-        if hit is not None and hit[0] == key:
-            return hit[1]
+    if cache and not (torch.is_grad_enabled() and table.requires_grad):
+        return _cached_resize(table, ref_hw, hw, mode)
+    return _resize(table, ref_hw, hw, mode)
+
+
+def _resize(table: Tensor, ref_hw: Size2, hw: Size2, mode: str) -> Tensor:
     C = table.shape[-1]
     grid = table.reshape(1, ref_hw[0], ref_hw[1], C).permute(0, 3, 1, 2)
     dt = torch.promote_types(table.dtype, torch.float32)
     grid = F.interpolate(grid.to(dt), size=(int(hw[0]), int(hw[1])),
                          mode=mode, align_corners=False)
-    out = grid.flatten(2).transpose(1, 2).to(table.dtype)
-    if cache:
-        table._pola_resized = (key, out)
+    return grid.flatten(2).transpose(1, 2).to(table.dtype)
+
+
+@torch.jit.unused  # compiled code resizes on every call
+def _cached_resize(table: Tensor, ref_hw: Size2, hw: Size2,
+                   mode: str) -> Tensor:
+    """:func:`_resize`, cached on ``table`` for the last ``hw``."""
+    key = (tuple(int(i) for i in hw), tuple(ref_hw), mode, table._version,
+           table.data_ptr(), table.dtype, table.device)
+    hit = getattr(table, '_pola_resized', None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    out = _resize(table, ref_hw, hw, mode)
+    table._pola_resized = (key, out)
     return out

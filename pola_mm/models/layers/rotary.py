@@ -12,7 +12,7 @@ encoding works at any input size with nothing learned.
 primitives of :mod:`pola_mm.ops.rotary` (shared with the PaCS kernel),
 re-exported here beside the tables.
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -24,7 +24,7 @@ __all__ = ['rotary_tables', 'rotate_every_two', 'theta_shift']
 
 
 def rotary_tables(hw: Size2, width: int, base: float = 10000.,
-                  device: torch.device = torch.device('cpu'),
+                  device: Optional[torch.device] = None,
                   dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
     """``sin`` and ``cos`` tables of a map, row-major.
 
@@ -35,11 +35,12 @@ def rotary_tables(hw: Size2, width: int, base: float = 10000.,
         width: feature width ``w``, a multiple of 4 (the authors' ``RoPE``
             uses ``w = d``, ``RoPE_linear`` ``w = 2d``).
         base: frequency base.
+        device: where to make them (default: the CPU).
 
     Returns:
         ``sin``, ``cos``: ``(H * W, w)`` each.
     """
-    if width % 4:
+    if width % 4 != 0:
         raise ValueError(f'rotary encoding needs a feature width divisible '
                          f'by 4, got {width} (use a head width divisible by '
                          '4 for softmax blocks, by 2 for PaCS blocks)')
@@ -48,11 +49,15 @@ def rotary_tables(hw: Size2, width: int, base: float = 10000.,
     angle = angle.unsqueeze(-1).repeat(1, 2).flatten()  # (w / 2)
     rows = torch.arange(H, device=device, dtype=angle.dtype)[:, None] * angle
     cols = torch.arange(W, device=device, dtype=angle.dtype)[:, None] * angle
-    half = width // 2
+    sin = _table(torch.sin(rows), torch.sin(cols), width)
+    cos = _table(torch.cos(rows), torch.cos(cols), width)
+    return sin.to(dtype), cos.to(dtype)
 
-    def table(fn) -> Tensor:
-        return torch.cat([fn(rows)[:, None].expand(H, W, half),
-                          fn(cols)[None].expand(H, W, half)],
-                         dim=-1).reshape(H * W, width)
 
-    return table(torch.sin).to(dtype), table(torch.cos).to(dtype)
+def _table(rows: Tensor, cols: Tensor, width: int) -> Tensor:
+    """``(H, w / 2)`` values of the rows and ``(W, w / 2)`` of the columns
+    -> ``(H * W, w)``, row-major."""
+    H, W, half = rows.shape[0], cols.shape[0], width // 2
+    return torch.cat([rows[:, None].expand(H, W, half),
+                      cols[None].expand(H, W, half)],
+                     dim=-1).reshape(H * W, width)

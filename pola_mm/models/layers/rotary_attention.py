@@ -4,12 +4,11 @@ from typing import Optional
 
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...ops import dispatch
 from ...type_aliases import Size2
 from .rotary import rotary_tables, theta_shift
+from .module import PolaModule
 from .token_map import to_map, to_tokens
 
 __all__ = ['RotarySelfAttention', 'softmax_attention']
@@ -31,7 +30,7 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor,
     return ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
 
 
-class RotarySelfAttention(BaseModule):
+class RotarySelfAttention(PolaModule):
     """Global softmax attention with rotary q, k (the authors'
     ``VanillaSelfAttention``): ``qkvo`` Linear(C, 4C) -> q, k, v, o;
     ``softmax(d^-0.5 R(q) R(k)^T) v + lepe(v)``, then ``proj(x * o)``;
@@ -76,9 +75,10 @@ class RotarySelfAttention(BaseModule):
         q, k, v, o = self.qkvo(x).reshape(B, N, 4, C).unbind(-2)
         lepe = to_tokens(self.lepe(to_map(v, hw)))
         sin, cos = rotary_tables(hw, d, device=x.device, dtype=x.dtype)
-        q, k, v = (t.reshape(B, N, h, d).transpose(1, 2) for t in (q, k, v))
-        q, k = theta_shift(q, sin, cos), theta_shift(k, sin, cos)
-        if dispatch.select(x, self).sdpa:
+        q = theta_shift(q.reshape(B, N, h, d).transpose(1, 2), sin, cos)
+        k = theta_shift(k.reshape(B, N, h, d).transpose(1, 2), sin, cos)
+        v = v.reshape(B, N, h, d).transpose(1, 2)
+        if self.select_path(x).sdpa:
             out = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
         else:
             out = softmax_attention(q, k, v, d**-0.5)

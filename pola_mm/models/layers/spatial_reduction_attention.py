@@ -2,15 +2,15 @@
 from typing import Optional
 
 import torch.nn as nn
-from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...type_aliases import Size2
 from .bricks import build_norm_layer
 from .embed import pad_for_stride
+from .module import PolaModule
 
 
-class SpatialReductionAttention(BaseModule):
+class SpatialReductionAttention(PolaModule):
     """Softmax attention whose keys/values come from a strided conv (``sr``)
     of the map when ``sr_ratio > 1`` (PVT v1 names ``q``, ``kv``, ``sr``,
     ``norm``, ``proj``).
@@ -60,7 +60,7 @@ class SpatialReductionAttention(BaseModule):
         B, N, C = x.shape
         h = self.num_heads
         q = self.q(x).reshape(B, N, h, C // h).transpose(1, 2)
-        if self.sr_ratio > 1:
+        if hasattr(self, 'sr'):  # sr_ratio > 1
             r = self.sr_ratio
             m = x.transpose(1, 2).reshape(B, C, hw[0], hw[1])
             m = pad_for_stride(m, r, self.pad_input)

@@ -6,7 +6,7 @@ region mask for shifted windows and a key-validity mask for padded tokens.
 Window and shift sizes are ``(height, width)`` tuples of Python ints, so
 every function is friendly to ``torch.compile`` (no data-dependent branches).
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,16 +35,9 @@ def effective_window(hw: Size2, window: Size2,
     Returns:
         ``((wh', ww'), (sh', sw'))``.
     """
-    win = []
-    sft = []
-    for size, w, s in zip(hw, window, shift):
-        if size <= w:
-            win.append(size)
-            sft.append(0)
-        else:
-            win.append(w)
-            sft.append(s)
-    return (win[0], win[1]), (sft[0], sft[1])
+    wh, sh = (hw[0], 0) if hw[0] <= window[0] else (window[0], shift[0])
+    ww, sw = (hw[1], 0) if hw[1] <= window[1] else (window[1], shift[1])
+    return (wh, ww), (sh, sw)
 
 
 def grid_padding(hw: Size2, window: Size2) -> Pad4:
@@ -161,19 +154,22 @@ def shift_region_mask(padded_hw: Size2, window: Size2, shift: Size2,
     Hp, Wp = padded_hw
     labels = torch.zeros((1, Hp, Wp, 1), device=device)
     cnt = 0
-    for hs in _region_slices(window[0], shift[0]):
-        for ws in _region_slices(window[1], shift[1]):
-            labels[:, hs, ws, :] = cnt
+    for h0, h1 in _regions(Hp, window[0], shift[0]):
+        for w0, w1 in _regions(Wp, window[1], shift[1]):
+            labels[:, h0:h1, w0:w1, :] = cnt
             cnt += 1
     lw = window_partition(labels, window).squeeze(-1)  # (nW, N)
     diff = lw.unsqueeze(1) - lw.unsqueeze(2)
     return torch.zeros_like(diff).masked_fill(diff != 0, mask_value)
 
 
-def _region_slices(w: int, s: int) -> Tuple[slice, ...]:
+def _regions(size: int, w: int, s: int) -> List[Tuple[int, int]]:
+    """Swin's regions ``[0, size - w)``, ``[size - w, size - s)``,
+    ``[size - s, size)`` of one dimension (the whole of it without
+    shift)."""
     if s == 0:
-        return (slice(0, None), )
-    return (slice(0, -w), slice(-w, -s), slice(-s, None))
+        return [(0, size)]
+    return [(0, size - w), (size - w, size - s), (size - s, size)]
 
 
 def valid_token_map(hw: Size2, pad: Pad4,

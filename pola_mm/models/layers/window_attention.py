@@ -4,11 +4,10 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...ops import dispatch
 from ...type_aliases import Size2
+from .module import PolaModule
 
 
 def relative_position_index(window: Size2, table_window: Size2) -> Tensor:
@@ -26,13 +25,13 @@ def relative_position_index(window: Size2, table_window: Size2) -> Tensor:
     """
     wh, ww = window
     th, tw = table_window
-    coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww),
+    coords = torch.stack(torch.meshgrid([torch.arange(wh), torch.arange(ww)],
                                         indexing='ij')).flatten(1)  # (2, N)
     rel = coords[:, :, None] - coords[:, None, :]  # (2, N, N)
     return (rel[0] + th - 1) * (2 * tw - 1) + (rel[1] + tw - 1)
 
 
-class WindowMSA(BaseModule):
+class WindowMSA(PolaModule):
     """Softmax window attention (Swin), authors' names ``qkv``, ``proj``,
     ``relative_position_bias_table``.
 
@@ -80,7 +79,8 @@ class WindowMSA(BaseModule):
 
     def relative_bias(self, window: Size2) -> Tensor:
         """``(h, N, N)`` bias for a window ``(wh, ww)`` <= the table's."""
-        if tuple(window) == self.window_size:
+        if (window[0] == self.window_size[0]
+                and window[1] == self.window_size[1]):
             index = self.relative_position_index
         else:
             index = relative_position_index(window, self.window_size).to(
@@ -106,7 +106,7 @@ class WindowMSA(BaseModule):
         h = self.num_heads
         qkv = self.qkv(x).reshape(B_, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        if dispatch.select(x, self).sdpa:
+        if self.select_path(x).sdpa:
             return self._sdpa(q, k, v, window, mask)
         attn = (q * self.scale) @ k.transpose(-2, -1)
         attn = attn + self.relative_bias(window).unsqueeze(0)

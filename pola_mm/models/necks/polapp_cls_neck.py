@@ -8,16 +8,17 @@ mmpretrain's ``LinearClsHead`` (``head.fc``).
 """
 from typing import Optional, Sequence, Tuple, Union
 
+import torch
 import torch.nn as nn
-from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ...registry import register_model
+from ..layers.module import PolaModule
 
 
 @register_model
-class PolaPPClsNeck(BaseModule):
+class PolaPPClsNeck(PolaModule):
     """``proj`` 1x1 conv, ``norm`` BatchNorm, SiLU (Swish), average pooling:
     the authors' PolaPP classifier (``POLA``) after its last stage.
 
@@ -57,6 +58,9 @@ class PolaPPClsNeck(BaseModule):
         self.norm.reset_parameters()
         self._is_init = True
 
+    # (its input, a map or a sequence of maps, has no TorchScript type; the
+    # compiled timm classifier calls proj, norm and act, pola_mm.timm)
+    @torch.jit.unused
     def forward(self, inputs: Union[Tensor, Sequence[Tensor]]
                 ) -> Tuple[Tensor]:
         """``(..., (B, C, H, W))`` -> ``((B, out_channels), )``."""
