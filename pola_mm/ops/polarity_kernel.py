@@ -54,6 +54,8 @@ __all__ = [
 ]
 
 _EPS = 1e-6
+#: float32's smallest normal number (``torch.finfo(torch.float32).tiny``).
+_FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
@@ -642,8 +644,8 @@ def polarity_attention_pytorch(q: Tensor,
         out   = [x_sim, x_opp]
 
     written in its cheap algebraic form, which touches each query and key
-    only with ``abs``, ``pow``, a sign mask, one product and one difference
-    (elementwise), and two matrix products:
+    only with ``abs``, the power (as ``exp(p log|t|)``), a sign mask, one
+    product and one difference (elementwise), and two matrix products:
 
     - ``|t / s|^p = c |t|^p`` with the per-channel ``c = (1 / s)^p``, so
       ``c`` scales rows of the small matrices below instead of every token;
@@ -703,8 +705,18 @@ def polarity_attention_pytorch(q: Tensor,
     return y.reshape(B, h, N, d)
 
 
-def _signed_powers(t: Tensor, p: Tensor) -> Tuple[Tensor, Tensor]:
-    """``relu(t)^p`` and ``relu(-t)^p`` from one ``|t|^p``."""
-    a = t.abs() ** p
+def _signed_powers(t: Tensor, p: Tensor,
+                   tiny: float = _FLOAT32_TINY) -> Tuple[Tensor, Tensor]:
+    """``relu(t)^p`` and ``relu(-t)^p`` from one ``|t|^p``.
+
+    ``|t|^p`` is ``exp(p log|t|)`` with ``|t|`` clamped to ``tiny``
+    (float32's smallest normal number), as in the kernel: the same values
+    (the clamp changes no ``|t| >= 1.2e-38``; at ``t = 0`` the power
+    underflows to at most that number) and finite gradients everywhere
+    (zero at ``t = 0``, as ``|t|^p``'s for ``p > 1``). In ONNX Runtime
+    ``Log``, ``Mul``, ``Exp`` take about half the time of ``Pow`` with a
+    per-channel exponent.
+    """
+    a = torch.exp(p * torch.log(t.abs().clamp_min(tiny)))
     pos = a * (t > 0).to(a.dtype)  # exactly a or 0, so a - pos is too
     return pos, a - pos

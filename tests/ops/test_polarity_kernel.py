@@ -62,6 +62,28 @@ def test_pytorch_reference_is_the_textbook_formula(n):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_pytorch_reference_at_exact_zeros(dtype):
+    """Exact zeros in q and k (where |t|^p, computed as exp(p log|t|), has
+    its kink and log|t| its pole): values and every gradient finite and
+    equal to the paper's form."""
+    q, k, v, scale, power = (t.to(dtype) for t in _inputs(2, 3, 11, 6))
+    q[0, 0, :3] = 0
+    q[1, 2, :, 1] = 0
+    k[0, 1, :2] = 0
+    k[1, 0, 4:7, 3] = 0
+    args = [t.requires_grad_(True) for t in (q, k, v, scale, power)]
+    out = polarity_attention_pytorch(*args, 2.5)
+    ref = reference(*args, 2.5)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else {}
+    torch.testing.assert_close(out, ref, **tol)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, args, g),
+                    torch.autograd.grad(ref, args, g)):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, **tol)
+
+
 def test_forward_float32_close_to_float64_reference():
     q, k, v, scale, power = _inputs(2, 4, 300, 32)
     ref = reference(q, k, v, scale, power, 4.0)
