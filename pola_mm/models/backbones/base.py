@@ -270,10 +270,6 @@ class PreNormBlock(PolaModule):
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
-        if self.with_cp and x.requires_grad:
-            return self._forward_checkpointed(x, hw)
+        if not torch.jit.is_scripting() and self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
         return self._forward(x, hw)
-
-    @torch.jit.unused
-    def _forward_checkpointed(self, x: Tensor, hw: Size2) -> Tensor:
-        return cp.checkpoint(self._forward, x, hw, use_reentrant=False)

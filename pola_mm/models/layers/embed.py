@@ -75,26 +75,25 @@ class PatchEmbed(PolaModule):
         ``ceil(H / patch)`` with ``pad_input``, else ``max(1, floor(H /
         patch))`` (likewise ``W'``)."""
         x = pad_for_stride(x, self.patch_size, self.pad_input)
-        if self.norm is not None and self.select_path(x).cpu_inference:
-            return self._forward_in_place(x)
+        # at CPU inference: channels-last input -> channels-last
+        # (token-major) output, normalised in place below
+        in_place = (self.norm is not None
+                    and self.select_path(x).cpu_inference)
+        if in_place:
+            x = x.contiguous(memory_format=torch.channels_last)
         x = self.proj(x)
         hw = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)
-        if self.norm is not None:
-            x = self.norm(x)
-        return x, hw
+        if self.norm is None:
+            return x, hw
+        if in_place and x.is_contiguous():
+            # a channels-last conv output is token-major already
+            return self._norm_in_place(x), hw
+        return self.norm(x), hw
 
     @torch.jit.unused
-    def _forward_in_place(self, x: Tensor) -> Tuple[Tensor, Size2]:
-        """:meth:`forward` at CPU inference: channels-last input ->
-        channels-last (token-major) output, normalised in place."""
-        x = self.proj(x.contiguous(memory_format=torch.channels_last))
-        hw = (x.shape[2], x.shape[3])
-        x = x.flatten(2).transpose(1, 2)
-        if x.is_contiguous():
-            # a channels-last conv output is token-major already
-            return norm_in_place(self.norm, x), hw
-        return self.norm(x), hw
+    def _norm_in_place(self, x: Tensor) -> Tensor:
+        return norm_in_place(self.norm, x)
 
 
 class PatchMerging(PolaModule):

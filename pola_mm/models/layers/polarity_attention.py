@@ -254,28 +254,25 @@ class PolarityAttention(PolaModule):
         pos = self.split_heads(
             self.positional_table(hw, cache=path.kernels).to(dt))
         scale = self.scale.to(dt).reshape(1, h, 1, d)
-        if hasattr(self, 'power'):
-            # (TorchScript compiles the plain formula only)
-            if not torch.jit.is_scripting() and path.kernels:
-                # the kernel and the conv upcast inside and keep q, k, v as
-                # given (under autocast fp16/bf16 views of the projection,
-                # not float32 copies)
-                q, k, v = (self.split_heads(q), self.split_heads(k),
-                           self.split_heads(v))
-                x = polarity_attention_kernel(q, k, v, scale,
-                                              self.power.to(dt), self.alpha,
-                                              k_bias=pos)
-            else:
-                q, k, v = (self.split_heads(q.to(dt)),
-                           self.split_heads(k.to(dt)),
-                           self.split_heads(v.to(dt)))
-                x = polarity_attention_pytorch(q, k, v, scale,
-                                               self.power.to(dt), self.alpha,
-                                               k_bias=pos)
+        # (TorchScript compiles the plain formulas only)
+        if (not torch.jit.is_scripting() and path.kernels
+                and hasattr(self, 'power')):
+            # the kernel and the conv upcast inside and keep q, k, v as
+            # given (under autocast fp16/bf16 views of the projection, not
+            # float32 copies)
+            q, k, v = (self.split_heads(q), self.split_heads(k),
+                       self.split_heads(v))
+            x = polarity_attention_kernel(q, k, v, scale, self.power.to(dt),
+                                          self.alpha, k_bias=pos)
         else:
             q, k, v = (self.split_heads(q.to(dt)), self.split_heads(k.to(dt)),
                        self.split_heads(v.to(dt)))
-            x = self._pacs(q, k + pos, v, scale, dt, path.kernels)
+            if hasattr(self, 'power'):
+                x = polarity_attention_pytorch(q, k, v, scale,
+                                               self.power.to(dt), self.alpha,
+                                               k_bias=pos)
+            else:
+                x = self._pacs(q, k + pos, v, scale, dt, path.kernels)
         # depth-wise conv on v: the per-head kernel repeated over the heads,
         # on the channels-last (B, C, H, W) map, so its output is
         # token-major like the attention's; v may be a view of the
