@@ -179,7 +179,7 @@ def test_onnxruntime_mode_checks_times_and_pairs(monkeypatch):
                          (64, 64), 1)
     lines = []
     rs = run_benchmarks([case], log=lines.append, repeats=2, isolate=False,
-                        runtime='onnxruntime')
+                        runtime='onnxruntime', profile_runs=2)
     for r in rs:
         assert r.error is None, r.error
         assert r.runtime == 'onnxruntime' and r.exporter == 'torchscript'
@@ -189,6 +189,23 @@ def test_onnxruntime_mode_checks_times_and_pairs(monkeypatch):
         assert 0 <= r.onnx_rel_diff < 1e-4
         assert r.export_s > 0 and r.opset > 0 and r.ort_version
         assert r.num_params > 0 and r.cpu_ext is None
+        # ONNX Runtime's profile: every kernel counted once by part and
+        # once by operator
+        p = r.ort_profile
+        assert p['runs'] == 2 and p['kernel_ms'] > 0
+        assert sum(p['parts'].values()) == pytest.approx(p['kernel_ms'])
+        assert sum(p['ops'].values()) == pytest.approx(p['kernel_ms'])
+        assert list(p['parts'].values()) == sorted(p['parts'].values(),
+                                                   reverse=True)
+    # the Pola-Swin's parts are its top-level modules, read from the
+    # exporter's scopes (nodes ONNX Runtime made included)
+    net = bm.build_benchmark_model(SWIN_CFG)
+    children = {name for name, _ in net.named_children()}
+    parts = set(rs[0].ort_profile['parts']) - {'(graph)'}
+    assert {'patch_embed', 'layers.0'} <= parts
+    assert all(part.split('.')[0] in children for part in parts), parts
+    assert rs[0].ort_profile['parts']['layers.0'] > 0
+    assert {'MatMul', 'Gemm'} & set(rs[0].ort_profile['ops'])
     ratios = compute_ratios(rs)
     assert ratios[0][0] == pytest.approx(rs[0].time_median /
                                          rs[1].time_median)
@@ -197,6 +214,8 @@ def test_onnxruntime_mode_checks_times_and_pairs(monkeypatch):
     assert '| ORT vs PyTorch |' in table and 'infer onnxruntime' in table
     assert 'export time (s): pola_swin_t' in table
     assert 'Fused CPU loops' not in table
+    assert 'ONNX Runtime profile' in table
+    assert '- pola_swin_t: ' in table and 'layers.0 ' in table
     # a PyTorch result of the same case is not its ONNX Runtime baseline
     torch_base = BenchmarkResult('swin_t', 'infer', (64, 64), 1, 'cpu',
                                  'float32', times=[1.0], time_median=1.0,
@@ -215,8 +234,12 @@ def test_onnxruntime_mode_in_workers():
     the check come back as JSON; training and GPUs are refused."""
     pytest.importorskip('onnxruntime')
     r = benchmark_model(CONV, size='16x24', repeats=2, threads=1,
-                        name='conv', timeout=300, runtime='onnxruntime')
+                        name='conv', timeout=300, runtime='onnxruntime',
+                        profile_runs=1)
     assert r.error is None, r.error
+    # a bare conv has no module scope; the profile came from its worker
+    assert set(r.ort_profile['parts']) == {'(graph)'}
+    assert 'Conv' in r.ort_profile['ops'] and r.ort_profile['runs'] == 1
     assert r.threads == 1 and len(r.times) == 2 and r.time_median > 0
     assert r.peak_mem_mb >= r.base_mem_mb > 0
     assert 0 <= r.onnx_rel_diff < 1e-4 and r.num_params == 4 * 3 * 9 + 4
@@ -241,12 +264,52 @@ def test_cli_parses_the_onnxruntime_mode(monkeypatch):
     args = tool.parse_args()
     assert (args.runtime, args.opset, args.threads) == ('onnxruntime', 17,
                                                         2)
+    assert args.ort_profile is None
+    for extra, runs in (['--ort-profile'], 2), (['--ort-profile', '5'], 5):
+        monkeypatch.setattr(sys, 'argv', [
+            path, '--runtime', 'onnxruntime', '--models', 'pvt_t'] + extra)
+        assert tool.parse_args().ort_profile == runs
+    monkeypatch.setattr(sys, 'argv', [path, '--ort-profile'])
+    with pytest.raises(SystemExit):  # profiles ONNX Runtime only
+        tool.parse_args()
     for bad in (['--mode', 'train'], ['--batch', '2'], ['--dtype', 'bf16'],
-                ['--seqlen', '64']):
+                ['--seqlen', '64'], ['--ort-profile', '0']):
         monkeypatch.setattr(sys, 'argv',
                             [path, '--runtime', 'onnxruntime'] + bad)
         with pytest.raises(SystemExit):
             tool.parse_args()
+
+
+def test_profile_scopes_and_floor():
+    """Parts come from the first scoped name; the floor of a whole
+    model's ratio counts its parts other than the backbone and the
+    unscoped nodes against the baseline's whole kernel time."""
+    from pola_mm.analysis.benchmark.ortprofile import (GRAPH_PART,
+                                                       profile_lines,
+                                                       ratio_floor, scope_of)
+    assert scope_of(['reorder_token_3', '/neck/fpn_convs.0/Conv_output_0',
+                     '/backbone/x']) == 'neck'
+    assert scope_of(['/Conv', 'Gelu_token_1', '']) is None
+    prof = dict(runs=1, kernel_ms=100., parts={
+        'backbone': 60., 'neck': 15., 'bbox_head': 15., GRAPH_PART: 10.},
+        ops={'Gemm': 70., 'Conv': 30.})
+    base = dict(runs=1, kernel_ms=120., parts={'backbone': 90., 'neck': 30.},
+                ops={'Conv': 120.})
+    assert ratio_floor(prof, base) == pytest.approx(30 / 120)
+    assert ratio_floor(dict(prof, parts={'layers.0': 1.}), base) is None
+    key = ('infer', (8, 8), 1, 'cpu', 'float32')
+    a = BenchmarkResult('a', *key, times=[1.], time_median=1.,
+                        exporter='mmdeploy', baseline='b', ort_profile=prof)
+    b = BenchmarkResult('b', *key, times=[1.], time_median=1.,
+                        exporter='mmdeploy', ort_profile=base)
+    c = BenchmarkResult('c', *key, ort_profile=dict(error='Boom: no file'))
+    lines = profile_lines([c, a, b], top=2)
+    assert lines[0] == 'c: no profile: Boom: no file'
+    assert lines[1].startswith('a: 100 ms of kernels per run')
+    assert 'backbone 60 (60%), neck 15 (15%), 2 more 25 (25%)' in lines[1]
+    assert 'operators: Gemm 70 (70%), Conv 30 (30%)' in lines[1]
+    assert lines[3].endswith('no backbone can bring the ratio below 0.25')
+    assert len(lines) == 4  # b has no baseline: no floor line
 
 
 def test_cli_help():

@@ -13,6 +13,7 @@ pytest.importorskip('onnxruntime')
 from pola_mm.analysis.benchmark import (BenchmarkResult,  # noqa: E402
                                         compute_ratios, format_table)
 from pola_mm.analysis.benchmark import whole  # noqa: E402
+from pola_mm.analysis.benchmark.ortprofile import ratio_floor  # noqa: E402
 from helpers import REPO, load_tool  # noqa: E402
 
 ASSETS = osp.join(REPO, 'tests', 'deployment', 'assets')
@@ -49,7 +50,7 @@ def test_whole_retinanets_exported_checked_timed_and_paired(shapes_image):
     lines = []
     rs = whole.run_whole_benchmarks([pola, softmax], size=(128, 128),
                                     log=lines.append, repeats=2, threads=1,
-                                    timeout=300)
+                                    timeout=300, profile_runs=1)
     for r in rs:
         assert r.error is None, r.error
         assert (r.runtime, r.exporter, r.mode, r.size) == (
@@ -59,6 +60,12 @@ def test_whole_retinanets_exported_checked_timed_and_paired(shapes_image):
         assert len(r.times) == 2 and all(t > 0 for t in r.times)
         assert 0 < r.time_min <= r.time_median and r.threads == 1
         assert r.peak_mem_mb >= r.base_mem_mb > 0 and r.export_s > 0
+        # ONNX Runtime's profile by part: the detector's top-level modules
+        parts = r.ort_profile['parts']
+        assert {'backbone', 'neck', 'bbox_head'} <= set(parts), parts
+        assert all(parts[p] > 0 for p in ('backbone', 'neck', 'bbox_head'))
+        assert sum(parts.values()) == pytest.approx(
+            r.ort_profile['kernel_ms'])
     # the check compared real detections of the trained model
     assert rs[0].weights == 'retinanet_pola_pvt_shapes.pth'
     assert rs[0].check.split()[0] != '0', rs[0].check
@@ -71,7 +78,14 @@ def test_whole_retinanets_exported_checked_timed_and_paired(shapes_image):
     assert ratios[0][1] == pytest.approx(rs[0].peak_mem_mb /
                                          rs[1].peak_mem_mb)
     assert 1 not in ratios
+    # no backbone could take the ratio below the neck's and heads' share,
+    # which is below the ratio of the two models' kernel times
+    floor = ratio_floor(rs[0].ort_profile, rs[1].ort_profile)
+    assert 0 < floor < (rs[0].ort_profile['kernel_ms'] /
+                        rs[1].ort_profile['kernel_ms'])
     table = format_table(rs)
+    assert (f'so no backbone can bring the ratio below {floor:.2f}'
+            in table)
     assert 'confident detections' in table
     assert 'random (seeded init_weights; timing only)' in table
     assert len(lines) == 2 and 'retinanet_pola_tiny' in lines[0]

@@ -26,6 +26,11 @@ Each model runs in its own process. Examples::
         --threads 2 --whole mask_rcnn_pola_swin_t mask_rcnn_swin_t \\
         retinanet_pola_pvt_t retinanet_pvt_t
 
+    # the same with ONNX Runtime's profile: time by part and by operator,
+    # and the lowest ratio any backbone could reach against the baseline
+    python tools/analysis/benchmark.py --runtime onnxruntime --size 800x1344 \\
+        --threads 2 --whole retinanet_pola_pvt_t retinanet_pvt_t --ort-profile
+
     # a sweep over resolutions with a plot
     python tools/analysis/benchmark.py --models pola_pvt_t pvt_t \\
         --size 256 512 800x1344 --plot pvt_sweep.png
@@ -151,6 +156,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--opset', type=int, default=None,
                         help='ONNX opset of --runtime onnxruntime (default: '
                         "the exporter's)")
+    parser.add_argument('--ort-profile', type=int, nargs='?', const=2,
+                        metavar='RUNS',
+                        help='--runtime onnxruntime: after the timed runs, '
+                        'profile RUNS runs (default 2) with ONNX Runtime\'s '
+                        'profiler and print the time by part (top-level '
+                        'module: backbone, neck, heads; or stages) and by '
+                        'operator, and for paired whole models the lowest '
+                        'ratio any backbone could reach')
     whole = parser.add_argument_group(
         'whole models (--runtime onnxruntime): exported by MMDeploy, '
         'checked against PyTorch, timed in ONNX Runtime')
@@ -197,6 +210,13 @@ def parse_args() -> argparse.Namespace:
             parser.error('--whole takes one --size, batch 1, no --preset, '
                          '--seqlen or --opset (the deploy config sets the '
                          'opset)')
+    if args.ort_profile is not None:
+        if args.runtime != 'onnxruntime':
+            parser.error('--ort-profile profiles ONNX Runtime: add '
+                         '--runtime onnxruntime')
+        if args.ort_profile < 1:
+            parser.error('--ort-profile takes a number of runs >= 1, got '
+                         f'{args.ort_profile}')
     if args.runtime == 'onnxruntime':
         if args.seqlen:
             parser.error('--runtime onnxruntime measures backbones, not '
@@ -276,7 +296,8 @@ def main_whole(args: argparse.Namespace) -> None:
     results, watched = run_watched(lambda: run_whole_benchmarks(
         whole_models(args), size=parse_size(args.size[0]),
         rounds=args.rounds, warmup=args.warmup, repeats=args.repeats,
-        threads=args.threads, timeout=args.timeout))
+        threads=args.threads, timeout=args.timeout,
+        profile_runs=args.ort_profile or 0))
     cpu = platform.processor() or platform.machine()
     print()
     print(f'torch {torch.__version__}, onnxruntime {onnxruntime.__version__} '
@@ -318,7 +339,8 @@ def main() -> None:
         cases, rounds=args.rounds, log=lambda m: print(m, flush=True),
         device=args.device, dtype=args.dtype, warmup=args.warmup,
         repeats=args.repeats, threads=args.threads, timeout=args.timeout,
-        runtime=args.runtime, exporter=args.exporter, opset=args.opset))
+        runtime=args.runtime, exporter=args.exporter, opset=args.opset,
+        profile_runs=args.ort_profile or 0))
     threads = sorted({r.threads for r in results if r.threads})
     print()
     cpu = platform.processor() or platform.machine()

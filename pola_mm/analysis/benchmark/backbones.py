@@ -175,6 +175,10 @@ class BenchmarkResult(StepMemory, _BackboneKey):
     check: Optional[str] = None
     deploy_cfg: Optional[str] = None
     weights: Optional[str] = None
+    #: ONNX Runtime's profile of the model, when asked for: kernel time per
+    #: run by part and by operator type (see
+    #: :func:`~pola_mm.analysis.benchmark.ortprofile.profile_onnxruntime`).
+    ort_profile: Optional[Dict[str, Any]] = None
 
     def take(self, out: Dict[str, Any], keys: Sequence[str]
              ) -> 'BenchmarkResult':
@@ -364,7 +368,8 @@ def benchmark_model(model: ModelSpec,
                     runtime: str = 'pytorch',
                     exporter: Optional[str] = None,
                     opset: Optional[int] = None,
-                    rtol: float = 1e-4) -> BenchmarkResult:
+                    rtol: float = 1e-4,
+                    profile_runs: int = 0) -> BenchmarkResult:
     """Time and peak memory of one backbone step.
 
     Args:
@@ -400,6 +405,10 @@ def benchmark_model(model: ModelSpec,
             exporter's).
         rtol: the ONNX Runtime mode fails a model whose outputs differ from
             PyTorch's by more than this fraction of their scale.
+        profile_runs: the ONNX Runtime mode, if positive: after the timed
+            runs, this many runs under ONNX Runtime's profiler give
+            ``ort_profile`` (see
+            :mod:`pola_mm.analysis.benchmark.ortprofile`).
 
     Returns:
         BenchmarkResult: with ``error`` set if the measurement failed.
@@ -413,7 +422,7 @@ def benchmark_model(model: ModelSpec,
     if runtime == 'onnxruntime':
         return _benchmark_onnxruntime(result, model, warmup, repeats,
                                       threads, isolate, timeout, preload,
-                                      exporter, opset, rtol)
+                                      exporter, opset, rtol, profile_runs)
     if runtime != 'pytorch':
         raise ValueError(f"runtime must be 'pytorch' or 'onnxruntime', got "
                          f'{runtime!r}')
@@ -430,8 +439,8 @@ def _benchmark_onnxruntime(result: BenchmarkResult, model: ModelSpec,
                            threads: Optional[int], isolate: bool,
                            timeout: Optional[float],
                            preload: Sequence[str], exporter: Optional[str],
-                           opset: Optional[int],
-                           rtol: float) -> BenchmarkResult:
+                           opset: Optional[int], rtol: float,
+                           profile_runs: int) -> BenchmarkResult:
     """The ONNX Runtime mode of :func:`benchmark_model`, filling
     ``result``."""
     from .onnxrt import DEFAULT_EXPORTER, run_onnxruntime
@@ -446,9 +455,11 @@ def _benchmark_onnxruntime(result: BenchmarkResult, model: ModelSpec,
     out = run_onnxruntime(model, size=result.size, batch=result.batch,
                           warmup=warmup, repeats=repeats, threads=threads,
                           exporter=result.exporter, opset=opset, rtol=rtol,
-                          isolate=isolate, timeout=timeout, preload=preload)
+                          isolate=isolate, timeout=timeout, preload=preload,
+                          profile_runs=profile_runs)
     return result.take(out, ('onnx_rel_diff', 'opset', 'export_s',
-                             'torch_version', 'num_params', 'ort_version'))
+                             'torch_version', 'num_params', 'ort_version',
+                             'ort_profile'))
 
 
 def _merge(a: BenchmarkResult, b: BenchmarkResult) -> BenchmarkResult:
@@ -463,6 +474,7 @@ def _merge(a: BenchmarkResult, b: BenchmarkResult) -> BenchmarkResult:
     a.base_mem_mb = max(a.base_mem_mb, b.base_mem_mb)
     if a.onnx_rel_diff is not None and b.onnx_rel_diff is not None:
         a.onnx_rel_diff = max(a.onnx_rel_diff, b.onnx_rel_diff)
+    a.ort_profile = a.ort_profile or b.ort_profile
     return a
 
 
@@ -483,7 +495,8 @@ def run_benchmarks(cases: Sequence[BenchmarkCase],
         rounds: how many times to measure each case.
         log: called with a line after each measurement (default: print_log).
         **kwargs: passed to :func:`benchmark_model` (device, dtype, warmup,
-            repeats, threads, timeout, isolate, runtime, exporter, opset).
+            repeats, threads, timeout, isolate, runtime, exporter, opset,
+            profile_runs).
 
     Returns:
         list[BenchmarkResult]: one per case and model, in case order.
@@ -679,6 +692,13 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
             ', '.join(versions) or '?') + ' (CPU), ratios against the '
             'named baseline:')
         lines.extend('- ' + n for n in notes)
+    from .ortprofile import profile_lines
+    profiled = profile_lines(results)
+    if profiled:
+        lines.append('')
+        lines.append('ONNX Runtime profile (kernel time per run by part and '
+                     'by operator, share of the model\'s kernel time):')
+        lines.extend('- ' + p for p in profiled)
     return '\n'.join(lines)
 
 

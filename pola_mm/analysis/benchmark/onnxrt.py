@@ -185,9 +185,11 @@ def run_onnxruntime(model: Any,
                     rtol: float = 1e-4,
                     isolate: bool = True,
                     timeout: Optional[float] = None,
-                    preload: Sequence[str] = ()) -> Dict[str, Any]:
-    """Export and check, then time, one backbone in ONNX Runtime (each in
-    its own worker process unless ``isolate`` is False).
+                    preload: Sequence[str] = (),
+                    profile_runs: int = 0) -> Dict[str, Any]:
+    """Export and check, then time (and profile, with ``profile_runs``),
+    one backbone in ONNX Runtime (each in its own worker process unless
+    ``isolate`` is False).
 
     ``timeout`` applies to each of the two workers. The file lives in a
     temporary directory removed afterwards.
@@ -201,23 +203,27 @@ def run_onnxruntime(model: Any,
                opset=opset, threads=threads, rtol=rtol, preload=list(preload))
     return export_then_time(
         'pola_mm.analysis.benchmark.onnxrt:export_and_check', job,
-        'backbone.onnx', warmup, repeats, threads, isolate, timeout)
+        'backbone.onnx', warmup, repeats, threads, isolate, timeout,
+        profile_runs)
 
 
 def export_then_time(export: str, job: Dict[str, Any], filename: str,
                      warmup: int, repeats: int, threads: Optional[int],
-                     isolate: bool, timeout: Optional[float]
-                     ) -> Dict[str, Any]:
+                     isolate: bool, timeout: Optional[float],
+                     profile_runs: int = 0) -> Dict[str, Any]:
     """The two steps of the ONNX Runtime modes, each in its own worker
     process unless ``isolate`` is False (``timeout`` applies to each):
     ``export`` (``'module:function'``, called with ``job`` and ``path``)
     writes and checks the file ``filename`` in a temporary directory
     removed afterwards, then :func:`measure_onnxruntime` times it, on the
     input shape the export reports (``input_shape``) or ``(job['batch'],
-    3, *job['size'])``.
+    3, *job['size'])``; with ``profile_runs`` a third worker profiles that
+    many runs (:func:`~pola_mm.analysis.benchmark.ortprofile.
+    profile_onnxruntime`, after the timing: the profiler slows runs down).
 
     Returns:
-        The export's keys and :func:`measure_onnxruntime`'s together, or
+        The export's keys and :func:`measure_onnxruntime`'s together (and
+        ``ort_profile``, ``{'error': ...}`` if the profile failed), or
         ``error``.
     """
     tmp = tempfile.mkdtemp(prefix='pola_mm_bench_')
@@ -230,11 +236,18 @@ def export_then_time(export: str, job: Dict[str, Any], filename: str,
             return dict(out, error=f'no ONNX file at {path}')
         shape = out.get('input_shape') or (
             [job.get('batch', 1), 3] + list(job['size']))
+        on = dict(path=path, size=list(shape[2:]), batch=shape[0],
+                  threads=threads)
         timed = measure_in(
             'pola_mm.analysis.benchmark.onnxrt:measure_onnxruntime',
-            dict(path=path, size=list(shape[2:]), batch=shape[0],
-                 warmup=warmup, repeats=repeats, threads=threads),
-            isolate, timeout)
+            dict(on, warmup=warmup, repeats=repeats), isolate, timeout)
+        if profile_runs and 'error' not in timed:
+            prof = measure_in(
+                'pola_mm.analysis.benchmark.ortprofile:profile_onnxruntime',
+                dict(on, runs=profile_runs), isolate, timeout)
+            # a failed profile keeps the timing; it is reported as such
+            timed['ort_profile'] = prof.get('ort_profile') or dict(
+                error=prof.get('error', 'no profile'))
         return dict(out, **timed)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -308,11 +308,13 @@ def run_whole(model: WholeSpec,
               threads: Optional[int] = None,
               isolate: bool = True,
               timeout: Optional[float] = None,
-              preload: Sequence[str] = ()) -> Dict[str, Any]:
+              preload: Sequence[str] = (),
+              profile_runs: int = 0) -> Dict[str, Any]:
     """Export and check, then time, one whole model in ONNX Runtime (each
     in its own worker process unless ``isolate`` is False); ``timeout``
-    applies to each worker. The files live in a temporary directory
-    removed afterwards.
+    applies to each worker; ``profile_runs`` as in
+    :func:`~pola_mm.analysis.benchmark.onnxrt.export_then_time`. The files
+    live in a temporary directory removed afterwards.
 
     Returns:
         The keys of :func:`export_whole` and
@@ -324,7 +326,7 @@ def run_whole(model: WholeSpec,
                preload=list(preload))
     return export_then_time('pola_mm.analysis.benchmark.whole:export_whole',
                             job, 'end2end.onnx', warmup, repeats, threads,
-                            isolate, timeout)
+                            isolate, timeout, profile_runs)
 
 
 def _whole_result(spec: Dict[str, Any], size: Size, title: str,
@@ -335,7 +337,8 @@ def _whole_result(spec: Dict[str, Any], size: Size, title: str,
                         runtime='onnxruntime', title=title,
                         exporter='mmdeploy', baseline=spec['baseline'])
     return r.take(out, ('export_s', 'opset', 'torch_version', 'num_params',
-                        'ort_version', 'check', 'deploy_cfg', 'weights'))
+                        'ort_version', 'check', 'deploy_cfg', 'weights',
+                        'ort_profile'))
 
 
 def run_whole_benchmarks(models: Sequence[WholeSpec],
@@ -356,7 +359,7 @@ def run_whole_benchmarks(models: Sequence[WholeSpec],
         log: called with a line after each measurement.
         title: the case title of the results (default ``'whole HxW'``).
         **kwargs: passed to :func:`run_whole` (warmup, repeats, threads,
-            isolate, timeout).
+            isolate, timeout, profile_runs).
 
     Returns:
         list[BenchmarkResult]: one per model, in the given order, with
