@@ -335,7 +335,10 @@ def _tracked(model: nn.Module, counter: _Counter) -> Iterator[None]:
         if callable(getattr(module, 'mix_flops', None)) and callable(
                 getattr(module, 'mix', None)):
             patched.append(module)
-            module.mix = _formula_mix(module, counter, name)
+            module.mix = _formula_mix(module, counter, 'mix')
+            if callable(getattr(module, 'mix_channels', None)):
+                module.mix_channels = _formula_mix(module, counter,
+                                                   'mix_channels')
         if not name:  # the root is always on the stack
             continue
 
@@ -354,12 +357,17 @@ def _tracked(model: nn.Module, counter: _Counter) -> Iterator[None]:
         for h in handles:
             h.remove()
         for module in patched:
-            del module.mix  # back to the class's method
+            for method in ('mix', 'mix_channels'):
+                vars(module).pop(method, None)  # back to the class's method
 
 
 def _formula_mix(module: nn.Module, counter: _Counter,
-                 name: str) -> Callable[..., Tensor]:
-    original = type(module).mix.__get__(module)
+                 method: str) -> Callable[..., Tensor]:
+    """``module.<method>`` (``mix``, tokens ``(B, N, C)``, or
+    ``mix_channels``, channel-major ``(B, C, N)``) charged by its
+    ``mix_flops`` instead of its operations."""
+    original = getattr(type(module), method).__get__(module)
+    token_dim = 2 if method == 'mix_channels' else 1
 
     def mix(q: Tensor, k: Tensor, v: Tensor, hw: Sequence[int],
             *args: Any, **kwargs: Any) -> Tensor:
@@ -368,7 +376,7 @@ def _formula_mix(module: nn.Module, counter: _Counter,
             out = original(q, k, v, hw, *args, **kwargs)
         finally:
             counter.suppress -= 1
-        op, flops = module.mix_flops(q.shape[0], q.shape[1])
+        op, flops = module.mix_flops(q.shape[0], q.shape[token_dim])
         counter.add(op, flops['total'])
         return out
 

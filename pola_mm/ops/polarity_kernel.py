@@ -628,7 +628,8 @@ def polarity_attention_pytorch(q: Tensor,
                                power: Tensor,
                                alpha: float,
                                eps: float = _EPS,
-                               k_bias: Optional[Tensor] = None) -> Tensor:
+                               k_bias: Optional[Tensor] = None,
+                               channels_first: bool = False) -> Tensor:
     """Polarity-aware linear attention (the published formula) in plain
     PyTorch operations: the reference of :func:`polarity_attention_kernel`,
     and what runs with the fast paths off and in captured graphs (export).
@@ -667,42 +668,60 @@ def polarity_attention_pytorch(q: Tensor,
     11. (The paper's form, with the concatenated features, is kept in the
     tests as the arbiter.)
 
+    The computation runs channel-major (``(B, h, d, N)``: channels by
+    tokens), the layout in which a projection ``W x^T`` delivers q, k, v:
+    with ``channels_first`` the inputs and the result are in that layout,
+    and an exported graph needs no transposes of token maps (ONNX Runtime
+    runs Pola-Swin-T about 8% faster than with token-major heads;
+    docs/deployment.md); without it they are token-major ``(B, h, N, d)``
+    and only views are transposed.
+
     Args:
-        q: ``(B, h, N, d)`` queries.
+        q: ``(B, h, N, d)`` queries (``(B, h, d, N)`` with
+            ``channels_first``).
         k: ``(B, h, n, d)`` keys (``n`` may differ from ``N``).
         v: ``(B, h, n, d)`` values.
-        scale: raw ``scale`` broadcastable to ``(1, h, 1, d)``.
-        power: raw ``power``, ``(1, h, 1, d)``.
+        scale: raw ``scale`` broadcastable to ``(1, h, 1, d)`` (in either
+            layout).
+        power: raw ``power``, ``(1, h, 1, d)`` (in either layout).
         alpha: exponent range; ``p`` lies in ``(1, 1 + alpha)``.
         eps: added to the normalisers (of the means over keys).
-        k_bias: optional tensor broadcastable to ``k``, added to the keys
-            (a positional table).
+        k_bias: optional tensor broadcastable to ``k`` (in its layout),
+            added to the keys (a positional table).
+        channels_first: q, k, v, k_bias and the result are ``(B, h, d,
+            N)``.
 
     Returns:
-        ``(B, h, N, d)``.
+        ``(B, h, N, d)`` (``(B, h, d, N)`` with ``channels_first``).
     """
     if k_bias is not None:
         k = k + k_bias
+    if not channels_first:  # views
+        q, k, v = q.transpose(-2, -1), k.transpose(-2, -1), v.transpose(-2, -1)
     p = 1 + alpha * torch.sigmoid(power)
-    c = (1 / F.softplus(scale)).expand_as(p) ** p  # (1, h, 1, d)
-    c_rows = c.transpose(-2, -1)  # scales the rows of (d, .) matrices
-    n = k.shape[-2]
-    half = q.shape[-1] // 2
-    d = 2 * half
+    c = ((1 / F.softplus(scale)).expand_as(p) ** p).transpose(-2, -1)
+    p = p.transpose(-2, -1)  # (1, h, d, 1): per channel, over the tokens
+    n = k.shape[-1]
+    d = q.shape[-2]
+    half = d // 2
 
-    qp, qn = _signed_powers(q, p)  # f+(q) / c, f-(q) / c
+    qp, qn = _signed_powers(q, p)  # f+(q) / c, f-(q) / c; (B, h, d, N)
     kp, kn = _signed_powers(k, p)
-    P = c_rows * (kp.transpose(-2, -1) @ v)  # f+(k)^T v, (B, h, d, d)
-    Q = c_rows * (kn.transpose(-2, -1) @ v)  # f-(k)^T v
-    sp = c_rows * kp.sum(-2, keepdim=True).transpose(-2, -1)  # (B, h, d, 1)
-    sn = c_rows * kn.sum(-2, keepdim=True).transpose(-2, -1)
+    vt = v.transpose(-2, -1)  # (B, h, n, d), a view
+    P = c * (kp @ vt)  # f+(k)^T v, (B, h, d, d); c scales the rows
+    Q = c * (kn @ vt)  # f-(k)^T v
+    sp = c * kp.sum(-1, keepdim=True)  # (B, h, d, 1)
+    sn = c * kn.sum(-1, keepdim=True)
     m_pos = torch.cat([P[..., :half], Q[..., half:], sp, sn], -1)
     m_neg = torch.cat([Q[..., :half], P[..., half:], sn, sp], -1)
-    u = qp @ (c_rows * m_pos) + qn @ (c_rows * m_neg)
-    z = u[..., d:] + eps * n  # n (mean + eps) = sum + eps n
-    B, h, N = u.shape[0], u.shape[1], u.shape[2]
-    y = u[..., :d].reshape(B, h, N, 2, half) / z.unsqueeze(-1)
-    return y.reshape(B, h, N, d)
+    # (B, h, d + 2, N): the flows' numerators, then their normalisers
+    u = ((c * m_pos).transpose(-2, -1) @ qp
+         + (c * m_neg).transpose(-2, -1) @ qn)
+    z = u[:, :, d:] + eps * n  # n (mean + eps) = sum + eps n
+    B, h, N = u.shape[0], u.shape[1], u.shape[-1]
+    y = (u[:, :, :d].reshape(B, h, 2, half, N) / z.unsqueeze(-2)).reshape(
+        B, h, d, N)
+    return y if channels_first else y.transpose(-2, -1)
 
 
 def _signed_powers(t: Tensor, p: Tensor,

@@ -61,27 +61,34 @@ def test_attention_under_autocast_fast_equals_plain():
     """PolarityAttention under CPU bf16 autocast: the kernel path (bf16 q,
     k, v into the kernel and the conv) and the plain path (float32 copies
     into the reference formula and the conv) give the same outputs and
-    gradients up to bf16 rounding (v's gradient is the sum of the kernel's
-    and the conv's bf16 parts there, one rounding of their float32 sum
-    here)."""
+    gradients up to bf16 rounding: each within 2% of the float32 result's
+    scale, and of each other (the plain path projects channel-major,
+    ``W x^T``, so its bf16 projections round differently; v's gradient is
+    the sum of the kernel's and the conv's bf16 parts there, one rounding
+    of their float32 sum here)."""
     torch.manual_seed(0)
     a = PolarityAttention(16, 2, (5, 6))
     randomise(a, std=0.3)
     x = torch.randn(2, 7 * 9, 16)
     results = []
-    for plain in (False, True):
+    for mode in ('kernel', 'plain', 'float32'):
         a.zero_grad()
         xi = x.clone().requires_grad_()
-        with torch.autocast('cpu', dtype=torch.bfloat16):
-            if plain:
+        with torch.autocast('cpu', dtype=torch.bfloat16,
+                            enabled=mode != 'float32'):
+            if mode == 'plain':
                 with ops.plain_paths():
                     y = a(xi, (7, 9))
             else:
                 y = a(xi, (7, 9))
+        assert y.dtype == (torch.float32 if mode == 'float32' else
+                           torch.bfloat16)
         y.float().square().sum().backward()
         results.append([y.detach().float(), xi.grad] +
                        [p.grad.clone() for p in a.parameters()])
-    assert results[0][0].abs().max() > 0
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
-    for u, w in zip(*results):  # within 1% of each tensor's scale
-        assert (u - w).abs().max() <= 1e-2 * w.abs().max()
+    kernel, plain, full = results
+    assert full[0].abs().max() > 0
+    for u, w, f in zip(kernel, plain, full):  # 2% of each tensor's scale
+        assert (u - f).abs().max() <= 2e-2 * f.abs().max()
+        assert (w - f).abs().max() <= 2e-2 * f.abs().max()
+        assert (u - w).abs().max() <= 2e-2 * w.abs().max()

@@ -29,6 +29,22 @@ from .position import check_resize_mode, resize_pos_table
 FEATURE_MAPS = ('power', 'pacs')
 
 
+class TokenLinear(nn.Linear):
+    """``nn.Linear`` (same parameters and state dict) that also maps
+    channel-major tokens: ``forward(x, channels_first=True)`` takes ``x``
+    ``(B, C_in, N)`` to ``W x + b``, ``(B, C_out, N)``; the projections of
+    :meth:`PolarityAttention.project_channels`, called as modules so that
+    hooks (and the FLOP counter's attribution) see them."""
+
+    def forward(self, x: Tensor, channels_first: bool = False) -> Tensor:
+        if not channels_first:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.matmul(self.weight, x)
+        if self.bias is not None:
+            y = y + self.bias.unsqueeze(-1)
+        return y
+
+
 class PolarityAttention(PolaModule):
     """Polarity-aware linear attention with gate and depth-wise conv on v.
 
@@ -43,8 +59,11 @@ class PolarityAttention(PolaModule):
     fast kernel beside it
     (:func:`~pola_mm.ops.polarity_kernel.polarity_attention_kernel`: same
     outputs and gradients, without storing the ``(B, h, N, 2d)`` feature
-    maps). With the fast paths off and while a graph is captured (export)
-    the plain formula runs.
+    maps). With the fast paths off and while a graph is captured (export,
+    ``torch.compile``, TorchScript) the plain formula runs, and
+    :meth:`forward` keeps it channel-major from the projection to the gate
+    (:meth:`project_channels`, :meth:`mix_channels`): an exported graph
+    then has no transposes of token maps.
 
     Args:
         embed_dims: channels ``C``.
@@ -128,10 +147,11 @@ class PolarityAttention(PolaModule):
         self.alpha = float(alpha)
         self.feature_map = feature_map
         if fused_qkvg:
-            self.qkvg = nn.Linear(embed_dims, embed_dims * 4, bias=qkv_bias)
+            self.qkvg = TokenLinear(embed_dims, embed_dims * 4,
+                                    bias=qkv_bias)
         else:
-            self.qg = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
-            self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
+            self.qg = TokenLinear(embed_dims, embed_dims * 2, bias=qkv_bias)
+            self.kv = TokenLinear(embed_dims, embed_dims * 2, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
         if self.sr_ratio > 1:  # the authors' names and order
@@ -183,6 +203,23 @@ class PolarityAttention(PolaModule):
         else:
             q, g = self._split(self.qg(x), 2)
             k, v = self._split(self.kv(x), 2)
+        return q, k, v, g
+
+    def project_channels(self, x: Tensor
+                         ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:meth:`project` channel-major: tokens ``(B, N, C)`` ->
+        ``q, k, v, g``, each ``(B, C, N)`` (``W x^T + b``, the same
+        projection; views into its output)."""
+        B, N, C = x.shape
+        xt = x.transpose(1, 2)
+        if hasattr(self, 'qkvg'):
+            q, k, v, g = self.qkvg(xt, channels_first=True).reshape(
+                B, 4, C, N).unbind(1)
+        else:
+            q, g = self.qg(xt, channels_first=True).reshape(B, 2, C,
+                                                            N).unbind(1)
+            k, v = self.kv(xt, channels_first=True).reshape(B, 2, C,
+                                                            N).unbind(1)
         return q, k, v, g
 
     def _split(self, y: Tensor, parts: int) -> List[Tensor]:
@@ -243,9 +280,46 @@ class PolarityAttention(PolaModule):
                 return self._mix(q, k, v, hw, path)
         return self._mix(q, k, v, hw, path)
 
+    def mix_channels(self, q: Tensor, k: Tensor, v: Tensor,
+                     hw: Size2) -> Tensor:
+        """:meth:`mix` with the plain formula on channel-major ``q``,
+        ``k``, ``v`` ``(B, C, N)`` (from :meth:`project_channels`; ``k``
+        without the positional table), in float32 at least under autocast;
+        returns ``(B, C, N)`` in the inputs' dtype. The power feature map
+        only."""
+        if not torch.jit.is_scripting():  # (compiled code: no autocast)
+            with no_autocast(q.device.type):
+                return self._mix_channels(q, k, v, hw)
+        return self._mix_channels(q, k, v, hw)
+
+    def _mix_channels(self, q: Tensor, k: Tensor, v: Tensor,
+                      hw: Size2) -> Tensor:
+        """:meth:`mix_channels` with autocast off."""
+        out_dtype = q.dtype
+        dt = torch.promote_types(out_dtype, torch.float32)
+        B, C, N = q.shape
+        h, d = self.num_heads, self.head_dims
+        pos = self.positional_table(hw).to(dt).transpose(1, 2)  # (1, C, N)
+        v = v.to(dt)
+        y = polarity_attention_pytorch(
+            q.to(dt).reshape(B, h, d, N), k.to(dt).reshape(B, h, d, N),
+            v.reshape(B, h, d, N), self.scale.to(dt).reshape(1, h, 1, d),
+            self.power.to(dt), self.alpha, k_bias=pos.reshape(1, h, d, N),
+            channels_first=True)
+        weight, bias = self.dwc_params(dt)
+        conv = F.conv2d(v.reshape(B, C, hw[0], hw[1]), weight, bias,
+                        padding=self.dwc.padding, groups=C)
+        return (y.reshape(B, C, N) + conv.reshape(B, C, N)).to(out_dtype)
+
     def _mix(self, q: Tensor, k: Tensor, v: Tensor, hw: Size2,
              path: Path) -> Tensor:
         """:meth:`mix` with autocast off."""
+        if hasattr(self, 'power'):
+            if torch.jit.is_scripting() or not path.kernels:
+                # the plain formula (what TorchScript compiles)
+                return self._mix_channels(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                    hw).transpose(1, 2)
         out_dtype = q.dtype
         # float32 at least (float64 stays float64, e.g. for gradcheck)
         dt = torch.promote_types(out_dtype, torch.float32)
@@ -254,25 +328,17 @@ class PolarityAttention(PolaModule):
         pos = self.split_heads(
             self.positional_table(hw, cache=path.kernels).to(dt))
         scale = self.scale.to(dt).reshape(1, h, 1, d)
-        # (TorchScript compiles the plain formulas only)
-        if (not torch.jit.is_scripting() and path.kernels
-                and hasattr(self, 'power')):
+        if hasattr(self, 'power'):
             # the kernel and the conv upcast inside and keep q, k, v as
             # given (under autocast fp16/bf16 views of the projection, not
             # float32 copies)
             q, k, v = (self.split_heads(q), self.split_heads(k),
                        self.split_heads(v))
-            x = polarity_attention_kernel(q, k, v, scale, self.power.to(dt),
-                                          self.alpha, k_bias=pos)
+            x = self._kernel(q, k, v, scale, pos)
         else:
             q, k, v = (self.split_heads(q.to(dt)), self.split_heads(k.to(dt)),
                        self.split_heads(v.to(dt)))
-            if hasattr(self, 'power'):
-                x = polarity_attention_pytorch(q, k, v, scale,
-                                               self.power.to(dt), self.alpha,
-                                               k_bias=pos)
-            else:
-                x = self._pacs(q, k + pos, v, scale, dt, path.kernels)
+            x = self._pacs(q, k + pos, v, scale, dt, path.kernels)
         # depth-wise conv on v: the per-head kernel repeated over the heads,
         # on the channels-last (B, C, H, W) map, so its output is
         # token-major like the attention's; v may be a view of the
@@ -284,6 +350,15 @@ class PolarityAttention(PolaModule):
         x = torch.add(x.transpose(1, 2).reshape(B, N, C),
                       conv.permute(0, 2, 3, 1).reshape(B, N, C))
         return x.to(out_dtype)
+
+    @torch.jit.unused
+    def _kernel(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
+                pos: Tensor) -> Tensor:
+        """The fast kernel of the power feature map on ``(B, h, N, d)``
+        heads (``pos`` added to the keys)."""
+        return polarity_attention_kernel(q, k, v, scale,
+                                         self.power.to(scale.dtype),
+                                         self.alpha, k_bias=pos)
 
     def _pacs(self, q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
               dt: torch.dtype, fast: bool) -> Tensor:
@@ -347,6 +422,12 @@ class PolarityAttention(PolaModule):
         path = self.select_path(x)
         if hasattr(self, 'sr'):  # sr_ratio > 1
             return self.forward_reduced(x, hw, path)
+        if hasattr(self, 'power'):
+            if torch.jit.is_scripting() or not path.kernels:
+                # the plain formula, channel-major up to the gate
+                q, k, v, g = self.project_channels(x)
+                y = self.mix_channels(q, k, v, hw) * g
+                return self.proj_drop(self.proj(y.transpose(1, 2)))
         q, k, v, g = self.project(x, path)
         return self.output(self.mix(q, k, v, hw, path), g, path)
 
