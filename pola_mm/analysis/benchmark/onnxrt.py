@@ -21,6 +21,10 @@ as :mod:`pola_mm.deployment.onnx` deploys it, in two worker processes (see
    is that process's peak RSS: the session, its weights and activations
    (plus the interpreter and the libraries every worker holds), not the
    export's, which happened in the other process.
+3. With ``profile_runs`` (``--ort-profile``), a third process profiles the
+   file with ONNX Runtime's own profiler
+   (:mod:`pola_mm.analysis.benchmark.ortprofile`: time by part and by
+   operator).
 
 Only inference on the CPU in float32 is measured this way.
 """
