@@ -37,7 +37,8 @@ from typing import Any, Dict, Optional, Sequence
 from .worker import Size, measure_in, timed_steps
 
 __all__ = ['RUNTIMES', 'DEFAULT_EXPORTER', 'export_and_check',
-           'measure_onnxruntime', 'export_then_time', 'run_onnxruntime']
+           'measure_onnxruntime', 'seeded_feed', 'export_then_time',
+           'run_onnxruntime']
 
 #: What the benchmark can run a backbone in.
 RUNTIMES = ('pytorch', 'onnxruntime')
@@ -153,7 +154,6 @@ def measure_onnxruntime(path: str,
         ``threads`` (the intra-op threads asked for, None for the default)
         and ``ort_version``.
     """
-    import numpy as np
     import onnxruntime as ort
 
     from .backbones import parse_size
@@ -163,11 +163,7 @@ def measure_onnxruntime(path: str,
         opts.intra_op_num_threads = int(threads)
     sess = ort.InferenceSession(path, opts,
                                 providers=['CPUExecutionProvider'])
-    inp = sess.get_inputs()[0]
-    c = inp.shape[1] if isinstance(inp.shape[1], int) else 3
-    x = np.random.default_rng(seed).standard_normal(
-        (batch, c, h, w)).astype(np.float32)
-    feed = {inp.name: x}
+    feed = seeded_feed(sess, (h, w), batch, seed)
 
     def step() -> None:
         sess.run(None, feed)
@@ -176,6 +172,17 @@ def measure_onnxruntime(path: str,
     return dict(times=times, peak_mem_mb=peak, base_mem_mb=base,
                 threads=int(threads) if threads else None,
                 ort_version=ort.__version__)
+
+
+def seeded_feed(sess: Any, size: Size, batch: int,
+                seed: int) -> Dict[str, Any]:
+    """The input of a session's first input: a seeded standard normal
+    float32 array ``(batch, C, H, W)`` (``C`` from the file, else 3)."""
+    import numpy as np
+    inp = sess.get_inputs()[0]
+    c = inp.shape[1] if isinstance(inp.shape[1], int) else 3
+    return {inp.name: np.random.default_rng(seed).standard_normal(
+        (batch, c, size[0], size[1])).astype(np.float32)}
 
 
 def run_onnxruntime(model: Any,

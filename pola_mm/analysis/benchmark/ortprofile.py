@@ -81,11 +81,11 @@ def profile_onnxruntime(path: str,
         run, largest first. The profile and the optimised graph are
         written to a temporary directory and removed.
     """
-    import numpy as np
     import onnxruntime as ort
+
+    from .onnxrt import seeded_feed
     if runs < 1:
         raise ValueError(f'runs must be at least 1, got {runs}')
-    h, w = size
     tmp = tempfile.mkdtemp(prefix='pola_mm_ort_profile_')
     try:
         opts = ort.SessionOptions()
@@ -98,10 +98,7 @@ def profile_onnxruntime(path: str,
         opts.log_severity_level = 3  # no warning on writing an NCHWc graph
         sess = ort.InferenceSession(path, opts,
                                     providers=['CPUExecutionProvider'])
-        inp = sess.get_inputs()[0]
-        c = inp.shape[1] if isinstance(inp.shape[1], int) else 3
-        feed = {inp.name: np.random.default_rng(seed).standard_normal(
-            (batch, c, h, w)).astype(np.float32)}
+        feed = seeded_feed(sess, size, batch, seed)
         for _ in range(runs + 1):
             sess.run(None, feed)
         with open(sess.end_profiling()) as f:
