@@ -1,30 +1,33 @@
-"""Fast implementations of the models' computations, behind one switch.
+"""The ops of pola_mm: each one public function that picks its fast
+implementation or its plain ``*_pytorch`` reference itself (mmcv's
+pattern), behind one switch (``POLA_MM_FAST_PATHS=0`` or
+:func:`plain_paths`; :mod:`~pola_mm.ops.dispatch`).
 
-Everything here computes what the plain layers in :mod:`pola_mm.models`
-compute (tested against them); :mod:`pola_mm.ops.dispatch` decides where
-each applies (:func:`~pola_mm.ops.dispatch.select`, called once per module
-call) and holds the switch (``POLA_MM_FAST_PATHS=0`` or
-:func:`plain_paths`) and every tuning constant.
-
-- :mod:`~pola_mm.ops.polarity_kernel`: the polarity attention kernel
-  (shared key-value product, recomputation in backward, CPU runs);
-- :mod:`~pola_mm.ops.pacs_kernel`: the PaCS attention kernel of
-  PolaFormer++ (one key-value product, recomputation in backward);
-- :mod:`~pola_mm.ops.cpu_ext` and ``csrc/``: its fused C++ CPU loops;
-- :mod:`~pola_mm.ops.depthwise_conv`: depth-wise conv with a fast backward;
-- :mod:`~pola_mm.ops.token_runs`: CPU training of MLPs and projections in
-  runs of tokens;
-- :mod:`~pola_mm.ops.inference_runs`: helpers of CPU inference in runs (the
-  blocks' own ``forward_in_runs`` use them).
+- :func:`polarity_attention` (PolaFormer; kernel in
+  :mod:`~pola_mm.ops.polarity_kernel`, fused CPU loop in
+  :mod:`~pola_mm.ops.cpu_ext`);
+- :func:`pacs_attention` (PolaFormer++'s PaCS; kernel in
+  :mod:`~pola_mm.ops.pacs_kernel`);
+- :func:`softmax_attention` (``scaled_dot_product_attention`` or the
+  explicit form);
+- :func:`depthwise_conv2d`, :func:`gate_linear`, :func:`gelu_linear`
+  (lean training functions);
+- :func:`resize_pos_table` (cached in inference).
 """
+from .depthwise_conv import depthwise_conv2d
 from .dispatch import (FAST_PATHS_ENV, fast_paths_enabled, plain_paths,
                        set_fast_paths)
-from .pacs_kernel import pacs_attention_kernel
-from .polarity_kernel import (polarity_attention_kernel, polarity_key_state,
-                              polarity_query_apply)
+from .gate_linear import gate_linear
+from .gelu_linear import gelu_linear
+from .pacs_attention import pacs_attention, pacs_attention_pytorch
+from .polarity_attention import polarity_attention, polarity_attention_pytorch
+from .position import check_resize_mode, resize_pos_table
+from .softmax_attention import softmax_attention, softmax_attention_pytorch
 
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'plain_paths', 'set_fast_paths',
-    'polarity_attention_kernel', 'polarity_key_state', 'polarity_query_apply',
-    'pacs_attention_kernel'
+    'polarity_attention', 'polarity_attention_pytorch', 'pacs_attention',
+    'pacs_attention_pytorch', 'softmax_attention',
+    'softmax_attention_pytorch', 'depthwise_conv2d', 'gate_linear',
+    'gelu_linear', 'resize_pos_table', 'check_resize_mode'
 ]

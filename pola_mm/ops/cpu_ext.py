@@ -1,10 +1,9 @@
-"""The fused CPU loops of the polarity kernel, built on first use.
+"""The fused CPU loop of the polarity kernel's inference, built on first use.
 
-``pola_mm/ops/csrc/polarity_cpu.cpp`` holds three loops (the polarity
-features, the chain rule through them, which can also rebuild them, and
-the gradient of the queries' product) that the pure-torch kernel does in
-five to ten elementwise operations each, and the weight gradient of the
-depth-wise conv on v. It is compiled once per machine and torch
+``pola_mm/ops/csrc/polarity_cpu.cpp`` holds one loop, the polarity
+features (with their sums over tokens), that the pure-torch kernel does in
+six elementwise operations; the kernel uses it in CPU inference (float32,
+no autograd). It is compiled once per machine and torch
 version with :func:`torch.utils.cpp_extension.load` (a C++20 compiler and
 ``ninja`` are needed; the result is cached in torch's extension directory,
 ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``). Without them
@@ -52,7 +51,7 @@ _state: dict = {}
 
 def cpu_ext_enabled() -> bool:
     """False when ``POLA_MM_CPU_EXT`` is ``0``/``false``/``off``."""
-    return dispatch._env_enabled(CPU_EXT_ENV)
+    return dispatch.env_enabled(CPU_EXT_ENV)
 
 
 class CacheNotWritable(OSError):
@@ -141,8 +140,7 @@ def used() -> bool:
 
 
 def cpu_ext() -> Optional[Any]:
-    """The compiled module (``features``, ``power_grads``, ``query_du``,
-    ``dwconv_weight_grad``), or None when it is turned off or cannot be
+    """The compiled module (``features``), or None when it is turned off or cannot be
     built (then the reason is logged once)."""
     if not (cpu_ext_enabled() and dispatch.fast_paths_enabled()):
         return None

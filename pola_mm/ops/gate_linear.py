@@ -14,17 +14,19 @@ dtype it ran in, the Linear's operands in its output dtype, gradients cast
 back to each input's dtype), so neither ``x * g`` nor autocast's fp16 copy
 of the weight is kept.
 
-:func:`gate_linear_pytorch` is the plain reference; the attention picks the
-function where the call's :class:`~pola_mm.ops.dispatch.Path` says
-``autograd`` (``pola_mm.models.layers.PolarityAttention.output``).
+:func:`gate_linear` is the op the attention calls: it uses the function
+where autograd records, else the plain layers; :func:`gate_linear_pytorch`
+is the plain reference.
 """
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch import nn
 from torch.autograd.function import once_differentiable
 
+from .dispatch import records_grad, use_fast
 from .precision import no_autocast
 
 __all__ = ['GateLinearFunction', 'gate_linear', 'gate_linear_pytorch']
@@ -86,19 +88,22 @@ class GateLinearFunction(torch.autograd.Function):
         return dx, dg, dw, db
 
 
-@torch.jit.unused  # compiled code runs the plain layer
-def gate_linear(x: Tensor, g: Tensor, weight: Tensor,
-                bias: Optional[Tensor]) -> Tensor:
-    """``F.linear(x * g, weight, bias)`` with gradients, saving only ``x``,
-    ``g`` (and ``weight``) for backward; see the module docstring. Same
-    values as :func:`gate_linear_pytorch`, gradients up to float rounding.
+def gate_linear(x: Tensor, g: Tensor, linear: nn.Linear) -> Tensor:
+    """``linear(x * g)``, the gated output projection (the op).
+
+    Where autograd records the call (and the fast paths are on, no graph
+    captured), through :class:`GateLinearFunction`, which saves only ``x``,
+    ``g`` (and the weight) for backward; otherwise the plain layers
+    ``linear(x * g)``. Same values; gradients up to float rounding.
 
     Args:
         x, g: ``(..., K)``, the same shape.
-        weight: ``(C, K)``.
-        bias: ``(C,)`` or None.
+        linear: the ``nn.Linear(K, C)`` (``proj``).
 
     Returns:
         ``(..., C)``.
     """
-    return GateLinearFunction.apply(x, g, weight, bias)
+    if (use_fast(x) and x.shape == g.shape
+            and records_grad(x, g, linear.weight, linear.bias)):
+        return GateLinearFunction.apply(x, g, linear.weight, linear.bias)
+    return linear(x * g)

@@ -15,17 +15,19 @@ the Linear's operands in its output dtype, gradients cast back to each
 input's dtype), so the fp16/bf16 copies of the weight and of ``gelu(h)``
 are not kept either.
 
-:func:`gelu_linear_pytorch` is the plain reference; the MLP picks the
-function where the call's :class:`~pola_mm.ops.dispatch.Path` says
-``autograd`` (``pola_mm.models.layers.Mlp.forward``).
+:func:`gelu_linear` is the op the MLP calls: it uses the function where
+autograd records, else the plain layers; :func:`gelu_linear_pytorch` is
+the plain reference.
 """
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch import nn
 from torch.autograd.function import once_differentiable
 
+from .dispatch import records_grad, use_fast
 from .precision import no_autocast
 
 __all__ = ['GeluLinearFunction', 'gelu_linear', 'gelu_linear_pytorch']
@@ -86,20 +88,24 @@ class GeluLinearFunction(torch.autograd.Function):
         return dh, dw, db, None
 
 
-def gelu_linear(h: Tensor, weight: Tensor, bias: Optional[Tensor],
+def gelu_linear(h: Tensor, linear: nn.Linear,
                 approximate: str = 'none') -> Tensor:
-    """``F.linear(F.gelu(h, approximate), weight, bias)`` with gradients,
-    saving only ``h`` (and ``weight``) for backward; see the module
-    docstring. Same values as :func:`gelu_linear_pytorch`, gradients up to
-    float rounding.
+    """``linear(gelu(h))``, the second half of an MLP (the op).
+
+    Where autograd records the call (and the fast paths are on, no graph
+    captured), through :class:`GeluLinearFunction`, which saves only ``h``
+    (and the weight) for backward; otherwise the plain layers
+    ``linear(F.gelu(h))``. Same values; gradients up to float rounding.
 
     Args:
-        h: ``(..., K)``.
-        weight: ``(C, K)``.
-        bias: ``(C,)`` or None.
+        h: ``(..., K)`` (``fc1``'s output).
+        linear: the ``nn.Linear(K, C)`` (``fc2``).
         approximate: GELU's ``approximate`` (``'none'`` or ``'tanh'``).
 
     Returns:
         ``(..., C)``.
     """
-    return GeluLinearFunction.apply(h, weight, bias, approximate)
+    if use_fast(h) and records_grad(h, linear.weight, linear.bias):
+        return GeluLinearFunction.apply(h, linear.weight, linear.bias,
+                                        approximate)
+    return linear(F.gelu(h, approximate=approximate))

@@ -2,7 +2,7 @@
 attention (PolaFormer++).
 
 :func:`pacs_features` is the one PaCS feature map of pola_mm: the plain
-formula (:func:`~pola_mm.models.layers.pacs_attention.pacs_linear_attention`)
+formula (:func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`)
 and the kernel below both compute their features with it, for PolaPP's
 :class:`~pola_mm.models.layers.PaCSAttention` and for
 ``PolarityAttention(feature_map='pacs')`` alike.
@@ -31,14 +31,14 @@ rearranged:
   a pair the same angle (other tables take the plain
   :func:`~pola_mm.ops.rotary.theta_shift`).
 
-Callers compute in float32 at least (the layers disable autocast around
-it: ``exp`` overflows fp16 above 11).
+Callers compute in float32 at least (the op
+:func:`~pola_mm.ops.pacs_attention.pacs_attention` disables autocast
+around it: ``exp`` overflows fp16 above 11).
 
 The feature map is written ``exp(x) - 1`` as the authors write it (every
 ONNX exporter knows ``exp``; the TorchScript exporter has no
-``aten::expm1``). The kernel never sees a captured graph: while one is
-captured the layers run the plain formula (:func:`~pola_mm.ops.dispatch.
-select`).
+``aten::expm1``). The kernel never sees a captured graph: the op then runs
+the plain formula.
 """
 from typing import Optional, Tuple
 
@@ -242,7 +242,7 @@ def pacs_attention_kernel(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
                           cos: Optional[Tensor] = None,
                           eps: float = _EPS) -> Tensor:
     """PaCS polarity attention (the published formula, see
-    :func:`~pola_mm.models.layers.pacs_attention.pacs_linear_attention`).
+    :func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`).
 
     Args:
         q, k, v: ``(B, h, N, d)``, ``d`` even.

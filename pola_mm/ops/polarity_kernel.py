@@ -20,24 +20,19 @@ Computes exactly the published formula (see
 - Key bias. A positional table added to the keys (PolaFormer's
   ``positional_encoding``) can be passed as ``k_bias`` and is added inside
   the kernel, so ``k + table`` is never materialised or saved.
-- Cache-sized work on CPU: the elementwise chains run on runs of tokens
-  small enough to stay in cache (about 2x faster than streaming every
-  intermediate through memory), writing straight into the outputs.
-
-For inference over long sequences the key side and the query side are also
-available separately (:func:`polarity_key_state`, summed over runs of keys,
-then :func:`polarity_query_apply` on runs of queries), so that a caller can
-stream a stage without holding any full-size intermediate.
+- Cache-sized work on CPU: the forward's elementwise chains run on runs
+  of tokens small enough to stay in cache (about 2x faster than streaming
+  every intermediate through memory), writing straight into the outputs;
+  in float32 the features come from one fused C++ loop
+  (:mod:`.cpu_ext`). The backward runs on whole sequences.
 
 Everything is whole-tensor torch operations without host synchronisation or
 data-dependent Python control flow; on GPUs the whole input is one run.
 
-Beside the kernel, :func:`polarity_attention_pytorch` is the same
-computation in plain PyTorch operations (the reference, as mmcv keeps a
-``*_pytorch`` function beside each kernel): what runs when the fast paths
-are off and whenever a graph is captured (``torch.compile``, tracing,
-export; see :func:`~.dispatch.capturing`), so the kernel itself never sees
-a capture.
+The op :func:`~.polarity_attention.polarity_attention` calls this kernel
+or its plain reference
+:func:`~.polarity_attention.polarity_attention_pytorch`; the kernel never
+sees a captured graph.
 """
 from typing import Any, List, Optional, Tuple
 
@@ -45,17 +40,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import dispatch
 from .cpu_ext import cpu_ext
 
-__all__ = [
-    'polarity_attention_kernel', 'polarity_attention_pytorch',
-    'PolarityAttentionFunction', 'polarity_key_state', 'polarity_query_apply'
-]
+__all__ = ['polarity_attention_kernel', 'PolarityAttentionFunction']
 
 _EPS = 1e-6
-#: float32's smallest normal number (``torch.finfo(torch.float32).tiny``).
-_FLOAT32_TINY = 1.1754943508222875e-38
+
+#: CPU: runs of about this many elements of one ``(B, h, N, d)`` input, so
+#: that the forward's elementwise chains stay in cache ...
+KERNEL_RUN_ELEMENTS = 1 << 18
+#: ... holding at least this many tokens per sequence when sequences are
+#: longer (fewer, larger matrix products).
+KERNEL_MIN_TOKENS = 256
 
 
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
@@ -67,12 +63,12 @@ def _plan(x: Tensor) -> Tuple[List[slice], int]:
     tokens that fit.
     """
     B, h, N, d = x.shape
-    budget = dispatch.KERNEL_RUN_ELEMENTS
+    budget = KERNEL_RUN_ELEMENTS
     if x.device.type != 'cpu' or B * h * N * d <= budget:
         return [slice(0, B)], N
     per_token = max(h * d, 1)
     b = max(1, min(B, budget //
-                   (per_token * min(N, dispatch.KERNEL_MIN_TOKENS))))
+                   (per_token * min(N, KERNEL_MIN_TOKENS))))
     runs = -(-(b * per_token * N) // budget)
     step = -(-N // runs)
     return [slice(i, min(i + b, B)) for i in range(0, B, b)], step
@@ -249,24 +245,6 @@ def _loop_features(x: Tensor, c: slice, prm: _Params, key: bool,
     return f, (fsum.sum(2) if with_sum else None)
 
 
-def _loop_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
-                        key: bool, buf: Optional[Tensor],
-                        dx_out: Optional[Tensor]
-                        ) -> Tuple[Tensor, Tensor, Tensor]:
-    """:func:`_features` and :func:`_power_grads` of tokens ``c`` of ``x``
-    in one pass of the CPU loops. Returns the features, ``dL/dx`` and the
-    sums of ``[g, g log|xs|]`` over ``B`` and the tokens ``(1, h, 1, 2d)``.
-    """
-    xc = x[:, :, c]
-    B, h, n, d = xc.shape
-    f = _feature_buffer(xc, buf)
-    dx = _token_major(xc) if dx_out is None else dx_out
-    w = xc.new_empty(B, h, -(-n // _ROWS), 2 * d)
-    prm.ext.power_grads(df, xc, prm.inv_hd, prm.p_hd,
-                        _loop_key_bias(c, prm, key), dx, w, f)
-    return f, dx, w.sum(dim=(0, 2), keepdim=True)
-
-
 def _run_features(x: Tensor, c: slice, prm: _Params, key: bool,
                   buf: Optional[Tensor], loops: bool, with_log: bool = False,
                   with_sum: bool = False):
@@ -362,15 +340,13 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, prm: _Params, eps: float):
 
 
 def _power_grads(df: Tensor, f: Tensor, xsafe: Tensor, la: Tensor,
-                 pinv: Tensor,
-                 dx_out: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                 pinv: Tensor) -> Tuple[Tensor, Tensor]:
     """Chain rule through ``f+ = relu(xs)^p``, ``f- = relu(-xs)^p``,
     ``xs = x / s``.
 
     With ``g = df+ f+ + df- f-``: ``dL/dxs = p g / xs`` (``f'(xs) = p f /
     xs`` for both features), ``dL/dp`` per element is ``g log|xs|`` and
-    ``sum(dL/dxs * xs) = p sum(g)``. Writes ``dL/dx`` into ``dx_out`` when
-    given.
+    ``sum(dL/dxs * xs) = p sum(g)``.
 
     Returns:
         ``dL/dx`` and ``[g, g log|xs|]`` (``(..., 2d)``, for the parameter
@@ -382,105 +358,58 @@ def _power_grads(df: Tensor, f: Tensor, xsafe: Tensor, la: Tensor,
     g = torch.add(prod[..., :d], prod[..., d:], out=w[..., :d])
     torch.mul(g, la, out=w[..., d:])
     g = g * pinv
-    if dx_out is None:
-        return g.div_(xsafe), w
-    return torch.div(g, xsafe, out=dx_out), w
+    return g.div_(xsafe), w
 
 
-def _run_feature_grads(df: Tensor, x: Tensor, c: slice, prm: _Params,
-                       key: bool, buf: Optional[Tensor], loops: bool,
-                       pinv: Tensor, dx_out: Optional[Tensor]
-                       ) -> Tuple[Tensor, Tensor, Tensor]:
-    """Backward through the features of tokens ``c`` of ``x`` (keys: with
-    the key bias), given ``df = dL/d[f+, f-]``: the CPU loops in one pass,
-    or :func:`_features` and :func:`_power_grads`.
+def _run_feature_grads(df: Tensor, x: Tensor, prm: _Params, key: bool,
+                       pinv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """Backward through the features of ``x`` (keys: with the key bias),
+    given ``df = dL/d[f+, f-]``: :func:`_features` and
+    :func:`_power_grads`.
 
     Returns:
-        the features ``(B, h, n, 2d)`` (which the caller's products need),
-        ``dL/dx`` (into ``dx_out`` when given) and the sums of
-        ``[g, g log|xs|]`` over ``B`` and the tokens, ``(1, h, 1, 2d)``.
+        the features ``(B, h, N, 2d)`` (which the caller's products need),
+        ``dL/dx`` and the sums of ``[g, g log|xs|]`` over ``B`` and the
+        tokens, ``(1, h, 1, 2d)``.
     """
-    if loops:
-        return _loop_feature_grads(df, x, c, prm, key, buf, dx_out)
-    f, _, aux = _run_features(x, c, prm, key, buf, False, with_log=True)
+    f, _, aux = _run_features(x, slice(None), prm, key, None, False,
+                              with_log=True)
     assert aux is not None
-    dx, w = _power_grads(df, f, aux[0], aux[1], pinv, dx_out)
+    dx, w = _power_grads(df, f, aux[0], aux[1], pinv)
     return f, dx, w.sum(dim=(0, 2), keepdim=True)
 
 
-def _backward_run(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
-                  rz: Tensor, x: Tensor, n: float, prm: _Params, need_v: bool,
-                  step: int, out: Optional[Tuple[Tensor, Tensor,
-                                                 Optional[Tensor]]]):
-    """Gradients on whole sequences, walking tokens by ``step``.
+def _backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
+              rz: Tensor, x: Tensor, n: float, prm: _Params, need_v: bool):
+    """Gradients of whole sequences.
 
     Returns:
-        ``dq``, ``dk``, ``dv`` (None unless ``need_v``) ``(B, h, N, d)``,
-        written into ``out`` when given, and ``w`` ``(1, h, 1, 2d)``: the
-        sums over ``B`` and ``N`` of ``[g, g log|xs|]`` (see
-        :func:`_power_grads`) for the parameter gradients.
+        ``dq``, ``dk``, ``dv`` (None unless ``need_v``) ``(B, h, N, d)`` and
+        ``w`` ``(1, h, 1, 2d)``: the sums over ``B`` and ``N`` of ``[g, g
+        log|xs|]`` (see :func:`_power_grads`) for the parameter gradients.
     """
-    B, h, N, d = q.shape
+    d = q.shape[-1]
     half = d // 2
-    runs = _token_runs(N, step)
     pinv = prm.p * prm.inv_s
-    w: Optional[Tensor] = None
-    dS: Optional[Tensor] = None
-    dq = dk = dv = None
-    if out is not None:
-        dq, dk, dv = out
-
-    def acc(total: Optional[Tensor], part: Tensor) -> Tensor:
-        return part if total is None else total.add_(part)
-
     # queries: u = [f+, f-] @ S = [num, z]; x = num / z per half. The
     # normaliser columns of du are stored with the opposite sign (fewer
     # operations per token); S and dS are flipped to match.
     S_flip = torch.cat([S[..., :d], -S[..., d:]], -1)
-    S_t = S_flip.transpose(-2, -1)  # (B, h, d + 2, 2d)
-    buf = _scratch(q, step)
-    loops = prm.uses_cpu_loops(q)
-    for c in runs:
-        rz_c = rz[:, :, c]
-        dx_c = dx[:, :, c]
-        du = q.new_empty(B, h, c.stop - c.start, d + 2)
-        if loops and dx_c.stride(-1) == 1:
-            prm.ext.query_du(dx_c, x[:, :, c], rz_c, du)
-        else:
-            dxh = dx_c.unflatten(-1, (2, half))
-            dz = (dx_c * x[:, :, c]).unflatten(-1, (2, half)).sum(-1)
-            torch.mul(dxh, rz_c.unsqueeze(-1),
-                      out=du[..., :d].unflatten(-1, (2, half)))
-            torch.mul(dz, rz_c, out=du[..., d:])
-        dq_out = None if dq is None else dq[:, :, c]
-        f, dq_c, w_c = _run_feature_grads(du @ S_t, q, c, prm, False, buf,
-                                          loops, pinv, dq_out)
-        dS = acc(dS, f.transpose(-2, -1) @ du)
-        if dq is None:
-            dq = dq_c
-        w = acc(w, w_c)
-    assert dS is not None
+    dxh = dx.unflatten(-1, (2, half))
+    dz = (dx * x).unflatten(-1, (2, half)).sum(-1)
+    du = torch.cat([(dxh * rz.unsqueeze(-1)).flatten(-2), dz * rz], -1)
+    f, dq, w = _run_feature_grads(du @ S_flip.transpose(-2, -1), q, prm,
+                                  False, pinv)
+    dS = f.transpose(-2, -1) @ du
     dS = torch.cat([dS[..., :d], -dS[..., d:]], -1)
 
     # keys and values: S = mix(R), R = [f+, f-]^T [v, 1]
     dR = _mix_matrix_grad(dS, n)
     dR_v = dR[..., :d]  # (B, h, 2d, d)
-    dR_vt = dR_v.transpose(-2, -1)  # (B, h, d, 2d)
-    dR_1 = dR[..., d:].transpose(-2, -1)  # (B, h, 1, 2d)
-    for c in runs:
-        df = (v[:, :, c] @ dR_vt).add_(dR_1)
-        dk_out = None if out is None else dk[:, :, c]
-        f, dk_c, w_c = _run_feature_grads(df, k, c, prm, True, buf, loops,
-                                          pinv, dk_out)
-        if need_v:
-            if dv is None:
-                dv = f @ dR_v
-            else:
-                dv[:, :, c] = f @ dR_v
-        if out is None:
-            dk = dk_c
-        w = acc(w, w_c)
-    return dq, dk, dv, w
+    df = (v @ dR_v.transpose(-2, -1)).add_(dR[..., d:].transpose(-2, -1))
+    f, dk, w_k = _run_feature_grads(df, k, prm, True, pinv)
+    dv = f @ dR_v if need_v else None
+    return dq, dk, dv, w.add_(w_k)
 
 
 def _compute_dtype(q: Tensor, scale: Tensor) -> torch.dtype:
@@ -521,21 +450,7 @@ class PolarityAttentionFunction(torch.autograd.Function):
         alpha = ctx.alpha
         prm = _Params(scale, power, alpha, k_bias)
         need_v = ctx.needs_input_grad[2]
-        seq_runs, step = _plan(q)
-        if len(seq_runs) == 1 and step >= q.shape[-2]:
-            dq, dk, dv, w = _backward_run(dx, q, k, v, S, rz, x, n, prm,
-                                          need_v, step, None)
-        else:
-            dq = _token_major(q)
-            dk = _token_major(k)
-            dv = _token_major(v) if need_v else None
-            w = None
-            for b in seq_runs:
-                _, _, _, wb = _backward_run(
-                    dx[b], q[b], k[b], v[b], S[b], rz[b], x[b], n, prm,
-                    need_v, step,
-                    (dq[b], dk[b], None if dv is None else dv[b]))
-                w = wb if w is None else w.add_(wb)
+        dq, dk, dv, w = _backward(dx, q, k, v, S, rz, x, n, prm, need_v)
         assert w is not None and dk is not None
         d = q.shape[-1]
         g1_sum, dp = w[..., :d], w[..., d:]
@@ -553,40 +468,6 @@ class PolarityAttentionFunction(torch.autograd.Function):
         dq, dk = dq.to(in_dtypes[0]), dk.to(in_dtypes[1])
         dv = None if dv is None else dv.to(in_dtypes[2])
         return dq, dk, dv, dscale, dpower, None, None, dbias
-
-
-def polarity_key_state(k: Tensor, v: Tensor, scale: Tensor, power: Tensor,
-                       alpha: float, k_bias: Optional[Tensor] = None
-                       ) -> Tensor:
-    """Inference: what a run of keys contributes to the attention.
-
-    For callers that stream the keys of long sequences in runs (the sums of
-    several runs add up) and then the queries in runs with
-    :func:`polarity_query_apply`, so that no full-size intermediate is ever
-    held. No autograd.
-
-    Args:
-        k, v: ``(B, h, n, d)`` keys and values of a run of tokens.
-        scale, power, alpha: as in :func:`polarity_attention_kernel`.
-        k_bias: optional ``(1, h, n, d)`` positional table of these tokens.
-
-    Returns:
-        ``(B, h, 2d, d + 1)``: ``[f+(k), f-(k)]^T [v, 1]``.
-    """
-    return _key_state(k, v, _Params(scale, power, alpha, k_bias))
-
-
-def polarity_query_apply(q: Tensor, state: Tensor, n: float, scale: Tensor,
-                         power: Tensor, alpha: float,
-                         eps: float = _EPS) -> Tensor:
-    """Inference: outputs of a run of queries given the keys' summed
-    :func:`polarity_key_state` of ``n`` keys (no autograd).
-
-    Returns:
-        ``(B, h, n_q, d)`` like :func:`polarity_attention_kernel`.
-    """
-    prm = _Params(scale, power, alpha, None)
-    return _queries(q, _mix_matrix(state, n), prm, eps)[0]
 
 
 def polarity_attention_kernel(q: Tensor,
@@ -619,123 +500,3 @@ def polarity_attention_kernel(q: Tensor,
     dt = _compute_dtype(q, scale)
     return _forward(q.to(dt), k.to(dt), v.to(dt),
                     _Params(scale, power, alpha, k_bias), eps)[0]
-
-
-def polarity_attention_pytorch(q: Tensor,
-                               k: Tensor,
-                               v: Tensor,
-                               scale: Tensor,
-                               power: Tensor,
-                               alpha: float,
-                               eps: float = _EPS,
-                               k_bias: Optional[Tensor] = None,
-                               channels_first: bool = False) -> Tensor:
-    """Polarity-aware linear attention (the published formula) in plain
-    PyTorch operations: the reference of :func:`polarity_attention_kernel`,
-    and what runs with the fast paths off and in captured graphs (export).
-
-    With ``h`` heads of width ``d`` (even), ``s = softplus(scale)``,
-    ``p = 1 + alpha * sigmoid(power)``, ``f+(t) = relu(t)^p``,
-    ``f-(t) = relu(-t)^p``, ``k <- k + k_bias`` (when given),
-    ``q_sim = [f+(q/s), f-(q/s)]``, ``q_opp = [f-(q/s), f+(q/s)]``,
-    ``k' = [f+(k/s), f-(k/s)]`` and ``v = [v1, v2]`` split per head::
-
-        x_sim = q_sim (k'^T v1 / n) / (q_sim . mean(k') + eps)
-        x_opp = q_opp (k'^T v2 / n) / (q_opp . mean(k') + eps)
-        out   = [x_sim, x_opp]
-
-    written in its cheap algebraic form, which touches each query and key
-    only with ``abs``, the power (as ``exp(p log|t|)``), a sign mask, one
-    product and one difference (elementwise), and two matrix products:
-
-    - ``|t / s|^p = c |t|^p`` with the per-channel ``c = (1 / s)^p``, so
-      ``c`` scales rows of the small matrices below instead of every token;
-    - ``f+`` and ``f-`` have disjoint supports: both are selected from one
-      ``a = |t|^p`` by the sign of ``t`` (``a * [t > 0]`` and its
-      complement ``a - a * [t > 0]``, each exactly ``a`` or 0);
-    - the opposite-signed flow uses the same key products with the roles of
-      ``f+(q)`` and ``f-(q)`` swapped, so both flows and both normalisers
-      are two products of the query features with small ``(d, d + 2)``
-      matrices::
-
-        [num_sim, num_opp, z_sim, z_opp] = f+(q) [P1, Q2, kp, kn]
-                                         + f-(q) [Q1, P2, kn, kp]
-
-    with ``P = f+(k)^T v``, ``Q = f-(k)^T v`` (halves 1, 2 of the value
-    channels), ``kp``, ``kn`` the sums of ``f+(k)``, ``f-(k)`` over keys,
-    and ``z + eps n`` dividing its flow's half of the channels.
-    No feature map is concatenated; every operation exports to ONNX opset
-    11. (The paper's form, with the concatenated features, is kept in the
-    tests as the arbiter.)
-
-    The computation runs channel-major (``(B, h, d, N)``: channels by
-    tokens), the layout in which a projection ``W x^T`` delivers q, k, v:
-    with ``channels_first`` the inputs and the result are in that layout,
-    and an exported graph needs no transposes of token maps (ONNX Runtime
-    runs Pola-Swin-T about 8% faster than with token-major heads;
-    docs/deployment.md); without it they are token-major ``(B, h, N, d)``
-    and only views are transposed.
-
-    Args:
-        q: ``(B, h, N, d)`` queries (``(B, h, d, N)`` with
-            ``channels_first``).
-        k: ``(B, h, n, d)`` keys (``n`` may differ from ``N``).
-        v: ``(B, h, n, d)`` values.
-        scale: raw ``scale`` broadcastable to ``(1, h, 1, d)`` (in either
-            layout).
-        power: raw ``power``, ``(1, h, 1, d)`` (in either layout).
-        alpha: exponent range; ``p`` lies in ``(1, 1 + alpha)``.
-        eps: added to the normalisers (of the means over keys).
-        k_bias: optional tensor broadcastable to ``k`` (in its layout),
-            added to the keys (a positional table).
-        channels_first: q, k, v, k_bias and the result are ``(B, h, d,
-            N)``.
-
-    Returns:
-        ``(B, h, N, d)`` (``(B, h, d, N)`` with ``channels_first``).
-    """
-    if k_bias is not None:
-        k = k + k_bias
-    if not channels_first:  # views
-        q, k, v = q.transpose(-2, -1), k.transpose(-2, -1), v.transpose(-2, -1)
-    p = 1 + alpha * torch.sigmoid(power)
-    c = ((1 / F.softplus(scale)).expand_as(p) ** p).transpose(-2, -1)
-    p = p.transpose(-2, -1)  # (1, h, d, 1): per channel, over the tokens
-    n = k.shape[-1]
-    d = q.shape[-2]
-    half = d // 2
-
-    qp, qn = _signed_powers(q, p)  # f+(q) / c, f-(q) / c; (B, h, d, N)
-    kp, kn = _signed_powers(k, p)
-    vt = v.transpose(-2, -1)  # (B, h, n, d), a view
-    P = c * (kp @ vt)  # f+(k)^T v, (B, h, d, d); c scales the rows
-    Q = c * (kn @ vt)  # f-(k)^T v
-    sp = c * kp.sum(-1, keepdim=True)  # (B, h, d, 1)
-    sn = c * kn.sum(-1, keepdim=True)
-    m_pos = torch.cat([P[..., :half], Q[..., half:], sp, sn], -1)
-    m_neg = torch.cat([Q[..., :half], P[..., half:], sn, sp], -1)
-    # (B, h, d + 2, N): the flows' numerators, then their normalisers
-    u = ((c * m_pos).transpose(-2, -1) @ qp
-         + (c * m_neg).transpose(-2, -1) @ qn)
-    z = u[:, :, d:] + eps * n  # n (mean + eps) = sum + eps n
-    B, h, N = u.shape[0], u.shape[1], u.shape[-1]
-    y = (u[:, :, :d].reshape(B, h, 2, half, N) / z.unsqueeze(-2)).reshape(
-        B, h, d, N)
-    return y if channels_first else y.transpose(-2, -1)
-
-
-def _signed_powers(t: Tensor, p: Tensor,
-                   tiny: float = _FLOAT32_TINY) -> Tuple[Tensor, Tensor]:
-    """``relu(t)^p`` and ``relu(-t)^p`` from one ``|t|^p``.
-
-    ``|t|^p`` is ``exp(p log|t|)`` with ``|t|`` clamped to ``tiny``
-    (float32's smallest normal number), as in the kernel: the same values
-    (the clamp changes no ``|t| >= 1.2e-38``; at ``t = 0`` the power
-    underflows to at most that number) and finite gradients everywhere
-    (zero at ``t = 0``, as ``|t|^p``'s for ``p > 1``). In ONNX Runtime
-    ``Log``, ``Mul``, ``Exp`` take about half the time of ``Pow`` with a
-    per-channel exponent.
-    """
-    a = torch.exp(p * torch.log(t.abs().clamp_min(tiny)))
-    pos = a * (t > 0).to(a.dtype)  # exactly a or 0, so a - pos is too
-    return pos, a - pos

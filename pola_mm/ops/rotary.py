@@ -1,7 +1,7 @@
 """Rotary encoding of channel pairs, the tensor-level primitive.
 
 The one rotation helper of pola_mm: the plain formula
-(:func:`~pola_mm.models.layers.pacs_attention.pacs_linear_attention`, the
+(:func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`, the
 softmax blocks of PolaPP) and the PaCS kernel
 (:mod:`~pola_mm.ops.pacs_kernel`) both rotate through it. The tables
 themselves (which angle each channel gets) are the model's:

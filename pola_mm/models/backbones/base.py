@@ -1,21 +1,20 @@
 """What the Pola backbones share: arch resolution, freezing, init, the
-pre-norm block."""
+stage contract with its one stage loop, the pre-norm block."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
-from ...ops import dispatch
-from ...ops.precision import autocast_enabled
 from ...type_aliases import Size2
 from ..checkpoint import load_pretrained
 from ..layers import Mlp, PolarityAttention, WindowMSA
 from ..layers.bricks import DropPath, build_norm_layer
-from ..layers.module import PolaModule
 from ..layers.pacs_attention import reset_pacs_temperatures
+from ..layers.token_map import to_map
 
 
 def pair(x: Union[int, Sequence[int]]) -> Size2:
@@ -104,16 +103,6 @@ def check_input(x: Tensor, in_channels: int, name: str) -> None:
         in_channels: the ``Cin`` the backbone was built with.
         name: the backbone's class name, for the message.
     """
-    if x.dim() != 4 or x.shape[1] != in_channels or x.numel() == 0:
-        if torch.jit.is_scripting():
-            raise ValueError(f'{name} expects a non-empty image batch (B, '
-                             f'{in_channels}, H, W)')
-        _raise_input_error(x, in_channels, name)
-
-
-@torch.jit.unused
-def _raise_input_error(x: Tensor, in_channels: int, name: str) -> None:
-    """:func:`check_input`'s messages."""
     if x.dim() != 4 or x.shape[1] != in_channels:
         raise ValueError(
             f'{name} expects images of shape (B, {in_channels}, H, W), got '
@@ -129,14 +118,26 @@ def _raise_input_error(x: Tensor, in_channels: int, name: str) -> None:
             'model')
 
 
-class PolaBackbone(PolaModule):
-    """What Pola-Swin and Pola-PVT share: default init, strict pretrained
-    loading through ``init_cfg``, frozen stages kept in eval mode, and the
-    input check.
+class PolaBackbone(BaseModule):
+    """What Pola-Swin, Pola-PVT and PolaPP share: the stage contract and its
+    one stage loop (:meth:`forward`, also run by the timm models), default
+    init, strict pretrained loading through ``init_cfg``, frozen stages kept
+    in eval mode, and the input check.
 
-    Subclasses set ``in_channels`` and ``family`` (e.g. ``'Pola-Swin'``) and
-    implement :meth:`_freeze_stages` and :meth:`_expected_unexpected`; they
-    may override :meth:`_init_extra` and :meth:`_expected_missing`.
+    The stage contract, on tokens ``(B, H * W, C)`` row-major on a grid
+    ``hw``:
+
+    - :meth:`stem`: image -> the first stage's tokens and grid;
+    - :meth:`stage` ``i``: its blocks, then the step to stage ``i + 1``
+      (patch merging, downsampling or the next patch embedding; none after
+      the last built stage);
+    - :meth:`out_norm` ``i``: the output norm of stage ``i`` (identity where
+      the model has none).
+
+    Subclasses set ``in_channels``, ``num_built``, ``out_indices`` and
+    ``family`` (e.g. ``'Pola-Swin'``), implement the contract,
+    :meth:`_freeze_stages` and :meth:`_expected_unexpected`; they may
+    override :meth:`_init_extra` and :meth:`_expected_missing`.
     """
 
     family: str = 'Pola'
@@ -179,18 +180,39 @@ class PolaBackbone(PolaModule):
         self._freeze_stages()
         return self
 
-    def check_input(self, x: Tensor) -> None:
-        """Raise a clear error unless ``x`` is ``(B, in_channels, H, W)``."""
+    def stem(self, x: Tensor) -> Tuple[Tensor, Size2]:
+        """Image ``(B, Cin, H, W)`` -> tokens of stage 0 and their grid."""
+        raise NotImplementedError
+
+    def stage(self, i: int, x: Tensor,
+              hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
+        """Stage ``i`` on tokens ``x`` of the grid ``hw``: its output with
+        its grid, and the tokens of stage ``i + 1`` with theirs (the output
+        itself after the last built stage)."""
+        raise NotImplementedError
+
+    def out_norm(self, i: int, x: Tensor) -> Tensor:
+        """The output norm of stage ``i`` on its tokens (identity)."""
+        return x
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
         check_input(x, self.in_channels, type(self).__name__)
+        x, hw = self.stem(x)
+        outs = []
+        for i in range(self.num_built):
+            out, out_hw, x, hw = self.stage(i, x, hw)
+            if i in self.out_indices:
+                outs.append(to_map(self.out_norm(i, out), out_hw).contiguous())
+        return tuple(outs)
 
 
-class PreNormBlock(PolaModule):
-    """Transformer block ``x + drop_path(attn(norm1(x)))``,
-    ``x + drop_path(mlp(norm2(x)))`` with optional gradient checkpointing.
-
-    Subclasses build their attention module, pass it in (so ``attn`` sits
-    between ``norm1`` and ``norm2`` like the authors' blocks) and implement
-    :meth:`_attend`.
+class PreNormBlock(BaseModule):
+    """Transformer block ``x + drop_path(attn(norm1(x), hw))``,
+    ``x + drop_path(mlp(norm2(x)))`` with optional gradient checkpointing
+    (non-reentrant). ``attn`` is any attention on ``(tokens, hw)``, built
+    by the subclass (so it sits between ``norm1`` and ``norm2`` like the
+    authors' blocks).
     """
 
     def __init__(self, embed_dims: int, attn: nn.Module, mlp_ratio: float,
@@ -207,69 +229,13 @@ class PreNormBlock(PolaModule):
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), act_cfg,
                        drop_rate)
 
-    def _attend(self, x: Tensor, hw: Size2) -> Tensor:
-        """Attention on normalised tokens ``(B, H * W, C)`` on grid ``hw``."""
-        raise NotImplementedError
-
-    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        if not self.training and self.select_path(x).cpu_inference:
-            return self.forward_in_runs(x, hw)  # the same, in runs
-        x = x + self.drop_path(self._attend(self.norm1(x), hw))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
-
-    # -- CPU inference in runs (the same computation) ----------------------
-    @torch.jit.unused
-    def forward_in_runs(self, x: Tensor, hw: Size2) -> Tensor:
-        """The block in eval mode with small intermediates: a polarity
-        attention over a map taller than one run goes through
-        :meth:`PolarityAttention.forward_in_runs` (with the residual), any
-        other attention through :meth:`_attend`; then
-        :meth:`ffn_in_runs`."""
-        attn = self.attn
-        rows = max(1, dispatch.ATTN_RUN_ELEMENTS // (hw[1] * x.shape[-1]))
-        if (isinstance(attn, PolarityAttention) and rows < hw[0]
-                and attn.feature_map == 'power' and attn.sr_ratio == 1
-                and x.dtype in (torch.float32, torch.float64)
-                and not autocast_enabled('cpu')):
-            x = attn.forward_in_runs(x, hw, rows, norm=self.norm1,
-                                     residual=True)
-            return self.ffn_in_runs(x, inplace=True)
-        return self.ffn_in_runs(x + self._attend(self.norm1(x), hw))
-
-    @torch.jit.unused
-    def ffn_in_runs(self, x: Tensor, inplace: bool = False) -> Tensor:
-        """``x + mlp(norm2(x))`` in eval mode, in runs of tokens (one
-        reused hidden buffer, :meth:`Mlp.forward_into`); with ``inplace``
-        (for a contiguous ``x`` the block itself made) the runs are added
-        into ``x``. Small maps run in one go."""
-        mlp, norm2 = self.mlp, self.norm2
-        C = x.shape[-1]
-        step = max(dispatch.FFN_RUN_ELEMENTS // mlp.fc1.out_features,
-                   dispatch.FFN_MIN_TOKENS)
-        if x.numel() <= step * C:
-            return x + mlp(norm2(x))
-        flat = x.view(-1, C) if inplace else x.reshape(-1, C)
-        out = flat if inplace else torch.empty_like(flat)
-        buffered = (not autocast_enabled('cpu')
-                    and mlp.fc1.weight.dtype == x.dtype)
-        hidden = (flat.new_empty(step, mlp.fc1.out_features)
-                  if buffered else None)
-        scratch = flat.new_empty(step, C) if buffered and inplace else None
-        for i in range(0, flat.shape[0], step):
-            t, o = flat[i:i + step], out[i:i + step]
-            if hidden is None:
-                o.copy_(t + mlp(norm2(t)))
-            elif scratch is None:  # one hidden buffer for every run
-                mlp.forward_into(norm2(t), o, hidden)
-                o.add_(t)
-            else:
-                y = scratch[:t.shape[0]]
-                mlp.forward_into(norm2(t), y, hidden)
-                t.add_(y)
-        return out.view(x.shape)
-
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
-        if not torch.jit.is_scripting() and self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
-        return self._forward(x, hw)
+
+        def block(x: Tensor) -> Tensor:
+            x = x + self.drop_path(self.attn(self.norm1(x), hw))
+            return x + self.drop_path(self.mlp(self.norm2(x)))
+
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(block, x, use_reentrant=False)
+        return block(x)

@@ -6,17 +6,16 @@ import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
-from ...ops.dispatch import PLAIN, Path
+from ...ops.position import check_resize_mode, resize_pos_table
 from ...registry import register_model
 from ...type_aliases import Size2
 from ..layers import (PatchEmbed, PolarityAttention, SpatialReductionAttention,
-                      resize_pos_table, to_map)
-from ..layers.position import check_resize_mode
+                      to_map)
 from .base import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                    linspace, pair, resolve_arch)
 
 # torch.fx: the table resize (it branches on the grid) is one node of a
-# traced graph; PolaPVT.stage, which calls it, is traced through
+# traced graph; PolaPVT.embed, which calls it, is traced through
 torch.fx.wrap('resize_pos_table')
 
 
@@ -71,9 +70,6 @@ class PolaPVTBlock(PreNormBlock):
         super().__init__(embed_dims, attn, mlp_ratio, drop_rate,
                          drop_path_rate, act_cfg, norm_cfg, with_cp,
                          init_cfg=init_cfg)
-
-    def _attend(self, x: Tensor, hw: Size2) -> Tensor:
-        return self.attn(x, hw)
 
 
 @register_model
@@ -253,71 +249,26 @@ class PolaPVT(PolaBackbone):
             getattr(self, f'pos_embed{i}').requires_grad = False
             freeze(getattr(self, f'block{i}'))
 
-    def stage(self, i: int, x: Tensor) -> Tuple[Tensor, Size2]:
-        """Stage ``i`` (0-based): patch embedding ``patch_embed{i+1}``,
-        position table ``pos_embed{i+1}``, dropout, blocks ``block{i+1}``;
-        ``(B, Cin, H, W)`` (any strides) -> tokens ``(B, H' * W', C)`` and
-        ``(H', W')``."""
-        if not torch.jit.is_scripting():
-            patch_embed = getattr(self, f'patch_embed{i + 1}')
-            x, hw = patch_embed(x)
-            x = self._add_pos(i, x, hw, getattr(self, f'pos_embed{i + 1}'),
-                              patch_embed.select_path(x))
-            x = getattr(self, f'pos_drop{i + 1}')(x)
-            for block in getattr(self, f'block{i + 1}'):
-                x = block(x, hw)
-            return x, hw
-        # TorchScript reaches the numbered attributes by literal names only
-        if hasattr(self, 'block1') and i == 0:
-            x, hw = self.patch_embed1(x)
-            x = self.pos_drop1(self._add_pos(0, x, hw, self.pos_embed1))
-            for block in self.block1:
-                x = block(x, hw)
-            return x, hw
-        if hasattr(self, 'block2') and i == 1:
-            x, hw = self.patch_embed2(x)
-            x = self.pos_drop2(self._add_pos(1, x, hw, self.pos_embed2))
-            for block in self.block2:
-                x = block(x, hw)
-            return x, hw
-        if hasattr(self, 'block3') and i == 2:
-            x, hw = self.patch_embed3(x)
-            x = self.pos_drop3(self._add_pos(2, x, hw, self.pos_embed3))
-            for block in self.block3:
-                x = block(x, hw)
-            return x, hw
-        if hasattr(self, 'block4') and i == 3:
-            x, hw = self.patch_embed4(x)
-            x = self.pos_drop4(self._add_pos(3, x, hw, self.pos_embed4))
-            for block in self.block4:
-                x = block(x, hw)
-            return x, hw
-        raise ValueError('compiled PolaPVT: stage index out of range')
+    def embed(self, i: int, x: Tensor) -> Tuple[Tensor, Size2]:
+        """Stage ``i``'s entry (0-based): patch embedding
+        ``patch_embed{i+1}`` of the map ``x`` ``(B, Cin, H, W)`` (any
+        strides), plus the position table ``pos_embed{i+1}`` (resized to
+        the grid), dropout: tokens ``(B, H' * W', C)`` and ``(H', W')``."""
+        x, hw = getattr(self, f'patch_embed{i + 1}')(x)
+        pos = resize_pos_table(getattr(self, f'pos_embed{i + 1}'),
+                               self.ref_grids[i], hw, self.interpolate_mode)
+        return getattr(self, f'pos_drop{i + 1}')(x + pos), hw
 
-    def _add_pos(self, i: int, x: Tensor, hw: Size2, table: Tensor,
-                 path: Path = PLAIN) -> Tensor:
-        """Stage ``i``'s position table ``table`` (resized to ``hw``) added
-        to its patch embeddings ``x``; in place in CPU inference (``x`` is
-        the embedding's fresh output)."""
-        pos = resize_pos_table(table, self.ref_grids[i], hw,
-                               self.interpolate_mode, cache=path.kernels)
-        if path.cpu_inference and not (pos.requires_grad
-                                       and torch.is_grad_enabled()):
-            return x.add_(pos)
-        return x + pos
+    def stem(self, x: Tensor) -> Tuple[Tensor, Size2]:
+        """Stage 0's entry (:meth:`embed`) of the image."""
+        return self.embed(0, x)
 
-    # (a tuple of as many maps as out_indices, which TorchScript cannot
-    # type: compiled, the timm models run the stages, pola_mm.timm)
-    @torch.jit.unused
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
-        self.check_input(x)
-        outs = []
-        for i in range(self.num_built):
-            x, hw = self.stage(i, x)
-            # NCHW; the next patch embedding convolves this view as it is
-            # (channels-last, no copy), the outputs are made contiguous
-            x = to_map(x, hw)
-            if i in self.out_indices:
-                outs.append(x.contiguous())
-        return tuple(outs)
+    def stage(self, i: int, x: Tensor,
+              hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
+        """The blocks ``block{i+1}``, then the next stage's entry
+        (:meth:`embed`) of their output laid out as NCHW."""
+        for block in getattr(self, f'block{i + 1}'):
+            x = block(x, hw)
+        if i + 1 == self.num_built:
+            return x, hw, x, hw
+        return (x, hw) + self.embed(i + 1, to_map(x, hw))

@@ -3,17 +3,13 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...registry import register_model
 from ...type_aliases import Size2
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, WindowMSA
 from ..layers.bricks import build_norm_layer
-from ..layers.module import PolaModule
-from ..layers.window import (crop_map, cyclic_shift, effective_window,
-                             grid_padding, key_padding_logits, key_valid_mask,
-                             pad_map, shift_region_mask, valid_token_map,
-                             window_partition, window_reverse)
 from .base import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
                    linspace, pair, resolve_arch)
 
@@ -28,16 +24,10 @@ class PolaSwinBlock(PreNormBlock):
     grid ``window_size`` and is bicubic-resized to the map when the map
     differs.
 
-    ``'S'`` (softmax): Swin's shifted windows. A map that fits in one window
-    (``H <= wh`` and ``W <= ww``, e.g. stage 4 at 224) is one window of its
-    own size without shift, as the authors' classifier. Any larger map is
-    computed as mmdet's ``SwinTransformer`` (and the downstream code of the
-    lineage) does: zero-padded bottom/right to a multiple of the window
-    (the window is kept), odd blocks cyclically shifted with Swin's region
-    mask over the padded map, and padded tokens attended to like any other
-    (no key mask). With ``mask_padding=True``, earlier pola_mm versions'
-    rule instead: per dimension a window not smaller than the map shrinks
-    to it with shift 0, and padded keys are masked out.
+    ``'S'`` (softmax): Swin's shifted windows over the stage map
+    (:class:`~pola_mm.models.layers.WindowMSA`: padded as mmdet's
+    ``SwinTransformer``, or with ``mask_padding`` as earlier pola_mm
+    versions).
 
     Args:
         embed_dims: channels.
@@ -86,56 +76,17 @@ class PolaSwinBlock(PreNormBlock):
                 feature_map=feature_map)
         else:
             attn = WindowMSA(
-                embed_dims, num_heads, window_size, qkv_bias=qkv_bias,
+                embed_dims, num_heads, window_size, shift=shift,
+                mask_padding=mask_padding, qkv_bias=qkv_bias,
                 attn_drop=attn_drop_rate, proj_drop=drop_rate)
         super().__init__(embed_dims, attn, mlp_ratio, drop_rate,
                          drop_path_rate, act_cfg, norm_cfg, with_cp,
                          init_cfg=init_cfg)
         self.attn_type = attn_type
-        self.mask_padding = mask_padding
         self.window_size = window_size
-        self.shift_size = ((window_size[0] // 2, window_size[1] // 2)
-                           if shift and attn_type == 'S' else (0, 0))
-
-    def window_plan(self, hw: Size2) -> Tuple[Size2, Size2]:
-        """The window and shift an ``'S'`` block uses on a map ``hw`` (see
-        the class docstring): ``((wh, ww), (sh, sw))``."""
-        if self.mask_padding:
-            return effective_window(hw, self.window_size, self.shift_size)
-        if hw[0] <= self.window_size[0] and hw[1] <= self.window_size[1]:
-            return (hw[0], hw[1]), (0, 0)  # one window: the map
-        return self.window_size, self.shift_size  # mmdet's Swin
-
-    def _softmax(self, x: Tensor, hw: Size2) -> Tensor:
-        B, L, C = x.shape
-        win, shift = self.window_plan(hw)
-        pad = grid_padding(hw, win)
-        padded = pad_map(x.view(B, hw[0], hw[1], C), pad)
-        padded_hw = (padded.shape[1], padded.shape[2])
-        mask: Optional[Tensor] = None
-        if shift[0] != 0 or shift[1] != 0:
-            padded = cyclic_shift(padded, shift)
-            mask = shift_region_mask(padded_hw, win, shift, x.device)
-        if self.mask_padding and (pad[1] > 0 or pad[3] > 0):
-            vmap = cyclic_shift(valid_token_map(hw, pad, x.device), shift)
-            kpl = key_padding_logits(key_valid_mask(vmap, win))
-            mask = kpl if mask is None else mask + kpl
-        y = self.attn(window_partition(padded, win), win, mask)
-        y = cyclic_shift(window_reverse(y, win, padded_hw), shift,
-                         reverse=True)
-        return crop_map(y, pad).reshape(B, L, C)
-
-    def _attend(self, x: Tensor, hw: Size2) -> Tensor:
-        # (the attention's kind by its table, which TorchScript tests while
-        # compiling: the two kinds take different arguments)
-        if hasattr(self.attn, 'relative_position_bias_table'):  # 'S'
-            y = self._softmax(x, hw)
-        else:  # 'L': global over the stage map
-            y = self.attn(x, hw)
-        return y
 
 
-class PolaSwinStage(PolaModule):
+class PolaSwinStage(BaseModule):
     """Blocks of one stage (``blocks``) and the optional patch merging at its
     end (``downsample``), the authors' ``BasicLayer``; block ``j`` has the
     attention ``attn_types[j]`` and the window ``window_sizes[j]``."""
@@ -381,37 +332,17 @@ class PolaSwinTransformer(PolaBackbone):
             if (i - 1) in self.out_indices:
                 freeze(getattr(self, f'norm{i - 1}'))
 
-    # (a tuple of as many maps as out_indices, which TorchScript cannot
-    # type: compiled, the timm models run the stages, pola_mm.timm)
-    @torch.jit.unused
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
-        self.check_input(x)
+    def stem(self, x: Tensor) -> Tuple[Tensor, Size2]:
+        """Patch embedding and dropout: image -> stage 0 tokens, grid."""
         x, hw = self.patch_embed(x)
-        x = self.drop_after_pos(x)
-        outs: List[Tensor] = []
-        for i, layer in enumerate(self.layers):
-            out, out_hw, x, hw = layer(x, hw)
-            if i in self.out_indices:
-                out = self.out_norm(i, out)
-                outs.append(out.view(-1, out_hw[0], out_hw[1],
-                                     self.num_features[i]).permute(
-                                         0, 3, 1, 2).contiguous())
-        return tuple(outs)
+        return self.drop_after_pos(x), hw
+
+    def stage(self, i: int, x: Tensor,
+              hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
+        """The blocks of ``layers[i]``, then its patch merging."""
+        return self.layers[i](x, hw)
 
     def out_norm(self, i: int, x: Tensor) -> Tensor:
-        """The output norm ``norm{i}`` of stage ``i`` on its tokens ``x``
-        (``x`` itself where the model has none)."""
-        if not torch.jit.is_scripting():
-            norm = getattr(self, f'norm{i}', None)
-            return x if norm is None else norm(x)
-        # TorchScript reaches attributes by literal names only
-        if hasattr(self, 'norm0') and i == 0:
-            return self.norm0(x)
-        if hasattr(self, 'norm1') and i == 1:
-            return self.norm1(x)
-        if hasattr(self, 'norm2') and i == 2:
-            return self.norm2(x)
-        if hasattr(self, 'norm3') and i == 3:
-            return self.norm3(x)
-        return x
+        """``norm{i}`` where stage ``i`` is an output (the classifier's
+        final norm is ``norm3``)."""
+        return getattr(self, f'norm{i}')(x) if i in self.out_indices else x

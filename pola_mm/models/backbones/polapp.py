@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
+from ...type_aliases import Size2
 from ..layers.conv_embed import ConvStem
 from ..layers.pacs_attention import PaCSAttention, reset_pacs_temperatures
 from ..layers.polapp_block import PolaPPStage, TokenLayerNorm
@@ -231,23 +232,18 @@ class PolaPP(PolaBackbone):
                 f'more, images larger than {s}x{s} pixels on one side, '
                 'norm_eval=True, or eval mode')
 
-    # (a tuple of as many maps as out_indices, which TorchScript cannot
-    # type: compiled, the timm models run the stages, pola_mm.timm)
-    @torch.jit.unused
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
-        self.check_input(x)
+    def stem(self, x: Tensor) -> Tuple[Tensor, Size2]:
+        """The conv stem: image -> stage 0 tokens and grid."""
         self._check_batchnorm_input(x)
         x = self.patch_embed(x)
-        outs = []
-        for i, layer in enumerate(self.layers):
-            hw = (x.shape[2], x.shape[3])
-            t = layer(to_tokens(x), hw)
-            x = to_map(t, hw)
-            if i in self.out_indices:
-                if self.with_extra_norms:
-                    t = self.extra_norms[str(i)](t)
-                outs.append(to_map(t, hw).contiguous())
-            if layer.downsample is not None:
-                x = layer.downsample(x)
-        return tuple(outs)
+        return to_tokens(x), (x.shape[2], x.shape[3])
+
+    def stage(self, i: int, x: Tensor,
+              hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
+        """The blocks of ``layers[i]``, then its downsampling."""
+        return self.layers[i].forward_and_downsample(x, hw)
+
+    def out_norm(self, i: int, x: Tensor) -> Tensor:
+        """``extra_norms[i]`` with ``with_extra_norms``."""
+        key = str(i)
+        return self.extra_norms[key](x) if key in self.extra_norms else x

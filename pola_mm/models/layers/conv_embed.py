@@ -4,9 +4,9 @@ stride-2 downsampling between stages (the authors' ``PatchEmbed`` and
 from typing import Optional
 
 import torch.nn as nn
+from mmengine.model import BaseModule
 from torch import Tensor
 
-from .module import PolaModule
 
 __all__ = ['ConvStem', 'ConvDownsample']
 
@@ -36,7 +36,7 @@ class ConvStem(nn.Module):
         return self.proj(x)
 
 
-class ConvDownsample(PolaModule):
+class ConvDownsample(BaseModule):
     """conv3x3 stride 2 (padding 1) then BatchNorm:
     ``(B, C, H, W)`` -> ``(B, C', ceil(H / 2), ceil(W / 2))``.
 

@@ -4,16 +4,16 @@ from typing import Optional
 
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...type_aliases import Size2
-from .module import PolaModule
 from .token_map import to_map, to_tokens
 
 __all__ = ['ConvFFN']
 
 
-class ConvFFN(PolaModule):
+class ConvFFN(BaseModule):
     """``fc1``, GELU, ``h + dwconv3x3(h)`` on the stage map, ``fc2``.
 
     Args:

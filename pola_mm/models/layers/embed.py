@@ -4,12 +4,11 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...ops.inference_runs import norm_in_place
 from ...type_aliases import Size2
 from .bricks import build_norm_layer
-from .module import PolaModule
 
 
 def pad_for_stride(x: Tensor, stride: int, pad_input: bool) -> Tensor:
@@ -36,7 +35,7 @@ def pad_for_stride(x: Tensor, stride: int, pad_input: bool) -> Tensor:
     return x
 
 
-class PatchEmbed(PolaModule):
+class PatchEmbed(BaseModule):
     """Non-overlapping patch embedding: conv (kernel = stride = patch) + norm.
 
     With ``pad_input=True`` (Swin, as mmdet's ``AdaptivePadding``) the input
@@ -74,29 +73,15 @@ class PatchEmbed(PolaModule):
         """``(B, Cin, H, W)`` -> tokens ``(B, H' * W', C)`` and ``(H', W')``:
         ``ceil(H / patch)`` with ``pad_input``, else ``max(1, floor(H /
         patch))`` (likewise ``W'``)."""
-        x = pad_for_stride(x, self.patch_size, self.pad_input)
-        # at CPU inference: channels-last input -> channels-last
-        # (token-major) output, normalised in place below
-        in_place = (self.norm is not None
-                    and self.select_path(x).cpu_inference)
-        if in_place:
-            x = x.contiguous(memory_format=torch.channels_last)
-        x = self.proj(x)
+        x = self.proj(pad_for_stride(x, self.patch_size, self.pad_input))
         hw = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)
-        if self.norm is None:
-            return x, hw
-        if in_place and x.is_contiguous():
-            # a channels-last conv output is token-major already
-            return self._norm_in_place(x), hw
-        return self.norm(x), hw
-
-    @torch.jit.unused
-    def _norm_in_place(self, x: Tensor) -> Tensor:
-        return norm_in_place(self.norm, x)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, hw
 
 
-class PatchMerging(PolaModule):
+class PatchMerging(BaseModule):
     """Swin's 2x2 patch merging (downsample by 2, channels x2).
 
     The map is zero-padded to even size; the 2x2 neighbours are concatenated

@@ -7,13 +7,13 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...type_aliases import Size2
 from .bricks import DropPath
 from .conv_embed import ConvDownsample
 from .conv_ffn import ConvFFN
-from .module import PolaModule
 from .pacs_attention import PaCSAttention
 from .rotary_attention import RotarySelfAttention
 from .token_map import to_map, to_tokens
@@ -44,7 +44,7 @@ def layer_scale(x: Tensor, gamma: Optional[Tensor]) -> Tensor:
     return x if gamma is None else x * gamma.flatten(1).unsqueeze(1)
 
 
-class PolaPPBlock(PolaModule):
+class PolaPPBlock(BaseModule):
     """``x + pos(x)`` (depth-wise 3x3 conv), then
     ``x + drop_path(gamma_1 * attn(norm1(x)))``,
     ``x + drop_path(gamma_2 * ffn(norm2(x)))``; ``gamma_*``
@@ -80,30 +80,30 @@ class PolaPPBlock(PolaModule):
         self.ffn = ConvFFN(embed_dims, int(mlp_ratio * embed_dims))
         self.pos = nn.Conv2d(embed_dims, embed_dims, 3, 1, 1,
                              groups=embed_dims)
+        self.gamma_1: Optional[nn.Parameter] = None
+        self.gamma_2: Optional[nn.Parameter] = None
         if self.layer_scale:
             self.gamma_1 = nn.Parameter(
                 torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
             self.gamma_2 = nn.Parameter(
                 torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
 
-    def _forward(self, x: Tensor, hw: Size2) -> Tensor:
-        g1: Optional[Tensor] = None
-        g2: Optional[Tensor] = None
-        if hasattr(self, 'gamma_1'):  # layer scale
-            g1, g2 = self.gamma_1, self.gamma_2
-        x = x + to_tokens(self.pos(to_map(x, hw)))
-        x = x + self.drop_path(layer_scale(self.attn(self.norm1(x), hw), g1))
-        return x + self.drop_path(layer_scale(self.ffn(self.norm2(x), hw),
-                                              g2))
-
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """``(B, H * W, C)`` on grid ``hw`` -> ``(B, H * W, C)``."""
-        if not torch.jit.is_scripting() and self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw, use_reentrant=False)
-        return self._forward(x, hw)
+
+        def block(x: Tensor) -> Tensor:
+            x = x + to_tokens(self.pos(to_map(x, hw)))
+            x = x + self.drop_path(layer_scale(self.attn(self.norm1(x), hw),
+                                               self.gamma_1))
+            return x + self.drop_path(layer_scale(self.ffn(self.norm2(x), hw),
+                                                  self.gamma_2))
+
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(block, x, use_reentrant=False)
+        return block(x)
 
 
-class PolaPPStage(PolaModule):
+class PolaPPStage(BaseModule):
     """The blocks of one stage, then (unless last) the downsampling
     (:class:`~.conv_embed.ConvDownsample`, applied by the backbone to the
     stage's map). The authors' ``BasicLayer``.

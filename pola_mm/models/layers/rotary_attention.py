@@ -3,34 +3,18 @@ PolaFormer++ (the authors' ``VanillaSelfAttention``)."""
 from typing import Optional
 
 import torch.nn as nn
-import torch.nn.functional as F
+from mmengine.model import BaseModule
 from torch import Tensor
 
+from ...ops import softmax_attention
 from ...type_aliases import Size2
 from .rotary import rotary_tables, theta_shift
-from .module import PolaModule
 from .token_map import to_map, to_tokens
 
-__all__ = ['RotarySelfAttention', 'softmax_attention']
+__all__ = ['RotarySelfAttention']
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor,
-                      scale: float) -> Tensor:
-    """``softmax(scale q k^T) v``, written out (the plain reference of
-    ``scaled_dot_product_attention`` without mask or dropout).
-
-    Args:
-        q: ``(B, h, N, d)``.
-        k, v: ``(B, h, M, d)``.
-        scale: factor of the logits.
-
-    Returns:
-        ``(B, h, N, d)``.
-    """
-    return ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
-
-
-class RotarySelfAttention(PolaModule):
+class RotarySelfAttention(BaseModule):
     """Global softmax attention with rotary q, k (the authors'
     ``VanillaSelfAttention``): ``qkvo`` Linear(C, 4C) -> q, k, v, o;
     ``softmax(d^-0.5 R(q) R(k)^T) v + lepe(v)``, then ``proj(x * o)``;
@@ -38,10 +22,7 @@ class RotarySelfAttention(PolaModule):
     ``d`` (:func:`~pola_mm.models.layers.rotary.rotary_tables`). ``d`` must
     be divisible by 4.
 
-    The softmax product runs PyTorch's ``scaled_dot_product_attention``
-    where the call's :class:`~pola_mm.ops.dispatch.Path` says ``sdpa``
-    (GPUs; CPU inference), else :func:`softmax_attention` (CPU training,
-    fast paths off, export): the same up to float rounding.
+    The softmax product is the op :func:`~pola_mm.ops.softmax_attention`.
 
     Args:
         embed_dims: channels ``C``.
@@ -78,9 +59,6 @@ class RotarySelfAttention(PolaModule):
         q = theta_shift(q.reshape(B, N, h, d).transpose(1, 2), sin, cos)
         k = theta_shift(k.reshape(B, N, h, d).transpose(1, 2), sin, cos)
         v = v.reshape(B, N, h, d).transpose(1, 2)
-        if self.select_path(x).sdpa:
-            out = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
-        else:
-            out = softmax_attention(q, k, v, d**-0.5)
+        out = softmax_attention(q, k, v, d**-0.5)
         out = out.transpose(1, 2).reshape(B, N, C) + lepe
         return self.proj(out * o)

@@ -2,15 +2,16 @@
 from typing import Optional
 
 import torch.nn as nn
+from mmengine.model import BaseModule
 from torch import Tensor
 
+from ...ops import softmax_attention
 from ...type_aliases import Size2
 from .bricks import build_norm_layer
 from .embed import pad_for_stride
-from .module import PolaModule
 
 
-class SpatialReductionAttention(PolaModule):
+class SpatialReductionAttention(BaseModule):
     """Softmax attention whose keys/values come from a strided conv (``sr``)
     of the map when ``sr_ratio > 1`` (PVT v1 names ``q``, ``kv``, ``sr``,
     ``norm``, ``proj``).
@@ -60,16 +61,16 @@ class SpatialReductionAttention(PolaModule):
         B, N, C = x.shape
         h = self.num_heads
         q = self.q(x).reshape(B, N, h, C // h).transpose(1, 2)
-        if hasattr(self, 'sr'):  # sr_ratio > 1
+        if self.sr_ratio > 1:
             r = self.sr_ratio
             m = x.transpose(1, 2).reshape(B, C, hw[0], hw[1])
             m = pad_for_stride(m, r, self.pad_input)
             m = self.norm(self.sr(m).flatten(2).transpose(1, 2))
         else:
             m = x
-        kv = self.kv(m).reshape(B, -1, 2, h, C // h).permute(2, 0, 3, 1, 4)
-        k, v = kv[0], kv[1]
-        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(-1)
-        attn = self.attn_drop(attn)
-        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        k, v = self.kv(m).reshape(B, -1, 2, h, C // h).permute(
+            2, 0, 3, 1, 4).unbind(0)
+        x = softmax_attention(q, k, v, self.scale, None,
+                              self.attn_drop.p if self.training else 0.)
+        x = x.transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))

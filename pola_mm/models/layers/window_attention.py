@@ -1,13 +1,18 @@
-"""Swin's window multi-head self-attention with relative position bias."""
-from typing import Optional
+"""Swin's shifted-window multi-head self-attention with relative position
+bias, on a whole stage map."""
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from mmengine.model import BaseModule
 from torch import Tensor
 
+from ...ops import softmax_attention
 from ...type_aliases import Size2
-from .module import PolaModule
+from .window import (crop_map, cyclic_shift, effective_window, grid_padding,
+                     key_padding_logits, key_valid_mask, pad_map,
+                     shift_region_mask, valid_token_map, window_partition,
+                     window_reverse)
 
 
 def relative_position_index(window: Size2, table_window: Size2) -> Tensor:
@@ -31,19 +36,32 @@ def relative_position_index(window: Size2, table_window: Size2) -> Tensor:
     return (rel[0] + th - 1) * (2 * tw - 1) + (rel[1] + tw - 1)
 
 
-class WindowMSA(PolaModule):
-    """Softmax window attention (Swin), authors' names ``qkv``, ``proj``,
-    ``relative_position_bias_table``.
+class WindowMSA(BaseModule):
+    """Softmax attention in (shifted) windows of a stage map (Swin), the
+    authors' names ``qkv``, ``proj``, ``relative_position_bias_table``.
+
+    A map that fits in one window (``H <= wh`` and ``W <= ww``, e.g. stage
+    4 at 224) is one window of its own size without shift, as the authors'
+    classifier. Any larger map is computed as mmdet's ``SwinTransformer``
+    (and the downstream code of the lineage) does: zero-padded
+    bottom/right to a multiple of the window (the window is kept),
+    cyclically shifted by half a window when ``shift`` with Swin's region
+    mask over the padded map, and padded tokens attended to like any other
+    (no key mask). With ``mask_padding=True``, earlier pola_mm versions'
+    rule instead: per dimension a window not smaller than the map shrinks
+    to it with shift 0, and padded keys are masked out.
 
     The relative position index is not a persistent buffer (the converter
-    drops the authors' copy): it is cached per window size as a
-    non-persistent buffer for the table's own window and computed on the fly
-    for smaller windows.
+    drops the authors' copy): it is cached as a non-persistent buffer for
+    the table's own window and computed on the fly for smaller windows.
 
     Args:
         embed_dims: channels ``C``.
         num_heads: heads ``h``.
         window_size: the table's window ``(Th, Tw)`` (the largest window).
+        shift: shift by half a window (Swin's odd blocks).
+        mask_padding: the rule for maps that are not a multiple of the
+            window (see above).
         qkv_bias: bias of ``qkv``.
         qk_scale: override of ``d^-0.5``.
         attn_drop: dropout on attention weights.
@@ -54,6 +72,8 @@ class WindowMSA(PolaModule):
                  embed_dims: int,
                  num_heads: int,
                  window_size: Size2,
+                 shift: bool = False,
+                 mask_padding: bool = False,
                  qkv_bias: bool = True,
                  qk_scale: Optional[float] = None,
                  attn_drop: float = 0.,
@@ -63,6 +83,9 @@ class WindowMSA(PolaModule):
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.window_size = (int(window_size[0]), int(window_size[1]))
+        self.shift_size = ((self.window_size[0] // 2,
+                            self.window_size[1] // 2) if shift else (0, 0))
+        self.mask_padding = mask_padding
         head_dims = embed_dims // num_heads
         self.scale = qk_scale or head_dims ** -0.5
         th, tw = self.window_size
@@ -77,6 +100,15 @@ class WindowMSA(PolaModule):
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
+    def window_plan(self, hw: Size2) -> Tuple[Size2, Size2]:
+        """The window and shift used on a map ``hw`` (see the class
+        docstring): ``((wh, ww), (sh, sw))``."""
+        if self.mask_padding:
+            return effective_window(hw, self.window_size, self.shift_size)
+        if hw[0] <= self.window_size[0] and hw[1] <= self.window_size[1]:
+            return (hw[0], hw[1]), (0, 0)  # one window: the map
+        return self.window_size, self.shift_size  # mmdet's Swin
+
     def relative_bias(self, window: Size2) -> Tensor:
         """``(h, N, N)`` bias for a window ``(wh, ww)`` <= the table's."""
         if (window[0] == self.window_size[0]
@@ -89,52 +121,45 @@ class WindowMSA(PolaModule):
         bias = self.relative_position_bias_table[index.reshape(-1)]
         return bias.reshape(N, N, -1).permute(2, 0, 1)
 
-    def forward(self, x: Tensor, window: Size2,
-                mask: Optional[Tensor] = None) -> Tensor:
-        """Attention inside windows.
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """Attention in the windows of a stage map.
 
         Args:
-            x: ``(B * nW, N, C)``, ``N = wh * ww``.
-            window: ``(wh, ww)``.
-            mask: optional additive ``(nW, N, N)`` (or ``(nW, 1, N)``) mask
-                with 0 / -100 entries.
+            x: ``(B, N, C)``, ``N = H * W`` row-major on the grid ``hw``.
+            hw: ``(H, W)``.
 
         Returns:
-            ``(B * nW, N, C)``.
+            ``(B, N, C)``.
         """
-        B_, N, C = x.shape
+        B, L, C = x.shape
         h = self.num_heads
-        qkv = self.qkv(x).reshape(B_, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        if self.select_path(x).sdpa:
-            return self._sdpa(q, k, v, window, mask)
-        attn = (q * self.scale) @ k.transpose(-2, -1)
-        attn = attn + self.relative_bias(window).unsqueeze(0)
-        if mask is not None:
-            nW = mask.shape[0]
-            # (the mask in the logits' dtype: a float32 mask would promote
-            # a bf16 / fp16 model's logits and break the product with v)
-            attn = attn.view(B_ // nW, nW, h, N, N) + \
-                mask.to(attn.dtype).unsqueeze(1).unsqueeze(0)
-            attn = attn.view(-1, h, N, N)
-        attn = self.attn_drop(attn.softmax(dim=-1))
-        x = (attn @ v).transpose(1, 2).reshape(B_, N, C)
-        return self.proj_drop(self.proj(x))
+        # 1. windows: pad to a multiple of the window, shift, partition
+        win, shift = self.window_plan(hw)
+        pad = grid_padding(hw, win)
+        padded = pad_map(x.view(B, hw[0], hw[1], C), pad)
+        padded_hw = (padded.shape[1], padded.shape[2])
+        bias = self.relative_bias(win).unsqueeze(0)  # (1, h, n, n)
+        if shift[0] != 0 or shift[1] != 0:
+            padded = cyclic_shift(padded, shift)
+            bias = bias + shift_region_mask(padded_hw, win, shift,
+                                            x.device).unsqueeze(1)
+        if self.mask_padding and (pad[1] > 0 or pad[3] > 0):
+            vmap = cyclic_shift(valid_token_map(hw, pad, x.device), shift)
+            bias = bias + key_padding_logits(key_valid_mask(
+                vmap, win)).unsqueeze(1)
+        windows = window_partition(padded, win)  # (B * nW, n, C)
+        Bw, n, _ = windows.shape
 
-    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, window: Size2,
-              mask: Optional[Tensor]) -> Tensor:
-        B_, h, N, d = q.shape
-        # a 4-D mask: with 3-D or 5-D operands torch 2.14's CPU kernel falls
-        # back to a path slower than the explicit one
-        bias = self.relative_bias(window).to(q.dtype).unsqueeze(0)
-        if mask is not None:
-            nW = mask.shape[0]
-            bias = bias + mask.unsqueeze(1).to(q.dtype)  # (nW, h, N, N)
-            if B_ != nW:  # the same masks for every image
-                bias = bias.repeat(B_ // nW, 1, 1, 1)
-        x = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias,
-            dropout_p=self.attn_drop.p if self.training else 0.,
-            scale=self.scale)
-        x = x.transpose(1, 2).reshape(B_, N, h * d)
-        return self.proj_drop(self.proj(x))
+        # 2. softmax attention in each window, the same masks for every image
+        q, k, v = self.qkv(windows).reshape(Bw, n, 3, h, C // h).permute(
+            2, 0, 3, 1, 4).unbind(0)
+        if bias.shape[0] > 1:
+            bias = bias.repeat(Bw // bias.shape[0], 1, 1, 1)
+        y = softmax_attention(q, k, v, self.scale, bias,
+                              self.attn_drop.p if self.training else 0.)
+        y = self.proj_drop(self.proj(y.transpose(1, 2).reshape(Bw, n, C)))
+
+        # 3. windows back to the map: reverse, unshift, crop
+        y = cyclic_shift(window_reverse(y, win, padded_hw), shift,
+                         reverse=True)
+        return crop_map(y, pad).reshape(B, L, C)

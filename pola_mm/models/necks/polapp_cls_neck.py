@@ -14,11 +14,11 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ...registry import register_model
-from ..layers.module import PolaModule
+from mmengine.model import BaseModule
 
 
 @register_model
-class PolaPPClsNeck(PolaModule):
+class PolaPPClsNeck(BaseModule):
     """``proj`` 1x1 conv, ``norm`` BatchNorm, SiLU (Swish), average pooling:
     the authors' PolaPP classifier (``POLA``) after its last stage.
 
@@ -58,9 +58,6 @@ class PolaPPClsNeck(PolaModule):
         self.norm.reset_parameters()
         self._is_init = True
 
-    # (its input, a map or a sequence of maps, has no TorchScript type; the
-    # compiled timm classifier calls proj, norm and act, pola_mm.timm)
-    @torch.jit.unused
     def forward(self, inputs: Union[Tensor, Sequence[Tensor]]
                 ) -> Tuple[Tensor]:
         """``(..., (B, C, H, W))`` -> ``((B, out_channels), )``."""

@@ -1,23 +1,15 @@
-// Fused CPU loops of the polarity attention kernel (float32).
+// The fused CPU loop of the polarity attention kernel's inference
+// (float32).
 //
-// Built on first use by pola_mm/models/layers/cpu_ext.py with
-// torch.utils.cpp_extension.load; the Python kernel
-// (polarity_kernel.py) falls back to plain torch operations when the
-// build is unavailable. Each function is one pass over a run of tokens
-// that the torch version does in six to ten elementwise operations:
+// Built on first use by pola_mm/ops/cpu_ext.py with
+// torch.utils.cpp_extension.load; the Python kernel (polarity_kernel.py)
+// falls back to plain torch operations when the build is unavailable. One
+// pass over a run of tokens that the torch version does in six
+// elementwise operations:
 //
 //   features:    f = [relu(t), relu(-t)], t = sign(xs) |xs|^p,
 //                xs = x * inv + kbs; optional sums of f
 //                over the tokens.
-//   power_grads: the chain rule through the features (see _power_grads in
-//                polarity_kernel.py): dx, and per-block sums of
-//                [g, g log|xs|] for the parameter gradients; optionally
-//                the features too (backward needs both, from one pass).
-//   query_du:    the gradient of the queries' product with the mix matrix
-//                from the output's gradient (five torch ops).
-//   dwconv_weight_grad: the weight gradient of the depth-wise conv on v
-//                (polarity_attention.py), which PyTorch's CPU convolution
-//                backward computes about 5x slower.
 //
 // |xs|^p is exp2(p log2|xs|) with the polynomial log2/exp2 below, written
 // so that GCC vectorises the loops over channels without -ffast-math
@@ -139,33 +131,6 @@ inline void feature_row(const float* __restrict xsr,
   }
 }
 
-// One row of power_grads: dx and the sums of [g, g log|xs|] into acc;
-// with kFeatures also the row's features [f+, f-] into fpos, fneg.
-template <bool kFeatures>
-inline void grad_row(const float* __restrict xsr, const float* __restrict df,
-                     const float* __restrict p, const float* __restrict pinv,
-                     int64_t d, float* __restrict dx,
-                     float* __restrict acc, float* __restrict fpos,
-                     float* __restrict fneg) {
-  constexpr float kLn2 = 0.69314718f;
-#pragma omp simd
-  for (int64_t c = 0; c < d; ++c) {
-    const float xs = xsr[c];
-    const float a = safe_abs(xs);
-    const float l2 = log2_pos(a);
-    const float t = abs_pow(a, l2, p[c]);
-    const bool pos = xs > 0.f;
-    const float g = (pos ? df[c] : df[c + d]) * t;
-    acc[c] += g;
-    acc[c + d] += g * (l2 * kLn2);
-    dx[c] = g * pinv[c] / __builtin_copysignf(a, xs);
-    if constexpr (kFeatures) {
-      fpos[c] = pos ? t : 0.f;
-      fneg[c] = pos ? 0.f : t;
-    }
-  }
-}
-
 // The inputs of a feature computation: x (B, h, n, d); inv, p (h, d);
 // kbs (1, h, n, d) or empty.
 struct FeatureInputs {
@@ -254,164 +219,6 @@ void features(const torch::Tensor& x, const torch::Tensor& inv,
   });
 }
 
-// Gradients through the features of x (arguments as in features()):
-// df (B, h, n, 2d) = dL/d[f+, f-]; writes dx (B, h, n, d) = dL/dx and
-// w (B, h, nblk, 2d) = per-block sums of [g, g log|xs|] with
-// g = df+ f+ + df- f-; dL/dxs = p g / xs, dx = inv * dL/dxs. When f
-// (B, h, n, 2d) is not empty, the features are also written there (for a
-// caller that needs them after df, saving a second pass of features()).
-void power_grads(const torch::Tensor& df, const torch::Tensor& x,
-                 const torch::Tensor& inv, const torch::Tensor& p,
-                 const torch::Tensor& kbs, torch::Tensor& dx,
-                 torch::Tensor& w, torch::Tensor& f) {
-  const FeatureInputs in(x, inv, p, kbs);
-  const int64_t d = in.d;
-  check(df, 4, "df");
-  check(dx, 4, "dx");
-  TORCH_CHECK(df.size(2) == in.n && df.size(3) == 2 * d &&
-                  dx.size(2) == in.n && dx.size(3) == d,
-              "df, dx: shapes do not match x");
-  const bool has_f = f.defined() && f.numel() > 0;
-  if (has_f) {
-    check(f, 4, "f");
-    TORCH_CHECK(f.size(0) == in.B && f.size(1) == in.H && f.size(2) == in.n &&
-                    f.size(3) == 2 * d,
-                "f: expected (B, h, n, 2d)");
-  }
-  in.check_sums(w, "w");
-  const Seq dfs(df), dxs(dx), fs(has_f ? f : df);
-  float* wp = w.data_ptr<float>();
-  in.for_each_block([&](int64_t b, int64_t h, int64_t slot, int64_t i0,
-                        int64_t i1, auto&& scaled) {
-    const float* pw = in.p + h * d;
-    const float* iv = in.inv + h * d;
-    float* acc = wp + slot * 2 * d;
-    for (int64_t c = 0; c < 2 * d; ++c) acc[c] = 0.f;
-    std::vector<float> pinv(d);
-    for (int64_t c = 0; c < d; ++c) pinv[c] = pw[c] * iv[c];
-    for (int64_t i = i0; i < i1; ++i) {
-      if (has_f) {
-        float* fr = fs.row(b, h, i);
-        grad_row<true>(scaled(i), dfs.row(b, h, i), pw, pinv.data(), d,
-                       dxs.row(b, h, i), acc, fr, fr + d);
-      } else {
-        grad_row<false>(scaled(i), dfs.row(b, h, i), pw, pinv.data(), d,
-                        dxs.row(b, h, i), acc, nullptr, nullptr);
-      }
-    }
-  });
-}
-
-// The gradient of the query product u = [f+, f-] S = [num, z] (see
-// _backward_run in polarity_kernel.py): from dx, x (B, h, n, d) and
-// rz = 1 / z (B, h, n, 2), writes du (B, h, n, d + 2) with
-// du[c] = dx[c] rz[j] for c in half j, and du[d + j] = rz[j] sum over half
-// j of dx x (the normaliser columns with the opposite sign, as the caller
-// flips S to match).
-void query_du(const torch::Tensor& dx, const torch::Tensor& x,
-              const torch::Tensor& rz, torch::Tensor& du) {
-  check(dx, 4, "dx");
-  check(x, 4, "x");
-  check(rz, 4, "rz");
-  check(du, 4, "du");
-  const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3);
-  const int64_t half = d / 2;
-  TORCH_CHECK(dx.sizes() == x.sizes() && rz.size(0) == B &&
-                  rz.size(1) == H && rz.size(2) == n && rz.size(3) == 2 &&
-                  du.size(0) == B && du.size(1) == H && du.size(2) == n &&
-                  du.size(3) == d + 2 && d % 2 == 0,
-              "dx, x (B, h, n, d), rz (B, h, n, 2), du (B, h, n, d + 2): "
-              "shapes do not match");
-  const Seq dxs(dx), xs(x), rzs(rz), dus(du);
-  at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t bh = lo; bh < hi; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      for (int64_t i = 0; i < n; ++i) {
-        const float* __restrict g = dxs.row(b, h, i);
-        const float* __restrict y = xs.row(b, h, i);
-        const float* __restrict r = rzs.row(b, h, i);
-        float* __restrict u = dus.row(b, h, i);
-        for (int64_t j = 0; j < 2; ++j) {
-          const float rj = r[j];
-          float dz = 0.f;
-#pragma omp simd reduction(+ : dz)
-          for (int64_t c = j * half; c < (j + 1) * half; ++c) {
-            dz += g[c] * y[c];
-            u[c] = g[c] * rj;
-          }
-          u[d + j] = dz * rj;
-        }
-      }
-    }
-  });
-}
-
-// Weight gradient of a stride-1 depth-wise conv on channels-last maps:
-// x, gy (B, C, H, W) with unit channel stride (gy: the output's gradient,
-// same H, W as x); dw (C, kh, kw) contiguous output:
-// dw[c, i, j] = sum_{b, y, x} gy[b, c, y, x] * x[b, c, y + i - ph, x + j - pw]
-// (zero outside the map).
-void dwconv_weight_grad(const torch::Tensor& x, const torch::Tensor& gy,
-                        int64_t kh, int64_t kw, int64_t ph, int64_t pw,
-                        torch::Tensor& dw) {
-  check(dw, 3, "dw");
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 &&
-                  gy.scalar_type() == torch::kFloat32,
-              "x, gy: expected float32 CPU tensors");
-  TORCH_CHECK(x.dim() == 4 && gy.sizes() == x.sizes(),
-              "x, gy: expected equal (B, C, H, W) shapes");
-  TORCH_CHECK(x.stride(1) == 1 && gy.stride(1) == 1,
-              "x, gy: expected channels-last maps");
-  const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  TORCH_CHECK(dw.is_contiguous() && dw.size(0) == C && dw.size(1) == kh &&
-                  dw.size(2) == kw,
-              "dw: expected contiguous (C, kh, kw)");
-  const int64_t K = kh * kw;
-  const int nt = at::get_num_threads();
-  // one (kh, kw, C) accumulator per thread
-  std::vector<float> part(static_cast<size_t>(nt) * K * C, 0.f);
-  const float* xp = x.data_ptr<float>();
-  const float* gp = gy.data_ptr<float>();
-  const int64_t xb = x.stride(0), xh = x.stride(2), xw = x.stride(3);
-  const int64_t gb = gy.stride(0), gh = gy.stride(2), gw = gy.stride(3);
-  at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
-    float* acc = part.data() + static_cast<size_t>(at::get_thread_num()) *
-                                   K * C;
-    for (int64_t row = lo; row < hi; ++row) {
-      const int64_t b = row / H, y = row % H;
-      for (int64_t xo = 0; xo < W; ++xo) {
-        const float* __restrict g = gp + b * gb + y * gh + xo * gw;
-        for (int64_t i = 0; i < kh; ++i) {
-          const int64_t yy = y + i - ph;
-          if (yy < 0 || yy >= H) continue;
-          for (int64_t j = 0; j < kw; ++j) {
-            const int64_t xx = xo + j - pw;
-            if (xx < 0 || xx >= W) continue;
-            const float* __restrict xr = xp + b * xb + yy * xh + xx * xw;
-            float* __restrict a = acc + (i * kw + j) * C;
-#pragma omp simd
-            for (int64_t c = 0; c < C; ++c) a[c] += g[c] * xr[c];
-          }
-        }
-      }
-    }
-  });
-  float* out = dw.data_ptr<float>();
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t k = 0; k < K; ++k) {
-      float sum = 0.f;
-      for (int t = 0; t < nt; ++t)
-        sum += part[(static_cast<size_t>(t) * K + k) * C + c];
-      out[c * K + k] = sum;
-    }
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("dwconv_weight_grad", &dwconv_weight_grad,
-        "weight gradient of a depth-wise conv (see polarity_cpu.cpp)");
   m.def("features", &features, "polarity features (see polarity_cpu.cpp)");
-  m.def("query_du", &query_du,
-        "gradient of the query product (see polarity_cpu.cpp)");
-  m.def("power_grads", &power_grads,
-        "gradients through the polarity features (see polarity_cpu.cpp)");
 }

@@ -1,10 +1,17 @@
-"""Resizing of learned position tables to other grids."""
+"""Resizing of learned position tables to other grids: the op.
 
+:func:`resize_pos_table` resizes a table on every call where autograd needs
+its gradient, with the fast paths off and while a graph is captured (a
+traced graph would hold a cached table as a constant of one size); in
+inference it keeps the resized table for the last grid and reuses it until
+the table changes.
+"""
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...type_aliases import Size2
+from ..type_aliases import Size2
+from .dispatch import records_grad, use_fast
 
 
 #: Interpolation modes a table may be resized with.
@@ -21,22 +28,19 @@ def check_resize_mode(mode: str) -> str:
 
 
 def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2,
-                     mode: str = 'bicubic', cache: bool = False) -> Tensor:
+                     mode: str = 'bicubic') -> Tensor:
     """Resize a learned ``(1, Hr * Wr, C)`` token table to ``(1, H * W, C)``.
 
     ``mode`` (``'bicubic'`` or ``'bilinear'``), ``align_corners=False``, on
-    the 2-D grid; the table itself is returned at its reference size. With
-    ``cache`` (the caller's ``Path.kernels``: never while a graph is
-    captured, where a traced graph would hold the cached table as a
-    constant of one size and ``torch.export``'s fake tensors must not be
-    cached on the real table) and where no gradient is needed (inference,
-    frozen tables), the resized table is cached on ``table`` for the last
-    ``hw`` and reused until the table changes (in place or by a move); the
-    result must then not be modified in place.
+    the 2-D grid; the table itself is returned at its reference size. Where
+    no gradient is needed (inference, frozen tables) and no graph is
+    captured, the resized table is cached on ``table`` for the last ``hw``
+    and reused until the table changes (in place or by a move); the result
+    must not be modified in place.
     """
     if hw[0] == ref_hw[0] and hw[1] == ref_hw[1]:
         return table
-    if cache and not (torch.is_grad_enabled() and table.requires_grad):
+    if use_fast(table) and not records_grad(table):
         return _cached_resize(table, ref_hw, hw, mode)
     return _resize(table, ref_hw, hw, mode)
 
@@ -50,7 +54,6 @@ def _resize(table: Tensor, ref_hw: Size2, hw: Size2, mode: str) -> Tensor:
     return grid.flatten(2).transpose(1, 2).to(table.dtype)
 
 
-@torch.jit.unused  # compiled code resizes on every call
 def _cached_resize(table: Tensor, ref_hw: Size2, hw: Size2,
                    mode: str) -> Tensor:
     """:func:`_resize`, cached on ``table`` for the last ``hw``."""

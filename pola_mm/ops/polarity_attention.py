@@ -1,0 +1,174 @@
+"""Polarity-aware linear attention (PolaFormer): the op.
+
+:func:`polarity_attention` is what the models call. It runs the fast kernel
+(:func:`~.polarity_kernel.polarity_attention_kernel`: same outputs and
+gradients, the ``(B, h, N, 2d)`` feature maps recomputed in backward
+instead of stored, cache-sized runs and a fused C++ loop in CPU inference)
+or, with the fast paths off and whenever a graph is captured (export,
+``torch.export``, ``torch.compile``), its plain reference
+:func:`polarity_attention_pytorch` beside it. It decides itself
+(:func:`~.dispatch.use_fast`); under fp16/bf16 autocast both compute in
+float32 (powers of fp16 overflow).
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .dispatch import use_fast
+from .polarity_kernel import polarity_attention_kernel
+from .precision import no_autocast
+
+__all__ = ['polarity_attention', 'polarity_attention_pytorch']
+
+_EPS = 1e-6
+#: float32's smallest normal number (``torch.finfo(torch.float32).tiny``).
+_FLOAT32_TINY = 1.1754943508222875e-38
+
+
+def polarity_attention(q: Tensor,
+                       k: Tensor,
+                       v: Tensor,
+                       scale: Tensor,
+                       power: Tensor,
+                       alpha: float,
+                       k_bias: Optional[Tensor] = None) -> Tensor:
+    """Polarity-aware linear attention of heads: the feature maps with the
+    learned power, the same-signed and opposite-signed flows and their
+    concatenation (the formula: :func:`polarity_attention_pytorch`).
+
+    Args:
+        q: ``(B, h, N, d)`` queries, ``d`` even.
+        k, v: ``(B, h, n, d)`` keys and values (``n`` may differ from
+            ``N``).
+        scale: the raw ``scale`` parameter, broadcastable to
+            ``(1, h, 1, d)``.
+        power: the raw ``power`` parameter, ``(1, h, 1, d)``.
+        alpha: exponent range; ``p = 1 + alpha * sigmoid(power)``.
+        k_bias: optional table broadcastable to ``k``, added to the keys
+            (PolaFormer's ``positional_encoding``).
+
+    Returns:
+        ``(B, h, N, d)`` in the dtype of ``q``; computed in float32 at least.
+    """
+    with no_autocast(q.device.type):
+        if use_fast(q):
+            out = polarity_attention_kernel(q, k, v, scale, power, alpha,
+                                            k_bias=k_bias)
+        else:
+            dt = torch.promote_types(q.dtype, torch.float32)
+            out = polarity_attention_pytorch(
+                q.to(dt), k.to(dt), v.to(dt), scale.to(dt), power.to(dt),
+                alpha, k_bias=None if k_bias is None else k_bias.to(dt))
+    return out.to(q.dtype)
+
+
+def polarity_attention_pytorch(q: Tensor,
+                               k: Tensor,
+                               v: Tensor,
+                               scale: Tensor,
+                               power: Tensor,
+                               alpha: float,
+                               eps: float = _EPS,
+                               k_bias: Optional[Tensor] = None) -> Tensor:
+    """Polarity-aware linear attention (the published formula) in plain
+    PyTorch operations: the reference of :func:`polarity_attention_kernel`,
+    and what runs with the fast paths off and in captured graphs (export).
+
+    With ``h`` heads of width ``d`` (even), ``s = softplus(scale)``,
+    ``p = 1 + alpha * sigmoid(power)``, ``f+(t) = relu(t)^p``,
+    ``f-(t) = relu(-t)^p``, ``k <- k + k_bias`` (when given),
+    ``q_sim = [f+(q/s), f-(q/s)]``, ``q_opp = [f-(q/s), f+(q/s)]``,
+    ``k' = [f+(k/s), f-(k/s)]`` and ``v = [v1, v2]`` split per head::
+
+        x_sim = q_sim (k'^T v1 / n) / (q_sim . mean(k') + eps)
+        x_opp = q_opp (k'^T v2 / n) / (q_opp . mean(k') + eps)
+        out   = [x_sim, x_opp]
+
+    written in its cheap algebraic form, which touches each query and key
+    only with ``abs``, the power (as ``exp(p log|t|)``), a sign mask, one
+    product and one difference (elementwise), and two matrix products:
+
+    - ``|t / s|^p = c |t|^p`` with the per-channel ``c = (1 / s)^p``, so
+      ``c`` scales rows of the small matrices below instead of every token;
+    - ``f+`` and ``f-`` have disjoint supports: both are selected from one
+      ``a = |t|^p`` by the sign of ``t`` (``a * [t > 0]`` and its
+      complement ``a - a * [t > 0]``, each exactly ``a`` or 0);
+    - the opposite-signed flow uses the same key products with the roles of
+      ``f+(q)`` and ``f-(q)`` swapped, so both flows and both normalisers
+      are two products of the query features with small ``(d, d + 2)``
+      matrices::
+
+        [num_sim, num_opp, z_sim, z_opp] = f+(q) [P1, Q2, kp, kn]
+                                         + f-(q) [Q1, P2, kn, kp]
+
+    with ``P = f+(k)^T v``, ``Q = f-(k)^T v`` (halves 1, 2 of the value
+    channels), ``kp``, ``kn`` the sums of ``f+(k)``, ``f-(k)`` over keys,
+    and ``z + eps n`` dividing its flow's half of the channels.
+    No feature map is concatenated; every operation exports to ONNX opset
+    11. (The paper's form, with the concatenated features, is kept in the
+    tests as the arbiter.)
+
+    The computation runs channel-major (``(B, h, d, N)``: channels by
+    tokens) on transposed views of the inputs.
+
+    Args:
+        q: ``(B, h, N, d)`` queries.
+        k: ``(B, h, n, d)`` keys (``n`` may differ from ``N``).
+        v: ``(B, h, n, d)`` values.
+        scale: raw ``scale`` broadcastable to ``(1, h, 1, d)``.
+        power: raw ``power``, ``(1, h, 1, d)``.
+        alpha: exponent range; ``p`` lies in ``(1, 1 + alpha)``.
+        eps: added to the normalisers (of the means over keys).
+        k_bias: optional tensor broadcastable to ``k``, added to the keys
+            (a positional table).
+
+    Returns:
+        ``(B, h, N, d)``.
+    """
+    if k_bias is not None:
+        k = k + k_bias
+    # channel-major views: (B, h, d, N)
+    q, k, v = q.transpose(-2, -1), k.transpose(-2, -1), v.transpose(-2, -1)
+    p = 1 + alpha * torch.sigmoid(power)
+    c = ((1 / F.softplus(scale)).expand_as(p) ** p).transpose(-2, -1)
+    p = p.transpose(-2, -1)  # (1, h, d, 1): per channel, over the tokens
+    n = k.shape[-1]
+    d = q.shape[-2]
+    half = d // 2
+
+    qp, qn = _signed_powers(q, p)  # f+(q) / c, f-(q) / c; (B, h, d, N)
+    kp, kn = _signed_powers(k, p)
+    vt = v.transpose(-2, -1)  # (B, h, n, d), a view
+    P = c * (kp @ vt)  # f+(k)^T v, (B, h, d, d); c scales the rows
+    Q = c * (kn @ vt)  # f-(k)^T v
+    sp = c * kp.sum(-1, keepdim=True)  # (B, h, d, 1)
+    sn = c * kn.sum(-1, keepdim=True)
+    m_pos = torch.cat([P[..., :half], Q[..., half:], sp, sn], -1)
+    m_neg = torch.cat([Q[..., :half], P[..., half:], sn, sp], -1)
+    # (B, h, d + 2, N): the flows' numerators, then their normalisers
+    u = ((c * m_pos).transpose(-2, -1) @ qp
+         + (c * m_neg).transpose(-2, -1) @ qn)
+    z = u[:, :, d:] + eps * n  # n (mean + eps) = sum + eps n
+    B, h, N = u.shape[0], u.shape[1], u.shape[-1]
+    y = (u[:, :, :d].reshape(B, h, 2, half, N) / z.unsqueeze(-2)).reshape(
+        B, h, d, N)
+    return y.transpose(-2, -1)
+
+
+def _signed_powers(t: Tensor, p: Tensor,
+                   tiny: float = _FLOAT32_TINY) -> Tuple[Tensor, Tensor]:
+    """``relu(t)^p`` and ``relu(-t)^p`` from one ``|t|^p``.
+
+    ``|t|^p`` is ``exp(p log|t|)`` with ``|t|`` clamped to ``tiny``
+    (float32's smallest normal number), as in the kernel: the same values
+    (the clamp changes no ``|t| >= 1.2e-38``; at ``t = 0`` the power
+    underflows to at most that number) and finite gradients everywhere
+    (zero at ``t = 0``, as ``|t|^p``'s for ``p > 1``). In ONNX Runtime
+    ``Log``, ``Mul``, ``Exp`` take about half the time of ``Pow`` with a
+    per-channel exponent.
+    """
+    a = torch.exp(p * torch.log(t.abs().clamp_min(tiny)))
+    pos = a * (t > 0).to(a.dtype)  # exactly a or 0, so a - pos is too
+    return pos, a - pos
