@@ -2,7 +2,11 @@
 (:mod:`pola_mm.deployment.onnx`, used by
 ``tools/deployment/pytorch2onnx.py``), and whole models through MMDeploy,
 verified against PyTorch (:mod:`pola_mm.deployment.mmdeploy_verify`, used
-by ``tools/deployment/deploy.py``)."""
+by ``tools/deployment/deploy.py``), with the narrow fixes that let MMDeploy
+export on the modern torch (:mod:`pola_mm.deployment.mmdeploy_fixes`,
+applied by ``import pola_mm`` once MMDeploy is imported) and its rewriters
+for the ONNX Runtime backend
+(:mod:`pola_mm.deployment.mmdeploy_rewriters`)."""
 from .onnx import (EXPORTERS, ExportError, OutputCheck, build_backbone,
                    example_inputs, export_and_verify, export_onnx,
                    verify_onnx)

@@ -33,10 +33,10 @@ compute something else (found while verifying exported files against PyTorch,
 
 Each is registered for the ``onnxruntime`` backend only (MMDeploy prefers a
 backend's rewriter to its default one) by
-:func:`pola_mm.compat_mmdeploy.register_mmdeploy_rewriters`, when MMDeploy is
-imported. They change what MMDeploy exports for mmdet's and mmseg's own models
-too, toward what those compute in PyTorch; nothing of the PyTorch models
-changes.
+:func:`pola_mm.deployment.mmdeploy_fixes.register_mmdeploy_rewriters`,
+when MMDeploy is imported. They change what MMDeploy exports for mmdet's
+and mmseg's own models too, toward what those compute in PyTorch; nothing
+of the PyTorch models changes.
 """
 from typing import Any, Callable, Dict, List
 

@@ -4,9 +4,10 @@
 exports a detector, instance segmenter, segmentor or classifier with
 MMDeploy's own ``torch2onnx`` and a deploy config (MMDeploy's stock ONNX
 Runtime configs work unchanged once :mod:`pola_mm` is imported, see
-:mod:`pola_mm.compat_mmdeploy`), builds MMDeploy's ONNX Runtime backend model
-from the file, runs it and the PyTorch model on the same images, and moves
-the file to ``work_dir`` only when every comparison passes.
+:mod:`pola_mm.deployment.mmdeploy_fixes`), builds MMDeploy's ONNX Runtime
+backend model from the file, runs it and the PyTorch model on the same
+images, and moves the file to ``work_dir`` only when every comparison
+passes.
 
 What is compared, per image (MMDeploy task):
 
@@ -32,8 +33,9 @@ What is compared, per image (MMDeploy task):
 
 Every image given is checked (at the input size its test pipeline makes).
 A deploy config with a dynamic height/width is refused for pola_mm
-backbones (:func:`pola_mm.compat_mmdeploy.refuse_dynamic_hw`): their traced
-graphs hold the input size as constants; export one static file per size.
+backbones (:func:`pola_mm.deployment.mmdeploy_fixes.refuse_dynamic_hw`):
+their traced graphs hold the input size as constants; export one static
+file per size.
 """
 import copy
 import os
@@ -48,6 +50,8 @@ import torch
 from mmengine.config import Config
 from mmengine.logging import print_log
 from torch import Tensor
+
+from .mmdeploy_fixes import DynamicSizeError, refuse_dynamic_hw
 
 __all__ = [
     'DeployError', 'DeployInputError', 'Check', 'DeployReport',
@@ -447,7 +451,6 @@ def deploy_and_verify(deploy_cfg: Union[str, Config],
     try:
         task_processor = build_task_processor(model_cfg, deploy_cfg, device)
         torch_model = task_processor.build_pytorch_model(checkpoint)
-        from ..compat_mmdeploy import DynamicSizeError, refuse_dynamic_hw
         try:
             refuse_dynamic_hw(torch_model,
                               deploy_cfg.onnx_config.get('dynamic_axes'),

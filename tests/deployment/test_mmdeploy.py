@@ -17,7 +17,7 @@ import torch
 mmdeploy = pytest.importorskip('mmdeploy')
 
 import pola_mm  # noqa: E402,F401
-from pola_mm import compat_mmdeploy  # noqa: E402
+from pola_mm.deployment import mmdeploy_fixes  # noqa: E402
 from pola_mm.deployment import mmdeploy_rewriters  # noqa: E402
 from pola_mm.deployment.mmdeploy_verify import (DeployError,  # noqa: E402
                                                 deploy_and_verify)
@@ -83,9 +83,9 @@ def test_compat_fixes_are_in_place_and_narrow():
     import mmdeploy.core  # noqa: F401  (the import hook applies the fixes)
     import torch.onnx.symbolic_opset9 as opset9
     from mmdeploy.core import FUNCTION_REWRITER
-    assert compat_mmdeploy.needs_torchscript_exporter()
-    assert opset9._cast_Long is compat_mmdeploy._cast_long
-    assert compat_mmdeploy.applied['rewriters'] is True
+    assert mmdeploy_fixes.needs_torchscript_exporter()
+    assert opset9._cast_Long is mmdeploy_fixes._cast_long
+    assert mmdeploy_fixes.applied['rewriters'] is True
     records = FUNCTION_REWRITER._registry._rewrite_records
     assert 'torch.onnx.export' in records
     # the exact head / pooling rewriters: registered for ONNX Runtime only
@@ -97,7 +97,7 @@ def test_compat_fixes_are_in_place_and_narrow():
     # outside MMDeploy's export torch's default exporter is untouched
     param = inspect.signature(torch.onnx.export).parameters['dynamo']
     assert param.default is True
-    assert compat_mmdeploy.provide_removed_symbolics() == []  # idempotent
+    assert mmdeploy_fixes.provide_removed_symbolics() == []  # idempotent
 
 
 def test_unflatten_below_opset13_is_pytorchs_and_narrow(tmp_path):
@@ -107,8 +107,8 @@ def test_unflatten_below_opset13_is_pytorchs_and_narrow(tmp_path):
     import mmdeploy.core  # noqa: F401  (the import hook applies the fixes)
     import onnx
     import onnxruntime as ort
-    assert 'aten::unflatten@11' in compat_mmdeploy.applied['symbolics']
-    assert not compat_mmdeploy.provide_unflatten_below_opset13()
+    assert 'aten::unflatten@11' in mmdeploy_fixes.applied['symbolics']
+    assert not mmdeploy_fixes.provide_unflatten_below_opset13()
 
     class Unflatten(torch.nn.Module):
 
@@ -196,7 +196,7 @@ def test_dynamic_hw_is_refused_clearly(tmp_path, shapes_image):
     them, so both MMDeploy's own torch2onnx and the tool refuse."""
     from mmdeploy.apis import torch2onnx
     cfg = _retinanet_cfg()
-    with pytest.raises(compat_mmdeploy.DynamicSizeError,
+    with pytest.raises(mmdeploy_fixes.DynamicSizeError,
                        match='fixed input size.*static deploy config'):
         torch2onnx(shapes_image, str(tmp_path / 'a'), 'end2end.onnx',
                    stock('mmdet/detection/detection_onnxruntime_dynamic.py'),

@@ -272,7 +272,7 @@ def register_mmdeploy_rewriters(core: Optional[ModuleType] = None) -> bool:
             import mmdeploy.core as core
         core.FUNCTION_REWRITER.register_rewriter(
             func_name='torch.onnx.export')(_onnx_export__torchscript)
-        from .deployment.mmdeploy_rewriters import ONNXRUNTIME_REWRITERS
+        from .mmdeploy_rewriters import ONNXRUNTIME_REWRITERS
         for func_name, rewriter in ONNXRUNTIME_REWRITERS.items():
             core.FUNCTION_REWRITER.register_rewriter(
                 func_name=func_name, backend='onnxruntime')(rewriter)
