@@ -14,11 +14,11 @@ from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from .compat import exit_process, finish_distributed, setup_cpu_distributed
+from ..compat import exit_process, finish_distributed, setup_cpu_distributed
 from .data_paths import first_missing
-from .engine import (NonFiniteLossError, TrainingInterrupted,
-                     install_checked_loader, stop_on_sigterm)
-from .fileio import CheckpointFileError
+from ..engine import (NonFiniteLossError, TrainingInterrupted,
+                      install_checked_loader, stop_on_sigterm)
+from ..fileio import CheckpointFileError
 
 __all__ = [
     'ToolError', 'train_parser', 'test_parser', 'load_config',
@@ -157,7 +157,7 @@ def prepare_train_config(args: argparse.Namespace) -> Config:
 def _raise_if_missing(cfg: Config, mode: str) -> None:
     """One line (:class:`ToolError`) for the first dataset, annotation file
     or pretrained checkpoint the config needs that is not on disk
-    (:func:`pola_mm.data_paths.first_missing`)."""
+    (:func:`pola_mm.tools.data_paths.first_missing`)."""
     missing = first_missing(cfg, mode)
     if missing:
         raise ToolError(missing)
