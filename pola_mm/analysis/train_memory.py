@@ -43,15 +43,13 @@ heads' losses need data-dependent shapes (assigners, sampling, NMS, mmcv
 ops) that meta and fake tensors cannot run.
 """
 import contextlib
-import copy
 import os
 import os.path as osp
-import re
 import sys
 import weakref
 from dataclasses import asdict, dataclass, field
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
-                    Tuple, Union)
+                    Tuple)
 
 import torch
 import torch.nn as nn
@@ -61,12 +59,12 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from ..type_aliases import Size2
+from .zoo import Spec, build, stage_of
 
 __all__ = [
-    'BACKBONES', 'DEVICES', 'PRECISIONS', 'SavedTensor', 'MemoryReport',
-    'SavedTensorCounter', 'build_model', 'counterpart_spec',
-    'measure_saved', 'measure', 'stage_of', 'format_comparison',
-    'format_breakdown', 'cuda_memory_check'
+    'stage_of', 'DEVICES', 'PRECISIONS', 'SavedTensor', 'MemoryReport',
+    'SavedTensorCounter', 'measure_saved', 'measure', 'stage_of',
+    'format_comparison', 'format_breakdown', 'cuda_memory_check'
 ]
 
 MiB = float(1 << 20)
@@ -76,30 +74,6 @@ DEVICES = ('cuda', 'meta', 'cpu')
 #: ``precision`` values: float32, and fp16/bf16 mixed precision.
 PRECISIONS = ('fp32', 'fp16', 'bf16')
 _AMP_DTYPES = {'fp16': torch.float16, 'bf16': torch.bfloat16}
-
-#: Backbones by name (pola_mm's registry); ``'_scope_': 'mmdet'`` entries are
-#: mmdet's softmax counterparts. Drop path as the detection configs (0.1
-#: for the T models, the same for both sides of a comparison).
-BACKBONES: Dict[str, Dict[str, Any]] = {
-    'pola_swin_t': dict(type='PolaSwinTransformer', arch='tiny',
-                        drop_path_rate=0.1),
-    'pola_swin_s': dict(type='PolaSwinTransformer', arch='small',
-                        drop_path_rate=0.2),
-    'pola_swin_b': dict(type='PolaSwinTransformer', arch='base',
-                        drop_path_rate=0.3),
-    'pola_pvt_t': dict(type='PolaPVT', arch='tiny', drop_path_rate=0.1),
-    'pola_pvt_s': dict(type='PolaPVT', arch='small', drop_path_rate=0.1),
-    'pola_pvt_m': dict(type='PolaPVT', arch='medium', drop_path_rate=0.1),
-    'pola_pvt_l': dict(type='PolaPVT', arch='large', drop_path_rate=0.1),
-    'polapp_b1': dict(type='PolaPP', arch='b1'),
-    'polapp_b2': dict(type='PolaPP', arch='b2'),
-    'polapp_b3': dict(type='PolaPP', arch='b3'),
-    'swin_t': dict(_scope_='mmdet', type='SwinTransformer', embed_dims=96,
-                   depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
-                   window_size=7, drop_path_rate=0.1),
-    'pvt_t': dict(_scope_='mmdet', type='PyramidVisionTransformer',
-                  num_layers=(2, 2, 2, 2), drop_path_rate=0.1),
-}
 
 _SAVED_BY_ITSELF = '(autograd.Function)'
 
@@ -182,41 +156,6 @@ class MemoryReport:
         d = asdict(self)
         d['total'] = self.total
         return d
-
-
-# -- stage of a module -------------------------------------------------------
-_STAGE_RULES: Sequence[Tuple[str, int]] = (
-    # Pola-Swin, PolaPP, mmdet Swin/PVT: layers.i / stages.i (0-based),
-    # output norms norm{i} / extra_norms.i
-    (r'(?:layers|stages|extra_norms)\.(\d+)(?:\.|$)', 0),
-    (r'norm(\d+)(?:\.|$)', 0),
-    # Pola-PVT: the authors' 1-based patch_embed{i}, pos_embed{i}, block{i}
-    (r'(?:patch_embed|pos_drop|block)(\d+)(?:\.|$)', 1),
-)
-
-
-def stage_of(module: str) -> str:
-    """The stage a module belongs to: ``'stage1'``..``'stage4'`` (1-based,
-    the patch embedding and downsampling of a stage included; the stem
-    ``patch_embed`` counts to stage 1), else its first path component
-    (``'neck'``, ...) or ``'(top)'``.
-
-    Args:
-        module: dotted module path, optionally under ``backbone.``.
-    """
-    path = module[len('backbone.'):] if module.startswith(
-        'backbone.') else module
-    for pattern, base in _STAGE_RULES:
-        m = re.match(pattern, path)
-        if m:
-            return f'stage{int(m.group(1)) - base + 1}'
-    if path == 'patch_embed' or path.startswith('patch_embed.'):
-        return 'stage1'
-    if not module:
-        return '(top)'
-    if module.startswith('backbone.'):
-        return 'backbone'
-    return module.split('.')[0]
 
 
 # -- counting ----------------------------------------------------------------
@@ -452,196 +391,7 @@ def measure_saved(model: nn.Module, inputs: Sequence[Tensor],
     return counter.saved, extra
 
 
-# -- building ----------------------------------------------------------------
-ModelSpec = Union[str, Dict[str, Any]]
-
-
-def _is_config_file(spec: ModelSpec) -> bool:
-    return isinstance(spec, str) and spec.endswith('.py')
-
-
-def _build_backbone(cfg: Dict[str, Any]) -> nn.Module:
-    from mmengine.registry import DefaultScope
-    cfg = copy.deepcopy(cfg)
-    scope = cfg.pop('_scope_', 'pola_mm')
-    if scope == 'mmdet':
-        import mmdet.models  # noqa: F401  (registers mmdet's backbones)
-        from mmdet.registry import MODELS as registry
-    elif scope == 'pola_mm':
-        import pola_mm  # noqa: F401
-        from ..registry import MODELS as registry
-    else:
-        raise ValueError(f'unsupported scope {scope!r} (pola_mm or mmdet)')
-    # (a config built before may have left another default scope)
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.build(cfg)
-
-
-def _load_config(path: str) -> Any:
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'config file {path!r} not found')
-    from mmengine.config import Config
-    return Config.fromfile(path)
-
-
-def _config_model(path: str) -> Tuple[Any, Any, bool]:
-    """The config of ``path``, its ``model`` dict and whether that is a
-    whole model (with a ``backbone``) rather than a bare backbone."""
-    cfg = _load_config(path)
-    model = cfg.get('model')
-    if model is None:
-        raise ValueError(f'{path}: the config has no "model"')
-    model = copy.deepcopy(model)  # a ConfigDict: mmdet reads attributes
-    return cfg, model, 'backbone' in model
-
-
-def _build_from_config(cfg: Any, model_cfg: Dict[str, Any]) -> nn.Module:
-    from mmengine.registry import MODELS as ROOT, init_default_scope
-    scope = cfg.get('default_scope', 'mmdet')
-    _import_scope(scope)
-    init_default_scope(scope)
-    return ROOT.build(model_cfg)
-
-
-def build_model(spec: ModelSpec) -> Tuple[nn.Module, str]:
-    """Build a backbone (a name of :data:`BACKBONES` or a config dict) or a
-    model of an OpenMMLab config file (whose ``model`` is a detector,
-    segmentor or classifier, or a bare backbone) on the CPU.
-
-    Returns:
-        the model and what its forward measures: ``'backbone'`` (the
-        backbone's forward) or ``'extract_feat'`` (backbone + neck of a
-        detector/segmentor; a classifier's ``extract_feat``).
-    """
-    if _is_config_file(spec):
-        cfg, model_cfg, whole = _config_model(spec)
-        model = _build_from_config(cfg, model_cfg)
-        if not whole:
-            return model, 'backbone'
-        if not hasattr(model, 'extract_feat'):
-            raise ValueError(f'{spec}: the model ({type(model).__name__}) '
-                             'has no extract_feat to measure')
-        return model, 'extract_feat'
-    if isinstance(spec, str):
-        if spec not in BACKBONES:
-            raise KeyError(f'unknown model {spec!r}: use a config file '
-                           f'(.py) or one of {sorted(BACKBONES)}')
-        spec = BACKBONES[spec]
-    if not isinstance(spec, dict) or 'type' not in spec:
-        raise TypeError(f'model must be a name, a config file or a dict '
-                        f'with "type", got {spec!r}')
-    return _build_backbone(spec), 'backbone'
-
-
-def _import_scope(scope: str) -> None:
-    import importlib
-    importlib.import_module({'mmdet': 'mmdet.models', 'mmseg': 'mmseg.models',
-                             'mmpretrain': 'mmpretrain.models'
-                             }.get(scope, scope))
-    import pola_mm  # noqa: F401
-
-
-def _backbone_of(spec: ModelSpec) -> Tuple[Dict[str, Any], bool]:
-    """The backbone config of ``spec`` and whether ``spec`` is a whole
-    model of a config file."""
-    if _is_config_file(spec):
-        _, model, whole = _config_model(spec)
-        bb = model['backbone'] if whole else model
-        return (bb.to_dict() if hasattr(bb, 'to_dict') else dict(bb)), whole
-    if isinstance(spec, str):
-        if spec not in BACKBONES:
-            raise KeyError(f'unknown model {spec!r}: use a config file '
-                           f'(.py) or one of {sorted(BACKBONES)}')
-        return dict(BACKBONES[spec]), False
-    return dict(spec), False
-
-
-def _short_type(t: Any) -> str:
-    return str(t).split('.')[-1] if not isinstance(t, type) else t.__name__
-
-
-def counterpart_spec(spec: ModelSpec) -> Optional[ModelSpec]:
-    """The softmax model a Pola model is compared with: mmdet's
-    ``SwinTransformer`` for Pola-Swin (window 7, same widths, depths, heads
-    and drop path), mmdet's ``PyramidVisionTransformer`` (PVTv1) for
-    Pola-PVT (same widths, depths, heads, MLP ratios, SR ratios 8/4/2/1),
-    and mmdet's ``PyramidVisionTransformerV2`` for PolaPP (PVTv2: the
-    softmax pyramid with the same ingredients, overlapping conv patch
-    embedding and conv FFN, at PolaPP's widths, depths and heads, MLP ratio
-    4). A config file gets the same config with its backbone replaced.
-    None when there is none (not a Pola model).
-    """
-    bb, whole = _backbone_of(spec)
-    kind = _short_type(bb.get('type'))
-    soft = _softmax_backbone(kind, bb)
-    if soft is None:
-        return None
-    if whole:
-        return {'_config_': spec, 'backbone': soft}
-    return soft
-
-
-def _arch(kind: str, arch: Any) -> Dict[str, Any]:
-    from ..registry import MODELS
-    import pola_mm  # noqa: F401
-    cls = MODELS.get(kind)
-    if isinstance(arch, dict):
-        return dict(arch)
-    return dict(cls.arch_zoo[str(arch).lower()])
-
-
-def _softmax_backbone(kind: str, bb: Dict[str, Any]
-                      ) -> Optional[Dict[str, Any]]:
-    dpr = bb.get('drop_path_rate')
-    common = dict(out_indices=tuple(bb.get('out_indices', (0, 1, 2, 3))))
-    if kind == 'PolaSwinTransformer':
-        a = _arch(kind, bb.get('arch', 'tiny'))
-        return dict(_scope_='mmdet', type='SwinTransformer',
-                    embed_dims=int(a['embed_dims']),
-                    depths=tuple(a['depths']),
-                    num_heads=tuple(a['num_heads']), window_size=7,
-                    mlp_ratio=bb.get('mlp_ratio', 4),
-                    drop_path_rate=0.1 if dpr is None else dpr, **common)
-    if kind == 'PolaPVT':
-        a = _arch(kind, bb.get('arch', 'tiny'))
-        dims = tuple(int(c) for c in a['embed_dims'])
-        heads = tuple(int(h) for h in a['num_heads'])
-        base = dims[0] // heads[0]
-        if any(c != base * h for c, h in zip(dims, heads)):
-            return None
-        return dict(_scope_='mmdet', type='PyramidVisionTransformer',
-                    embed_dims=base, num_layers=tuple(a['depths']),
-                    num_heads=heads,
-                    mlp_ratios=tuple(a.get('mlp_ratios', (8, 8, 4, 4))),
-                    drop_path_rate=0.1 if dpr is None else dpr, **common)
-    if kind == 'PolaPP':
-        a = _arch(kind, bb.get('arch', 'b2'))
-        dims = tuple(int(c) for c in a['embed_dims'])
-        base = dims[0]
-        if any(c % base for c in dims):
-            return None
-        return dict(_scope_='mmdet', type='PyramidVisionTransformerV2',
-                    embed_dims=base, num_layers=tuple(a['depths']),
-                    num_heads=tuple(c // base for c in dims),
-                    mlp_ratios=(4, 4, 4, 4),
-                    drop_path_rate=(a.get('drop_path_rate', 0.1)
-                                    if dpr is None else dpr), **common)
-    return None
-
-
-def _build_any(spec: ModelSpec) -> Tuple[nn.Module, str]:
-    if isinstance(spec, dict) and '_config_' in spec:
-        cfg, mcfg, _ = _config_model(spec['_config_'])
-        soft = dict(spec['backbone'])
-        soft_scope = soft.pop('_scope_', 'mmdet')
-        import mmdet.models  # noqa: F401  (registers the counterparts)
-        soft['type'] = f"{soft_scope}.{soft['type']}"
-        mcfg['backbone'] = soft
-        return _build_from_config(cfg, mcfg), 'extract_feat'
-    return build_model(spec)
-
-
-def _spec_name(spec: ModelSpec) -> str:
+def _spec_name(spec: Spec) -> str:
     if isinstance(spec, str):
         return spec
     if '_config_' in spec:
@@ -720,14 +470,15 @@ def _check_args(batch: int, hw: Size2, precision: str, device: str) -> None:
         raise ValueError(f'device must be one of {DEVICES}, got {device!r}')
 
 
-def measure(spec: ModelSpec, batch: int = 2, hw: Size2 = (224, 224),
+def measure(spec: Spec, batch: int = 2, hw: Size2 = (224, 224),
             precision: str = 'fp32', device: str = 'cuda',
             name: Optional[str] = None) -> MemoryReport:
     """Activation bytes a training step of a model keeps for backward.
 
     Args:
-        spec: a name of :data:`BACKBONES`, a backbone config dict, an
-            OpenMMLab config file, or what :func:`counterpart_spec` returns.
+        spec: what :func:`pola_mm.analysis.zoo.build` builds: a name of
+            the zoo, a backbone config dict, an OpenMMLab config file, or
+            what :func:`pola_mm.analysis.zoo.counterpart` returns.
         batch: images per step.
         hw: ``(H, W)`` of the (padded) input batch.
         precision: ``'fp32'``, or ``'fp16'``/``'bf16'`` mixed precision
@@ -748,7 +499,8 @@ def measure(spec: ModelSpec, batch: int = 2, hw: Size2 = (224, 224),
         fake_ctx = FakeTensorMode()
     # built on the CPU (some models call .item() while building), then
     # moved: parameters become meta or fake CUDA tensors
-    model, scope = _build_any(spec)
+    built = build(spec)
+    model, forward = built.model, built.forward
     model.train()
     if device != 'cpu':
         model.to('meta')
@@ -762,8 +514,6 @@ def measure(spec: ModelSpec, batch: int = 2, hw: Size2 = (224, 224),
         x = torch.empty(batch, 3, int(hw[0]), int(hw[1]), dtype=dt)
         if device == 'cpu':
             x.normal_()
-        forward = (model.extract_feat if scope == 'extract_feat'
-                   else model)
         if device == 'cuda':
             amp_ctx: Any = _cuda_autocast(amp)
         elif device == 'cpu' and amp is not None:
@@ -772,7 +522,7 @@ def measure(spec: ModelSpec, batch: int = 2, hw: Size2 = (224, 224),
             amp_ctx = _meta_default_dtype(amp)
         else:
             amp_ctx = contextlib.nullcontext()
-        with amp_ctx:
+        with amp_ctx, built.paths():
             saved, extra = measure_saved(model, [x], forward,
                                          efficient_sdpa=device == 'cuda')
     return MemoryReport(
@@ -780,7 +530,7 @@ def measure(spec: ModelSpec, batch: int = 2, hw: Size2 = (224, 224),
         batch=batch, hw=(int(hw[0]), int(hw[1])), saved=saved,
         input_bytes=extra['input'], output_bytes=extra['output'],
         param_bytes=extra['param'], freed_bytes=extra['freed'],
-        scope=scope)
+        scope=built.kind)
 
 
 # -- reports -----------------------------------------------------------------
@@ -835,7 +585,7 @@ def format_breakdown(report: MemoryReport, prefix: str = '',
     return '\n'.join(lines)
 
 
-def cuda_memory_check(spec: ModelSpec, batch: int = 2,
+def cuda_memory_check(spec: Spec, batch: int = 2,
                       hw: Size2 = (224, 224),
                       precision: str = 'fp32') -> Dict[str, float]:
     """On a real GPU: the estimate of :func:`measure` (``device='cuda'``)
@@ -859,10 +609,9 @@ def cuda_memory_check(spec: ModelSpec, batch: int = 2,
                            '(torch.cuda.is_available() is False)')
     _check_args(batch, hw, precision, 'cuda')
     est = measure(spec, batch, hw, precision, 'cuda')
-    model, scope = _build_any(spec)
-    model = model.cuda().train()
+    built = build(spec)
+    model, forward = built.model.cuda().train(), built.forward
     x = torch.randn(batch, 3, int(hw[0]), int(hw[1]), device='cuda')
-    forward = model.extract_feat if scope == 'extract_feat' else model
     amp = _AMP_DTYPES.get(precision)
 
     def step(measured: bool) -> Tuple[int, int]:
@@ -870,8 +619,8 @@ def cuda_memory_check(spec: ModelSpec, batch: int = 2,
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        with torch.autocast('cuda', dtype=amp or torch.float16,
-                            enabled=amp is not None):
+        with built.paths(), torch.autocast('cuda', dtype=amp or torch.float16,
+                                           enabled=amp is not None):
             out = forward(x)
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - base

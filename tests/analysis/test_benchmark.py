@@ -12,6 +12,7 @@ from pola_mm.analysis.benchmark import (BenchmarkCase, BenchmarkResult,
                                         compute_ratios, format_table,
                                         parse_size, plot_results,
                                         run_benchmarks)
+from pola_mm.analysis.zoo import build, zoo
 from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1, load_tool
 
 CONV = dict(type='torch.nn:Conv2d', in_channels=3, out_channels=4,
@@ -141,8 +142,7 @@ def test_ratios_growth_goals_and_table(tmp_path):
 
 
 def test_run_benchmarks_rounds_pool_times(monkeypatch):
-    from pola_mm.analysis.benchmark import backbones as bm
-    monkeypatch.setitem(bm.MODEL_ZOO, 'conv', CONV)
+    monkeypatch.setitem(zoo(), 'conv', CONV)
     case = BenchmarkCase('conv', ('conv', ), 'infer', (8, 8), 1)
     lines = []
     rs = run_benchmarks([case], rounds=2, log=lines.append, repeats=1,
@@ -172,9 +172,8 @@ def test_onnxruntime_mode_checks_times_and_pairs(monkeypatch):
     softmax baseline (in this process, to stay fast; the worker path is
     the next test)."""
     pytest.importorskip('onnxruntime')
-    from pola_mm.analysis.benchmark import backbones as bm
-    monkeypatch.setitem(bm.MODEL_ZOO, 'pola_swin_t', SWIN_CFG)
-    monkeypatch.setitem(bm.MODEL_ZOO, 'swin_t', CONV)
+    monkeypatch.setitem(zoo(), 'pola_swin_t', SWIN_CFG)
+    monkeypatch.setitem(zoo(), 'swin_t', CONV)
     case = BenchmarkCase('ort 64', ('pola_swin_t', 'swin_t'), 'infer',
                          (64, 64), 1)
     lines = []
@@ -199,7 +198,7 @@ def test_onnxruntime_mode_checks_times_and_pairs(monkeypatch):
                                                    reverse=True)
     # the Pola-Swin's parts are its top-level modules, read from the
     # exporter's scopes (nodes ONNX Runtime made included)
-    net = bm.build_benchmark_model(SWIN_CFG)
+    net = build(SWIN_CFG).model
     children = {name for name, _ in net.named_children()}
     parts = set(rs[0].ort_profile['parts']) - {'(graph)'}
     assert {'patch_embed', 'layers.0'} <= parts
@@ -318,3 +317,25 @@ def test_cli_help():
         [sys.executable, osp.join(root, 'tools', 'analysis', 'benchmark.py'),
          '--help'], capture_output=True, text=True, env=dict(os.environ))
     assert out.returncode == 0 and '--preset' in out.stdout
+
+
+def test_benchmark_knows_polapp_b2():
+    """The benchmark compares polapp_b2 with its plain formula and with
+    Pola-Swin-T; the plain variant is the zoo's model run with the fast
+    paths off (and only while it runs)."""
+    import torch
+
+    from pola_mm.analysis.benchmark import PRESETS, baseline_of
+    from pola_mm.models import PolaPP
+    from pola_mm.ops import dispatch
+    assert baseline_of('polapp_b2') == 'pola_swin_t'
+    assert baseline_of('polapp_b2_plain') == 'polapp_b2'
+    models = {m for case in PRESETS['polapp'] for m in case.models}
+    assert models == {'polapp_b2', 'polapp_b2_plain', 'pola_swin_t'}
+    with torch.device('meta'):
+        built = build('polapp_b2_plain')
+    assert isinstance(built.model, PolaPP) and not built.fast_paths
+    assert dispatch.fast_paths_enabled()
+    with built.paths():
+        assert not dispatch.fast_paths_enabled()
+    assert dispatch.fast_paths_enabled()

@@ -513,25 +513,6 @@ def test_builds_from_each_scope(scope):
             assert isinstance(model, PolaPP)
 
 
-def test_benchmark_knows_polapp_b2():
-    """The benchmark compares polapp_b2 with its plain formula and with
-    Pola-Swin-T; the plain variant builds with the fast paths off."""
-    from pola_mm.analysis import benchmark as bm
-    from pola_mm.ops import dispatch
-    assert bm.baseline_of('polapp_b2') == 'pola_swin_t'
-    assert bm.baseline_of('polapp_b2_plain') == 'polapp_b2'
-    models = {m for case in bm.PRESETS['polapp'] for m in case.models}
-    assert models == {'polapp_b2', 'polapp_b2_plain', 'pola_swin_t'}
-    assert dispatch.fast_paths_enabled()
-    try:
-        with torch.device('meta'):
-            model = bm.build_with_plain_paths(dict(bm.MODEL_ZOO[
-                'polapp_b2_plain'])['model'])
-        assert isinstance(model, PolaPP) and not dispatch.fast_paths_enabled()
-    finally:
-        dispatch.set_fast_paths(True)
-
-
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_autocast_trains(dtype):
     """Under CPU autocast the whole backbone runs forward and backward (PaCS

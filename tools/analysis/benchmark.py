@@ -53,10 +53,11 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
 from typing import Callable, List, Optional, Sequence, Tuple  # noqa: E402
 
 from pola_mm.analysis.benchmark import (  # noqa: E402
-    MODEL_ZOO, PRESETS, RUNTIMES, SEQ_METHODS, SEQ_MODES, WHOLE_MODELS,
+    PRESETS, RUNTIMES, SEQ_METHODS, SEQ_MODES, WHOLE_MODELS,
     BenchmarkCase, BenchmarkResult, compute_ratios, format_ratio,
     format_seqlen_table, format_table, parse_size, plot_results, plot_seqlen,
     run_benchmarks, run_seqlen, run_whole_benchmarks, size_str, whole_spec)
+from pola_mm.analysis.zoo import zoo_names  # noqa: E402
 
 #: The performance goals ``--preset goals`` is checked against: (title of
 #: the case, metric, largest allowed ratio of Pola over softmax).
@@ -122,8 +123,9 @@ def parse_args() -> argparse.Namespace:
                         help='a named list of comparisons (overrides '
                         '--models/--size/--mode/--batch)')
     parser.add_argument('--models', nargs='+', default=['pola_swin_t'],
-                        choices=sorted(MODEL_ZOO), metavar='NAME',
-                        help=f'models to measure: {", ".join(MODEL_ZOO)}')
+                        choices=zoo_names(), metavar='NAME',
+                        help='models to measure (pola_mm.analysis.zoo): '
+                        f'{", ".join(zoo_names())}')
     parser.add_argument('--mode', choices=['infer', 'train'], default='infer',
                         help='infer: no_grad forward; train: forward+backward')
     parser.add_argument('--size', nargs='+', default=['224'],

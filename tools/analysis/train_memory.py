@@ -24,14 +24,16 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
 from pola_mm.analysis.train_memory import (  # noqa: E402
-    BACKBONES, DEVICES, MiB, counterpart_spec, cuda_memory_check,
-    format_breakdown, format_comparison, measure)
+    DEVICES, MiB, cuda_memory_check, format_breakdown, format_comparison,
+    measure)
+from pola_mm.analysis.zoo import counterpart, zoo_names  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('model', help='an OpenMMLab config file (.py) or a '
-                        f'backbone name: {", ".join(sorted(BACKBONES))}')
+                        'backbone name of the zoo (pola_mm.analysis.zoo), '
+                        'e.g. pola_swin_t, pola_pvt_t, polapp_b2, swin_t')
     parser.add_argument('--batch', type=int, default=2)
     parser.add_argument('--shape', type=int, nargs=2, default=[224, 224],
                         metavar=('H', 'W'))
@@ -65,9 +67,9 @@ def main() -> None:
         sys.exit('error: --batch and --shape must be >= 1')
     if args.model.endswith('.py') and not osp.isfile(args.model):
         sys.exit(f'error: config file {args.model!r} not found')
-    if not args.model.endswith('.py') and args.model not in BACKBONES:
+    if not args.model.endswith('.py') and args.model not in zoo_names():
         sys.exit(f'error: unknown model {args.model!r}: a config file (.py) '
-                 f'or one of {", ".join(sorted(BACKBONES))}')
+                 f'or one of {", ".join(zoo_names())}')
     precision = args.amp or 'fp32'
     hw = tuple(args.shape)
     if args.cuda_check:
@@ -76,7 +78,7 @@ def main() -> None:
     pola = measure(args.model, args.batch, hw, precision, args.device)
     soft = None
     if not args.no_compare:
-        spec = counterpart_spec(args.model)
+        spec = counterpart(args.model)
         if spec is not None:
             soft = measure(spec, args.batch, hw, precision, args.device,
                            name=(spec['backbone'] if '_config_' in spec
@@ -113,7 +115,7 @@ def main_cuda_check(args: argparse.Namespace, precision: str,
         sys.exit('error: --cuda-check needs a CUDA GPU '
                  '(torch.cuda.is_available() is False)')
     specs = [(args.model, args.model)]
-    soft = None if args.no_compare else counterpart_spec(args.model)
+    soft = None if args.no_compare else counterpart(args.model)
     if soft is not None:
         specs.append(((soft['backbone'] if '_config_' in soft
                        else soft)['type'], soft))

@@ -1,24 +1,30 @@
 """Speed and memory benchmarks, each measurement in its own process.
 
-- :mod:`.worker`: what both share (the worker process and its launch,
-  timed steps, peak memory);
-- :mod:`.backbones`: backbones, Pola and softmax side by side
-  (``tools/analysis/benchmark.py``);
-- :mod:`.onnxrt`: the backbones exported, checked and timed in ONNX Runtime
+From the bottom up (each module imports only those above it):
+
+- :mod:`.worker`: the worker process and its launch, timed steps, peak
+  memory;
+- :mod:`.results`: what a result holds, input sizes, rounds pooled;
+- :mod:`.onnxrt`: a backbone exported, checked and timed in ONNX Runtime
   (``tools/analysis/benchmark.py --runtime onnxruntime``);
+- :mod:`.ortprofile`: ONNX Runtime's own profile of an exported model
+  (``--ort-profile``);
 - :mod:`.whole`: whole detectors exported by MMDeploy, checked and timed
-  in ONNX Runtime (``tools/analysis/benchmark.py --runtime onnxruntime
-  --whole ...``);
+  in ONNX Runtime (``--runtime onnxruntime --whole ...``);
+- :mod:`.backbones`: backbones, Pola and softmax side by side, in PyTorch
+  or ONNX Runtime (``tools/analysis/benchmark.py``);
+- :mod:`.report`: ratios against the baselines, the table and the plot;
 - :mod:`.seqlen`: the attention alone against sequence length
   (``tools/analysis/benchmark.py --seqlen``).
+
+The models are those of :mod:`pola_mm.analysis.zoo`.
 """
-from .backbones import (BASELINES, MODEL_ZOO, PRESETS, BenchmarkCase,
-                        BenchmarkResult, baseline_of, benchmark_model,
-                        build_benchmark_model, build_with_plain_paths,
-                        compute_growth, compute_ratios, format_ratio,
-                        format_table, measure,
-                        parse_size, plot_results, run_benchmarks, size_str)
+from .backbones import (PRESETS, BenchmarkCase, benchmark_model, measure,
+                        run_benchmarks)
 from .onnxrt import RUNTIMES
+from .report import (BASELINES, baseline_of, compute_growth, compute_ratios,
+                     format_ratio, format_table, plot_results)
+from .results import BenchmarkResult, parse_size, size_str
 from .seqlen import (SEQ_METHODS, SEQ_MODES, SeqLenResult, fit_slopes,
                      format_seqlen_table, measure_seqlen, naive_bytes,
                      plot_seqlen, run_seqlen, seq_grid)
@@ -26,9 +32,8 @@ from .whole import WHOLE_MODELS, run_whole_benchmarks, whole_spec
 from .worker import Size
 
 __all__ = [
-    'BASELINES', 'MODEL_ZOO', 'PRESETS', 'BenchmarkCase', 'BenchmarkResult',
-    'Size', 'baseline_of', 'benchmark_model', 'build_benchmark_model',
-    'build_with_plain_paths', 'compute_growth', 'compute_ratios',
+    'BASELINES', 'PRESETS', 'BenchmarkCase', 'BenchmarkResult', 'Size',
+    'baseline_of', 'benchmark_model', 'compute_growth', 'compute_ratios',
     'format_ratio', 'format_table', 'measure', 'parse_size', 'plot_results',
     'run_benchmarks', 'size_str', 'RUNTIMES', 'SEQ_METHODS', 'SEQ_MODES',
     'SeqLenResult', 'fit_slopes', 'format_seqlen_table', 'measure_seqlen',

@@ -34,9 +34,11 @@ import tempfile
 import time
 from typing import Any, Dict, Optional, Sequence
 
+from ..zoo import build
+from .results import parse_size
 from .worker import Size, measure_in, timed_steps
 
-__all__ = ['RUNTIMES', 'DEFAULT_EXPORTER', 'export_and_check',
+__all__ = ['RUNTIMES', 'DEFAULT_EXPORTER', 'opset_of', 'export_and_check',
            'measure_onnxruntime', 'seeded_feed', 'export_then_time',
            'run_onnxruntime']
 
@@ -49,7 +51,7 @@ RUNTIMES = ('pytorch', 'onnxruntime')
 DEFAULT_EXPORTER = 'torchscript'
 
 
-def _opset_of(path: str) -> Optional[int]:
+def opset_of(path: str) -> Optional[int]:
     """The default-domain opset of an ONNX file (None if unreadable)."""
     try:
         import onnx
@@ -76,8 +78,8 @@ def export_and_check(model: Any,
     (step 1 of the module docstring), in the current process.
 
     Args:
-        model: a name of ``MODEL_ZOO`` or a config dict (see
-            :func:`~pola_mm.analysis.benchmark.backbones.build_benchmark_model`).
+        model: a name of :func:`~pola_mm.analysis.zoo.zoo` or a config
+            dict (see :func:`~pola_mm.analysis.zoo.build`).
         path: the ``.onnx`` file to write.
         size: input (H, W), fixed in the graph.
         batch: batch size; other than 1 needs the ``dynamo`` exporter (the
@@ -105,7 +107,6 @@ def export_and_check(model: Any,
     from pola_mm.deployment.onnx import (ExportError, example_inputs,
                                          export_onnx, verify_onnx)
 
-    from .backbones import build_benchmark_model, parse_size
     if batch != 1 and exporter != 'dynamo':
         raise ExportError(f'batch {batch} needs the dynamo exporter (the '
                           f'{exporter} export fixes the batch at 1)')
@@ -113,7 +114,7 @@ def export_and_check(model: Any,
         torch.set_num_threads(int(threads))
     torch.manual_seed(seed)
     hw = parse_size(size)
-    net = build_benchmark_model(model)
+    net = build(model).model
     net.eval()  # not chained: mmdet's Swin.train returns None
     t0 = time.perf_counter()
     export_onnx(net, hw, path, exporter=exporter, opset=opset,
@@ -123,7 +124,7 @@ def export_and_check(model: Any,
     checks = verify_onnx(net, path, [x], rtol=rtol)
     rel = max((c.max_abs_diff / c.scale if c.scale > 0 else c.max_abs_diff)
               for c in checks)
-    out = dict(onnx_rel_diff=rel, export_s=export_s, opset=_opset_of(path),
+    out = dict(onnx_rel_diff=rel, export_s=export_s, opset=opset_of(path),
                torch_version=torch.__version__,
                num_params=sum(p.numel() for p in net.parameters()))
     if not all(c.ok for c in checks):
@@ -156,7 +157,6 @@ def measure_onnxruntime(path: str,
     """
     import onnxruntime as ort
 
-    from .backbones import parse_size
     h, w = parse_size(size)
     opts = ort.SessionOptions()
     if threads:

@@ -30,6 +30,7 @@ import shutil
 import tempfile
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+from .onnxrt import seeded_feed
 from .worker import Size
 
 __all__ = ['GRAPH_PART', 'scope_of', 'profile_onnxruntime', 'ratio_floor',
@@ -83,7 +84,6 @@ def profile_onnxruntime(path: str,
     """
     import onnxruntime as ort
 
-    from .onnxrt import seeded_feed
     if runs < 1:
         raise ValueError(f'runs must be at least 1, got {runs}')
     tmp = tempfile.mkdtemp(prefix='pola_mm_ort_profile_')

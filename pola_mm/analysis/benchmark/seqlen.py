@@ -1,11 +1,12 @@
 """The sequence-length benchmark: the attention alone against sequence
 length.
 
-Polarity attention (the kernel plus the depth-wise conv on v, as a block
-computes it), torch's ``scaled_dot_product_attention`` and softmax written
-out, forward and forward + backward, each length in its own process (see
-:mod:`pola_mm.analysis.benchmark.worker`); log-log slopes of time and memory
-against the number of tokens tell linear from quadratic.
+Polarity attention (the op, :func:`pola_mm.ops.polarity_attention`, plus
+the depth-wise conv on v, as a block computes it), torch's
+``scaled_dot_product_attention`` and softmax written out, forward and
+forward + backward, each length in its own process (see
+:mod:`pola_mm.analysis.benchmark.worker`); log-log slopes of time and
+memory against the number of tokens tell linear from quadratic.
 """
 import math
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from .worker import Size, StepMemory, run_in_worker, timed_steps
 
 
 #: Attention methods of the sequence-length mode: polarity attention (the
-#: kernel plus the depth-wise conv on v, as a block computes it), torch's
+#: op plus the depth-wise conv on v, as a block computes it), torch's
 #: ``scaled_dot_product_attention`` (flash / memory-efficient kernels where
 #: the device has them) and softmax written out (``softmax(q k^T) v``, the
 #: ``N x N`` matrix materialised).
@@ -98,8 +99,7 @@ def measure_seqlen(method: str, mode: str, tokens: int, batch: int = 1,
                for _ in range(3))
     H, W = seq_grid(tokens)
     if method == 'polarity':
-        from pola_mm.ops.depthwise_conv import depthwise_conv2d
-        from pola_mm.ops.polarity_kernel import polarity_attention_kernel
+        from pola_mm.ops import depthwise_conv2d, polarity_attention
         power = torch.randn(1, heads, 1, head_dims, device=dev) * 0.5
         scale = torch.randn(1, heads, 1, head_dims, device=dev) * 0.5
         C = heads * head_dims
@@ -107,7 +107,7 @@ def measure_seqlen(method: str, mode: str, tokens: int, batch: int = 1,
         bias = torch.zeros(C, device=dev)
 
         def attend():
-            x = polarity_attention_kernel(q, k, v, scale, power, 4.0)
+            x = polarity_attention(q, k, v, scale, power, 4.0)
             vmap = v.transpose(1, 2).reshape(batch, H, W, C)
             conv = depthwise_conv2d(vmap.permute(0, 3, 1, 2), weight, bias,
                                     (2, 2))

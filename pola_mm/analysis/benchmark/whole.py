@@ -42,6 +42,9 @@ import os.path as osp
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from .onnxrt import opset_of, export_then_time
+from .results import (BenchmarkResult, measure_in_rounds, parse_size,
+                      size_str)
 from .worker import Size
 
 __all__ = [
@@ -242,8 +245,6 @@ def export_whole(model: WholeSpec,
                                                     deploy_and_verify,
                                                     is_dynamic_hw)
 
-    from .backbones import parse_size
-    from .onnxrt import _opset_of
     spec = whole_spec(model)
     h, w = parse_size(size)
     if threads:
@@ -295,7 +296,7 @@ def export_whole(model: WholeSpec,
         num_params = sum(v.numel() for v in state.values()
                          if torch.is_tensor(v))
     return dict(_check_summary(report), export_s=export_s,
-                opset=_opset_of(path), input_shape=list(
+                opset=opset_of(path), input_shape=list(
                     report.input_shapes[0]),
                 deploy_cfg=osp.basename(deploy_file), weights=weights,
                 num_params=num_params, torch_version=torch.__version__)
@@ -321,7 +322,6 @@ def run_whole(model: WholeSpec,
         :func:`~pola_mm.analysis.benchmark.onnxrt.measure_onnxruntime`
         together, or ``error``.
     """
-    from .onnxrt import export_then_time
     job = dict(model=whole_spec(model), size=list(size), threads=threads,
                preload=list(preload))
     return export_then_time('pola_mm.analysis.benchmark.whole:export_whole',
@@ -331,7 +331,6 @@ def run_whole(model: WholeSpec,
 
 def _whole_result(spec: Dict[str, Any], size: Size, title: str,
                   out: Dict[str, Any]) -> Any:
-    from .backbones import BenchmarkResult
     r = BenchmarkResult(name=spec['name'], mode='infer', size=tuple(size),
                         batch=1, device='cpu', dtype='float32',
                         runtime='onnxruntime', title=title,
@@ -366,7 +365,6 @@ def run_whole_benchmarks(models: Sequence[WholeSpec],
         ``exporter='mmdeploy'`` and ``baseline`` the name of the model the
         ratios use.
     """
-    from .backbones import measure_in_rounds, parse_size, size_str
     hw = parse_size(size)
     specs = {s['name']: s for s in (whole_spec(m) for m in models)}
     title = title or f'whole {size_str(hw)}'
