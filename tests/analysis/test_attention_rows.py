@@ -146,9 +146,9 @@ def test_softmax_rows_reproduce_the_window_attention(swin_stage3, block):
     """At 128x176 stage 3 is 8x11: windows of 7 with padding, and block 2
     is shifted (region mask)."""
     cap = swin_stage3[(3, block)]
-    blk, attn = cap.block_module, cap.attn
+    attn = cap.attn
     assert cap.hw == (8, 11)
-    assert blk.shift_size == ((3, 3) if block == 2 else (0, 0))
+    assert attn.shift_size == ((3, 3) if block == 2 else (0, 0))
     N = cap.hw[0] * cap.hw[1]
     rows = torch.arange(N)
     a = softmax_rows(cap, rows)  # (1, h, N, N)
@@ -156,7 +156,7 @@ def test_softmax_rows_reproduce_the_window_attention(swin_stage3, block):
     # rows of windows with padding keep part of their mass there
     mass = a.sum(-1)
     assert (mass <= 1 + 1e-9).all() and (mass < 1 - 1e-3).any()
-    win = blk.window_size
+    win = attn.window_size
     assert ((a[0, 0] > 0).sum(-1) <= win[0] * win[1]).all()
     h = attn.num_heads
     v = attn.qkv(cap.x).double().reshape(1, N, 3, h, -1)[:, :, 2]
@@ -167,7 +167,7 @@ def test_softmax_rows_reproduce_the_window_attention(swin_stage3, block):
     y = y.transpose(1, 2).reshape(1, N, -1)
     out = F.linear(y, attn.proj.weight.double(), attn.proj.bias.double())
     with torch.no_grad():
-        expected = blk._softmax(cap.x, cap.hw)
+        expected = attn(cap.x, cap.hw)
     assert torch.allclose(out.float(), expected, atol=1e-5)
 
 
@@ -206,7 +206,7 @@ def test_pacs_rows_reproduce_the_module_output(photo):
     and rows, conv, gate and projection give the module's own output."""
     from pola_mm.analysis.attention import format_statistics, \
         summarise_statistics
-    from pola_mm.models.layers.pacs_attention import pacs_linear_attention
+    from pola_mm.ops import pacs_attention_pytorch
     torch.manual_seed(0)
     m = MODELS.build(dict(type='PolaSwinTransformer', arch=SWIN_TINY_DEPTH2,
                           feature_map='pacs'))
@@ -230,8 +230,9 @@ def test_pacs_rows_reproduce_the_module_output(photo):
         sc[f] / (sc[f].sum(-1, keepdim=True) + N * 1e-6) @ v
         for f, v in (('same', qk.v[..., :d // 2]),
                      ('opposite', qk.v[..., d // 2:]))], -1)
-    ref = pacs_linear_attention(qk.q, qk.k, qk.v, attn.s1.detach().double(),
-                                attn.s2.detach().double())
+    ref = pacs_attention_pytorch(qk.q, qk.k, qk.v,
+                                 attn.s1.detach().double(),
+                                 attn.s2.detach().double())
     assert torch.allclose(x, ref, atol=1e-9)
     conv = torch.cat([dwc_rows(attn, cap.hw, rows, c) @ qk.v[..., c:c + 1]
                       for c in range(d)], -1) + attn.dwc.bias.double()
