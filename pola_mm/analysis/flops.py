@@ -12,26 +12,36 @@ residual adds, softmax) is not counted, as in mmengine.
 
 How it counts: a :class:`~torch.utils._python_dispatch.TorchDispatchMode`
 sees every aten operation of one forward on a synthetic input, with
-pola_mm's fast paths off (:func:`pola_mm.ops.plain_paths`: they compute the
-same model, partly in fused loops no dispatcher can see into). Two kinds of
-work are charged by formula instead of by what the dispatcher sees:
+pola_mm's fast paths off (:func:`pola_mm.ops.plain_paths`: every op runs
+its plain ``*_pytorch`` reference). Some work is charged by formula instead
+of by what the dispatcher sees, through a registry of formulas keyed by
+the op functions (:data:`FORMULAS`, :func:`register_formula`): while
+counting, every module global bound to a registered function is wrapped,
+the call is charged its formula from its arguments' shapes, and the aten
+operations inside it are not counted; afterwards the globals are restored.
+The models know nothing of this. Registered here:
 
-- the ``mix`` of every module with a ``mix_flops(batch, tokens)`` method,
-  by what that method returns (the model describes its own attention, the
-  published computation whatever implementation runs and whether or not
-  gradients are on):
-  :meth:`PolarityAttention.mix_flops <pola_mm.models.layers.
-  PolarityAttention.mix_flops>` charges :func:`polarity_attention_flops`
-  (its matrix products, the conv and the elementwise work of the formula:
-  feature maps with the learned power, scalings, normalisers) or, with
-  PolaFormer++'s PaCS feature map, :func:`pacs_attention_flops`;
-  :meth:`PaCSAttention.mix_flops <pola_mm.models.layers.PaCSAttention.
-  mix_flops>` (PolaPP: PaCS features, rotary encoding, ``lepe``)
-  :func:`pacs_attention_flops` with ``rotary=True``;
-- every ``scaled_dot_product_attention`` kernel (fused softmax attention,
-  which :class:`torch.utils.flop_counter.FlopCounterMode` counts as 0 on
-  the CPU) by :func:`softmax_attention_flops`: its two products, the same
-  as the explicit ``q @ k^T`` and ``attn @ v``.
+- the polarity attention op (:func:`pola_mm.ops.polarity_attention_pytorch`
+  and the fast kernel beside it) by :func:`polarity_attention_flops`, its
+  matrix products and the elementwise work of the published formula
+  (feature maps with the learned power, scalings, normalisers);
+- the PaCS attention op (:func:`pola_mm.ops.pacs_attention_pytorch` and its
+  kernel) by :func:`pacs_attention_flops`, with the rotary encoding when
+  the op is given rotary tables, and with the scaled inputs (``q / s``,
+  ``k + positional_encoding``, ``k / s``) when the module calling it is a
+  :class:`~pola_mm.models.layers.PolarityAttention` (PolaFormer's
+  ``feature_map='pacs'``, which computes them before the op);
+- the positional tables resized to a map
+  (:func:`pola_mm.ops.resize_pos_table`): not charged, like the rotary
+  tables: they depend on the map's size only, not on the image.
+
+The depth-wise conv on v (``dwc``, ``lepe``) is a conv like any other, so
+each attention module costs its projections, the op's formula and its conv:
+the published total (``total`` of the formulas). Every
+``scaled_dot_product_attention`` kernel (fused softmax attention, which
+:class:`torch.utils.flop_counter.FlopCounterMode` counts as 0 on the CPU)
+is charged :func:`softmax_attention_flops`: its two products, the same as
+the explicit ``q @ k^T`` and ``attn @ v`` of the plain reference.
 
 mmengine's counter (``get_model_complexity_info``, used by the upstream
 ``get_flops.py`` tools) traces the model with ``torch.jit.trace``: it cannot
@@ -39,6 +49,9 @@ see into custom autograd functions or C++ loops and has no handler for
 ``scaled_dot_product_attention``.
 """
 import contextlib
+import functools
+import inspect
+import sys
 from dataclasses import dataclass, field
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
                     Tuple)
@@ -48,12 +61,19 @@ import torch.nn as nn
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..models.layers import PolarityAttention
 from ..ops.dispatch import plain_paths
+from ..ops.pacs_attention import pacs_attention_pytorch
+from ..ops.pacs_kernel import pacs_attention_kernel
+from ..ops.polarity_attention import polarity_attention_pytorch
+from ..ops.polarity_kernel import polarity_attention_kernel
+from ..ops.position import resize_pos_table
+from .zoo import build_config_model
 
 __all__ = [
-    'FlopReport', 'polarity_attention_flops', 'pacs_attention_flops',
-    'softmax_attention_flops',
-    'count_flops', 'count_params', 'model_complexity', 'format_report'
+    'FlopReport', 'FORMULAS', 'register_formula', 'polarity_attention_flops',
+    'pacs_attention_flops', 'softmax_attention_flops', 'count_flops',
+    'count_params', 'model_complexity', 'format_report'
 ]
 
 aten = torch.ops.aten
@@ -70,52 +90,61 @@ def _prod(shape: Shape) -> int:
 
 # -- formulas ------------------------------------------------------------
 def polarity_attention_flops(batch: int, tokens: int, embed_dims: int,
-                             num_heads: int,
-                             kernel_size: int = 5) -> Dict[str, int]:
-    """FLOPs of :meth:`PolarityAttention.mix` (the published computation).
+                             num_heads: int, kernel_size: int = 5,
+                             key_tokens: Optional[int] = None
+                             ) -> Dict[str, int]:
+    """FLOPs of PolaFormer's polarity attention, the published computation
+    of :class:`~pola_mm.models.layers.PolarityAttention` between its
+    projections: the op (:func:`pola_mm.ops.polarity_attention`) and the
+    depth-wise conv on v.
 
-    With ``B`` = ``batch``, ``N`` = ``tokens`` (the whole stage map),
-    ``C`` = ``embed_dims``, ``h`` heads of width ``d = C / h``, ``k`` the
-    depth-wise kernel (1 multiply-add = 1 FLOP):
+    With ``B`` = ``batch``, ``N`` = ``tokens`` (the whole stage map), ``n``
+    = ``key_tokens`` (default ``N``), ``C`` = ``embed_dims``, ``h`` heads
+    of width ``d = C / h``, ``k`` the depth-wise kernel (1 multiply-add = 1
+    FLOP):
 
     - ``products``: key-value state ``k'^T v1`` and ``k'^T v2``
-      (``(2d, N) @ (N, d/2)`` per head, twice: ``2 B N C d``), query
+      (``(2d, n) @ (n, d/2)`` per head, twice: ``2 B n C d``), query
       application ``q_sim @ kv1`` and ``q_opp @ kv2`` (``2 B N C d``),
       normalisers ``q_sim . mean(k')`` and ``q_opp . mean(k')``
       (``(N, 2d) @ (2d, 1)`` per head, twice: ``4 B N C``);
     - ``conv``: the depth-wise conv on v, ``B N C k^2``;
     - ``elementwise`` (one FLOP per output element of each arithmetic
-      step): ``k + positional_encoding`` (``B N C``), ``q / s`` and
-      ``k / s`` (``2 B N C``), the powers ``relu(t)^p`` and ``relu(-t)^p`` of
-      q and k (``4 B N C``; the relu is free), the mean of ``k'`` over the
-      tokens (``2 B N C``), the authors' ``N^-1/2`` scalings of ``k'`` and
-      ``v`` (``3 B N C``), the normalisers ``1 / (z + eps)`` (``4 B h N``)
-      and their products with the outputs (``B N C``), and the sum of
-      attention and conv (``B N C``): ``14 B N C + 4 B h N``.
+      step): on the keys, ``k + positional_encoding`` and ``k / s``
+      (``2 B n C``), the powers ``relu(t)^p`` and ``relu(-t)^p`` (``2 B n
+      C``; the relu is free), the mean of ``k'`` over the tokens (``2 B n
+      C``) and the authors' ``n^-1/2`` scalings of ``k'`` and ``v`` (``3 B
+      n C``); on the queries, ``q / s`` (``B N C``), the powers (``2 B N
+      C``), the normalisers ``1 / (z + eps)`` (``4 B h N``) and their
+      products with the outputs (``B N C``), and the sum of attention and
+      conv (``B N C``): ``14 B N C + 4 B h N`` when ``n = N``.
 
     The projections (``qkvg`` or ``qg`` + ``kv``, ``proj``) are linears
     counted as such, outside this formula.
 
     Returns:
-        dict with ``products``, ``conv``, ``elementwise`` and ``total``.
+        dict with ``products``, ``conv``, ``elementwise``, ``total`` (all
+        three) and ``op``: what the counter charges the op (``products``
+        and ``elementwise``; the conv is counted as the conv it is).
     """
     B, N, C, h = int(batch), int(tokens), int(embed_dims), int(num_heads)
+    n = N if key_tokens is None else int(key_tokens)
     d = C // h
-    products = 4 * B * N * C * d + 4 * B * N * C
+    products = 2 * B * n * C * d + 2 * B * N * C * d + 4 * B * N * C
     conv = B * N * C * kernel_size * kernel_size
-    elementwise = 14 * B * N * C + 4 * B * h * N
+    elementwise = 9 * B * n * C + 5 * B * N * C + 4 * B * h * N
     return dict(products=products, conv=conv, elementwise=elementwise,
-                total=products + conv + elementwise)
+                total=products + conv + elementwise,
+                op=products + elementwise)
 
 
 def pacs_attention_flops(batch: int, tokens: int, embed_dims: int,
                          num_heads: int, kernel_size: int = 5,
                          rotary: bool = False,
                          scaled_inputs: bool = False) -> Dict[str, int]:
-    """FLOPs of the PaCS attention (PolaFormer++) plus its depth-wise conv.
-
-    :meth:`PaCSAttention.mix <pola_mm.models.layers.PaCSAttention.mix>`
-    (PolaPP: ``rotary=True``) and :meth:`PolarityAttention.mix` with
+    """FLOPs of the PaCS attention (PolaFormer++) plus its depth-wise conv:
+    :class:`~pola_mm.models.layers.PaCSAttention` (PolaPP: ``rotary=True``)
+    and :class:`~pola_mm.models.layers.PolarityAttention` with
     ``feature_map='pacs'`` (``scaled_inputs=True``: the positional table and
     ``softplus(scale)`` of PolaFormer). ``B``, ``N``, ``C``, ``h``, ``d``,
     ``k`` as in :func:`polarity_attention_flops`:
@@ -139,7 +168,9 @@ def pacs_attention_flops(batch: int, tokens: int, embed_dims: int,
       (``3 B N C``).
 
     Returns:
-        dict with ``products``, ``conv``, ``elementwise`` and ``total``.
+        dict with ``products``, ``conv``, ``elementwise``, ``total`` and
+        ``op`` (``products`` and ``elementwise``), as
+        :func:`polarity_attention_flops`.
     """
     B, N, C, h = int(batch), int(tokens), int(embed_dims), int(num_heads)
     d = C // h
@@ -148,7 +179,8 @@ def pacs_attention_flops(batch: int, tokens: int, embed_dims: int,
     per_token = 17 + (18 if rotary else 0) + (3 if scaled_inputs else 0)
     elementwise = per_token * B * N * C + 4 * B * h * N
     return dict(products=products, conv=conv, elementwise=elementwise,
-                total=products + conv + elementwise)
+                total=products + conv + elementwise,
+                op=products + elementwise)
 
 
 def softmax_attention_flops(batch: int, num_heads: int, q_tokens: int,
@@ -161,6 +193,66 @@ def softmax_attention_flops(batch: int, num_heads: int, q_tokens: int,
     dv = head_dims if v_head_dims is None else v_head_dims
     return int(batch) * int(num_heads) * int(q_tokens) * int(k_tokens) * (
         int(head_dims) + int(dv))
+
+
+# -- formulas of ops, keyed by the op functions ----------------------------
+#: How a call of a function is charged: ``(label, flops)``, ``label`` its
+#: key in :attr:`FlopReport.by_op`, ``flops(arguments, caller)`` its FLOPs
+#: from its arguments by name and the innermost module running (or None).
+OpFormula = Tuple[str, Callable[[Dict[str, Any], Optional[nn.Module]], int]]
+
+#: The functions charged by formula (see the module docstring), filled by
+#: :func:`register_formula`.
+FORMULAS: Dict[Callable[..., Any], OpFormula] = {}
+
+
+def register_formula(label: str, *functions: Callable[..., Any]
+                     ) -> Callable[[Callable], Callable]:
+    """Decorator: charge every call of ``functions`` (an op's plain
+    reference and its fast implementations, or any function of one's own)
+    the decorated ``flops(arguments, caller) -> int`` under ``label``,
+    instead of the aten operations the call runs. The function is wrapped
+    wherever a module global is bound to it, for the duration of a count
+    (so it must be called through such a global, as the ops call their
+    references)."""
+    def register(flops: Callable[[Dict[str, Any], Optional[nn.Module]],
+                                 int]) -> Callable:
+        for fn in functions:
+            FORMULAS[fn] = (label, flops)
+        return flops
+    return register
+
+
+def _heads(args: Dict[str, Any]) -> Tuple[int, int, int, int]:
+    """``(B, N, C, h)`` of an op's queries ``q`` ``(B, h, N, d)``."""
+    B, h, N, d = args['q'].shape
+    return B, N, h * d, h
+
+
+@register_formula('polarity_attention', polarity_attention_pytorch,
+                  polarity_attention_kernel)
+def _polarity_attention(args: Dict[str, Any],
+                        caller: Optional[nn.Module]) -> int:
+    B, N, C, h = _heads(args)
+    return polarity_attention_flops(B, N, C, h,
+                                    key_tokens=args['k'].shape[-2])['op']
+
+
+@register_formula('pacs_attention', pacs_attention_pytorch,
+                  pacs_attention_kernel)
+def _pacs_attention(args: Dict[str, Any],
+                    caller: Optional[nn.Module]) -> int:
+    # PolarityAttention divides q, k by softplus(scale) and adds its
+    # positional table before calling the op: charged here, with the op
+    return pacs_attention_flops(
+        *_heads(args), rotary=args.get('sin') is not None,
+        scaled_inputs=isinstance(caller, PolarityAttention))['op']
+
+
+@register_formula('positional_table', resize_pos_table)
+def _positional_table(args: Dict[str, Any],
+                      caller: Optional[nn.Module]) -> int:
+    return 0  # depends on the map's size only, like the rotary tables
 
 
 # -- per-operation handlers (shapes -> FLOPs) ----------------------------
@@ -264,9 +356,9 @@ class FlopReport:
             innermost module whose ``__call__`` is running, so work done in a
             method called directly (mmdet's ``roi_head.forward``) outside
             any submodule goes to the nearest caller module.
-        by_op: FLOPs per operation (aten op names, ``'polarity_attention'``
-            for the formula of :func:`polarity_attention_flops`,
-            ``'pacs_attention'`` for :func:`pacs_attention_flops`).
+        by_op: FLOPs per operation: aten op names, and the labels of the
+            functions charged by formula (:data:`FORMULAS`:
+            ``'polarity_attention'``, ``'pacs_attention'``).
         params: parameters per module name, each including its submodules.
         uncounted: aten ops seen but not charged (elementwise and
             data-movement ops, by convention) with how often they ran.
@@ -279,14 +371,16 @@ class FlopReport:
 
 
 class _Counter(TorchDispatchMode):
-    """Charges each aten op to the modules on the current call stack."""
+    """Charges each aten op to the modules on the current call stack, and
+    the calls of :data:`FORMULAS` by their formulas."""
 
-    def __init__(self, report: FlopReport) -> None:
+    def __init__(self, report: FlopReport, model: nn.Module) -> None:
         super().__init__()
         self.report = report
         self.stack: List[str] = ['']  # the root, however it is called
+        self.modules = dict(model.named_modules())
         self.own: Dict[str, int] = {}
-        self.suppress = 0
+        self.suppress = 0  # inside a call charged by formula
         self.handlers = _handlers()
 
     def add(self, op: str, flops: int) -> None:
@@ -298,6 +392,10 @@ class _Counter(TorchDispatchMode):
         # ``roi_head.forward`` called directly still count for their parent)
         name = self.stack[-1]
         self.own[name] = self.own.get(name, 0) + flops
+
+    def caller(self) -> Optional[nn.Module]:
+        """The innermost module running."""
+        return self.modules.get(self.stack[-1])
 
     def finish(self, names: Sequence[str]) -> None:
         """Fill ``report.by_module``: each module's FLOPs including those
@@ -326,19 +424,9 @@ class _Counter(TorchDispatchMode):
 
 @contextlib.contextmanager
 def _tracked(model: nn.Module, counter: _Counter) -> Iterator[None]:
-    """Module-stack hooks on every submodule, and the module's own formula
-    (``mix_flops``) for the ``mix`` of every module that has one
-    (:class:`PolarityAttention`, :class:`PaCSAttention`, or a user's)."""
+    """Module-stack hooks on every submodule."""
     handles = []
-    patched: List[nn.Module] = []
     for name, module in model.named_modules():
-        if callable(getattr(module, 'mix_flops', None)) and callable(
-                getattr(module, 'mix', None)):
-            patched.append(module)
-            module.mix = _formula_mix(module, counter, 'mix')
-            if callable(getattr(module, 'mix_channels', None)):
-                module.mix_channels = _formula_mix(module, counter,
-                                                   'mix_channels')
         if not name:  # the root is always on the stack
             continue
 
@@ -356,31 +444,63 @@ def _tracked(model: nn.Module, counter: _Counter) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
-        for module in patched:
-            for method in ('mix', 'mix_channels'):
-                vars(module).pop(method, None)  # back to the class's method
 
 
-def _formula_mix(module: nn.Module, counter: _Counter,
-                 method: str) -> Callable[..., Tensor]:
-    """``module.<method>`` (``mix``, tokens ``(B, N, C)``, or
-    ``mix_channels``, channel-major ``(B, C, N)``) charged by its
-    ``mix_flops`` instead of its operations."""
-    original = getattr(type(module), method).__get__(module)
-    token_dim = 2 if method == 'mix_channels' else 1
+def _bindings(fns: Sequence[Callable[..., Any]]
+              ) -> List[Tuple[Any, str, Callable[..., Any]]]:
+    """Every ``(module, name, fn)`` whose module global ``name`` is one of
+    ``fns``."""
+    by_id = {id(fn): fn for fn in fns}
+    out = []
+    for module in list(sys.modules.values()):
+        try:
+            items = list(vars(module).items())
+        except TypeError:  # not a module with a namespace
+            continue
+        out.extend((module, name, by_id[id(v)]) for name, v in items
+                   if id(v) in by_id)
+    return out
 
-    def mix(q: Tensor, k: Tensor, v: Tensor, hw: Sequence[int],
-            *args: Any, **kwargs: Any) -> Tensor:
+
+def _charged(fn: Callable[..., Any], label: str,
+             flops: Callable[[Dict[str, Any], Optional[nn.Module]], int],
+             counter: _Counter) -> Callable[..., Any]:
+    """``fn``, charged ``flops`` of its arguments unless it runs inside
+    another call charged by formula; its aten operations not counted."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def charged(*args: Any, **kwargs: Any) -> Any:
+        outer = counter.suppress == 0
         counter.suppress += 1
         try:
-            out = original(q, k, v, hw, *args, **kwargs)
+            out = fn(*args, **kwargs)
         finally:
             counter.suppress -= 1
-        op, flops = module.mix_flops(q.shape[0], q.shape[token_dim])
-        counter.add(op, flops['total'])
+        if outer:
+            n = int(flops(signature.bind(*args, **kwargs).arguments,
+                          counter.caller()))
+            if n:
+                counter.add(label, n)
         return out
 
-    return mix
+    return charged
+
+
+@contextlib.contextmanager
+def _formulas(counter: _Counter) -> Iterator[None]:
+    """Every module global bound to a function of :data:`FORMULAS`
+    replaced by its charged wrapper, restored on exit."""
+    wrappers = {fn: _charged(fn, label, flops, counter)
+                for fn, (label, flops) in FORMULAS.items()}
+    patched = _bindings(list(wrappers))
+    try:
+        for module, name, fn in patched:
+            setattr(module, name, wrappers[fn])
+        yield
+    finally:
+        for module, name, fn in reversed(patched):
+            setattr(module, name, fn)
 
 
 def count_params(model: nn.Module) -> Dict[str, int]:
@@ -403,17 +523,17 @@ def count_flops(model: nn.Module, forward: Callable[[], Any],
             ``model.named_modules()``).
         forward: runs the forward pass, e.g. ``lambda: model(x)``.
         fast_paths: leave pola_mm's fast paths as they are (default: off
-            while counting; the polarity attention is charged by formula
-            either way, but the fast CPU inference paths of whole blocks
-            bypass the modules the counter attributes to).
+            while counting, every op runs its reference). The ops of
+            :data:`FORMULAS` are charged by formula either way: their fast
+            implementations are registered beside their references.
 
     Returns:
         a :class:`FlopReport` (``params`` filled from ``model``).
     """
     report = FlopReport(params=count_params(model))
-    counter = _Counter(report)
+    counter = _Counter(report, model)
     paths = contextlib.nullcontext() if fast_paths else plain_paths()
-    with paths, _tracked(model, counter), counter:
+    with paths, _tracked(model, counter), _formulas(counter), counter:
         forward()
     counter.finish([name for name, _ in model.named_modules()])
     return report
@@ -462,17 +582,14 @@ def model_complexity(cfg: Any, shape: Tuple[int, int],
         (``'classifier'``, ``'detector'``, ``'segmentor'`` or
         ``'backbone'``).
     """
-    from mmengine.registry import MODELS
     H, W = int(shape[0]), int(shape[1])
     if H <= 0 or W <= 0 or batch <= 0:
         raise ValueError(f'shape {shape} and batch {batch} must be positive '
                          '(e.g. --shape 224 224)')
     scope = _scope_of(cfg)
-    model_cfg = cfg.get('model')
-    if model_cfg is None:
+    if cfg.get('model') is None:
         raise ValueError('the config has no `model` to count')
-    with MODELS.switch_scope_and_registry(scope) as registry:
-        model = registry.build(model_cfg)
+    model = build_config_model(cfg)
     model.eval()
     x = torch.randn(batch, 3, H, W)
     from mmengine.model import BaseModel
@@ -517,8 +634,10 @@ def format_report(report: FlopReport, kind: str, shape: Tuple[int, int],
         flops = _fmt(report.by_module.get(name, 0), 'G')
         params = _fmt(report.params.get(name, 0), 'M')
         lines.append(f'{label:<14} {flops:>11} {params:>10}')
-    attn = report.by_op.get('polarity_attention', 0)
-    if attn:
-        lines.append('of which polarity attention (formula): '
-                     f'{_fmt(attn, "G")}')
+    for op, label in (('polarity_attention', 'polarity attention'),
+                      ('pacs_attention', 'PaCS attention')):
+        if report.by_op.get(op):
+            lines.append(f'of which {label} (formula): '
+                         f'{_fmt(report.by_op[op], "G")} (its depth-wise '
+                         'conv on v counted as a conv)')
     return '\n'.join(lines)

@@ -3,6 +3,7 @@
 attention (explicit and ``scaled_dot_product_attention``), and
 ``tools/analysis/get_flops.py`` on tiny classifier, detector and segmentor
 configs."""
+import importlib
 import importlib.util
 import json
 import os.path as osp
@@ -13,12 +14,14 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import pola_mm  # noqa: F401
-from pola_mm.analysis.flops import (count_flops, pacs_attention_flops,
+from pola_mm.analysis.flops import (FORMULAS, count_flops,
+                                    pacs_attention_flops,
                                     polarity_attention_flops,
+                                    register_formula,
                                     softmax_attention_flops)
 from pola_mm.models.backbones import PolaPVT, PolaSwinTransformer
 from pola_mm.models.layers import PolarityAttention, WindowMSA
-from pola_mm.ops import dispatch, plain_paths
+from pola_mm.ops import plain_paths
 from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1, randomise_attention
 
 
@@ -26,6 +29,19 @@ def _attention(C: int, h: int, hw, fused: bool, kernel: int = 5):
     attn = PolarityAttention(C, h, hw, fused_qkvg=fused, kernel_size=kernel)
     randomise_attention(attn)
     return attn
+
+
+def _linears(B: int, N: int, C: int) -> int:
+    """The attention's projections: qkvg (or qg + kv) and proj."""
+    return B * N * C * 4 * C + B * N * C * C
+
+
+def _references_restored() -> bool:
+    """After a count, the ops' modules hold their own functions again."""
+    mods = [importlib.import_module('pola_mm.ops.polarity_attention'),
+            importlib.import_module('pola_mm.ops.pacs_attention')]
+    return all(vars(m)[fn.__name__] is fn for fn in FORMULAS for m in mods
+               if fn.__name__ in vars(m))
 
 
 def test_formula_by_hand():
@@ -47,11 +63,12 @@ def test_formula_matches_flop_counter_mode_on_plain_path(
     the published formula (2 FLOPs per multiply-add there)."""
     attn = _attention(C, h, hw, fused, kernel)
     B, N = 2, hw[0] * hw[1]
-    q, k, v = (torch.randn(B, N, C) for _ in range(3))
+    x = torch.randn(B, N, C)
     with plain_paths(), torch.no_grad(), FlopCounterMode(display=False) as m:
-        attn.mix(q, k, v, hw)
+        attn(x, hw)
     f = polarity_attention_flops(B, N, C, h, kernel)
-    assert m.get_total_flops() == 2 * (f['products'] + f['conv'])
+    assert m.get_total_flops() == 2 * (f['products'] + f['conv']
+                                       + _linears(B, N, C))
 
 
 @pytest.mark.parametrize('grad', [False, True])
@@ -69,36 +86,40 @@ def test_polarity_attention_counted_with_grad_on_and_off(grad, fast_paths):
                              fast_paths=fast_paths)
     f = polarity_attention_flops(B, N, C, h)
     assert f['total'] > 0
-    assert report.by_op['polarity_attention'] == f['total']
-    linears = B * N * C * 4 * C + B * N * C * C  # qkvg, proj
-    assert report.total == f['total'] + linears
+    # the op by its formula, the depth-wise conv on v as a conv
+    assert report.by_op['polarity_attention'] + report.by_op[
+        'convolution'] == f['total']
+    assert report.by_op['convolution'] == f['conv']
+    assert report.total == f['total'] + _linears(B, N, C)
     assert report.by_module['qkvg'] == B * N * C * 4 * C
     assert report.params[''] == sum(p.numel() for p in attn.parameters())
-    # the module's mix is its own again
-    assert 'mix' not in vars(attn)
+    # the op's references are their own again
+    assert _references_restored()
 
 
-def _window_msa_flops(monkeypatch, fused: bool) -> int:
+def _window_msa_flops(fused: bool) -> int:
+    """Windows of 7 on a 14 x 14 map: 4 windows; with ``fused`` the fast
+    paths on (no gradients: ``scaled_dot_product_attention``), else the
+    explicit reference."""
     C, h, win, nW = 24, 3, (7, 7), 4
     msa = WindowMSA(C, h, win)
-    monkeypatch.setattr(dispatch, 'select',
-                        lambda x, *m: dispatch.Path(sdpa=fused))
-    x = torch.randn(nW, win[0] * win[1], C)
-    mask = torch.zeros(nW, 49, 49)
+    x = torch.randn(1, 14 * 14, C)
     with torch.no_grad():
-        report = count_flops(msa, lambda: msa(x, win, mask))
+        report = count_flops(msa, lambda: msa(x, (14, 14)), fast_paths=fused)
+    sdpa = report.by_op.get('_scaled_dot_product_flash_attention_for_cpu')
     if fused:
-        assert report.by_op['_scaled_dot_product_flash_attention_for_cpu'] \
-            == softmax_attention_flops(nW, h, 49, 49, C // h)
+        assert sdpa == softmax_attention_flops(nW, h, 49, 49, C // h)
+    else:
+        assert sdpa is None
     return report.total
 
 
-def test_softmax_window_attention_sdpa_counted(monkeypatch):
+def test_softmax_window_attention_sdpa_counted():
     """Swin's softmax windows cost the same whether computed explicitly
     (CPU training) or by scaled_dot_product_attention (GPUs, CPU
     inference): two products plus the qkv and output linears."""
-    explicit = _window_msa_flops(monkeypatch, fused=False)
-    fused = _window_msa_flops(monkeypatch, fused=True)
+    explicit = _window_msa_flops(fused=False)
+    fused = _window_msa_flops(fused=True)
     nW, N, C, h = 4, 49, 24, 3
     expected = (softmax_attention_flops(nW, h, N, N, C // h)
                 + nW * N * C * 3 * C + nW * N * C * C)
@@ -284,12 +305,13 @@ def test_pacs_formula_matches_flop_counter_mode_on_plain_path(
     torch's own counter sees in the plain formula."""
     attn = _pacs_module(kind, C, h, hw, kernel)
     B, N = 2, hw[0] * hw[1]
-    q, k, v = (torch.randn(B, N, C) for _ in range(3))
+    x = torch.randn(B, N, C)
     with plain_paths(), torch.no_grad(), FlopCounterMode(display=False) as m:
-        attn.mix(q, k, v, hw)
+        attn(x, hw)
     f = pacs_attention_flops(B, N, C, h, kernel, rotary=kind == 'polapp',
                              scaled_inputs=kind == 'pola')
-    assert m.get_total_flops() == 2 * (f['products'] + f['conv'])
+    assert m.get_total_flops() == 2 * (f['products'] + f['conv']
+                                       + _linears(B, N, C))
 
 
 @pytest.mark.parametrize('kind', ['polapp', 'pola'])
@@ -307,30 +329,37 @@ def test_pacs_attention_counted_whatever_runs(kind, grad, fast_paths):
                              fast_paths=fast_paths)
     f = pacs_attention_flops(B, N, C, h, rotary=kind == 'polapp',
                              scaled_inputs=kind == 'pola')
-    assert report.by_op['pacs_attention'] == f['total']
+    # the op by its formula, the depth-wise conv on v as a conv
+    assert report.by_op['pacs_attention'] + report.by_op[
+        'convolution'] == f['total']
+    assert report.by_op['convolution'] == f['conv']
     assert 'polarity_attention' not in report.by_op
-    assert report.total == f['total'] + B * N * C * 5 * C  # qkvg, proj
-    assert 'mix' not in vars(attn)
+    assert report.total == f['total'] + _linears(B, N, C)
+    assert _references_restored()
 
 
-def test_any_module_with_mix_flops_is_charged_its_own_formula():
-    """The counter takes the attention's cost from the module itself: a
-    user's module with ``mix`` and ``mix_flops`` is charged what it says,
-    in place of the operations its ``mix`` runs."""
+def my_attention(q, k, v):
+    """A user's own op (called through this module's global)."""
+    return (q @ k.transpose(-2, -1)) @ v
+
+
+def test_any_registered_function_is_charged_its_own_formula(monkeypatch):
+    """The counter takes an op's cost from the formula registered for it:
+    a user's function registered with ``register_formula`` is charged what
+    its formula says, in place of the operations it runs, and is itself
+    again after the count."""
 
     class MyAttention(torch.nn.Module):
 
-        def mix(self, q, k, v, hw):
-            return (q @ k.transpose(-2, -1)) @ v
-
-        def mix_flops(self, batch, tokens):
-            return 'my_attention', dict(total=1234 * batch * tokens)
-
         def forward(self, x):
-            return self.mix(x, x, x, (1, x.shape[1]))
+            return my_attention(x, x, x)
 
+    monkeypatch.setitem(FORMULAS, my_attention, None)  # removed after
+    register_formula('my_attention', my_attention)(
+        lambda args, caller: 1234 * args['q'].shape[0] * args['q'].shape[1])
     mod = MyAttention()
     x = torch.randn(2, 5, 4)
     report = count_flops(mod, lambda: mod(x))
     assert report.by_op == {'my_attention': 1234 * 2 * 5}
-    assert 'mix' not in vars(mod)  # the method is the class's again
+    assert report.by_module[''] == report.total == 1234 * 2 * 5
+    assert globals()['my_attention'] is my_attention  # itself again
