@@ -1,0 +1,148 @@
+"""The package's import graph: every module imports, no two modules import
+each other through any chain (imports inside functions included: a circle
+of lazy imports is still a circle), and the layers only look down
+(``models/`` and ``ops/`` import nothing from ``analysis/`` or
+``deployment/``; ``ops/`` nothing from ``models/``)."""
+import ast
+import importlib
+import os
+import os.path as osp
+from typing import Dict, List, Set
+
+import pytest
+
+from helpers import REPO
+
+PACKAGE = 'pola_mm'
+ROOT = osp.join(REPO, PACKAGE)
+
+#: (importer prefix, imported prefixes it must not reach directly).
+FORBIDDEN = [
+    ('pola_mm.models', ('pola_mm.analysis', 'pola_mm.deployment',
+                        'pola_mm.tools')),
+    ('pola_mm.ops', ('pola_mm.analysis', 'pola_mm.deployment',
+                     'pola_mm.tools', 'pola_mm.models')),
+]
+
+
+def _modules() -> Dict[str, str]:
+    """Module name -> file, for every ``.py`` of the package."""
+    out = {}
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(('.', '_')))
+        for f in sorted(files):
+            if not f.endswith('.py'):
+                continue
+            rel = osp.relpath(osp.join(folder, f), REPO)[:-3]
+            parts = rel.split(os.sep)
+            if parts[-1] == '__init__':
+                parts = parts[:-1]
+            out['.'.join(parts)] = osp.join(folder, f)
+    return out
+
+
+def _imports(name: str, path: str, known: Set[str]) -> Set[str]:
+    """The package's modules that ``name`` imports anywhere in its file
+    (``from a import b`` names module ``a.b`` where that is a module),
+    with the packages whose ``__init__`` such an import runs."""
+    with open(path, encoding='utf-8') as f:
+        tree = ast.parse(f.read(), path)
+    is_pkg = path.endswith('__init__.py')
+    here = name.split('.') if is_pkg else name.split('.')[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - node.level + 1]
+                mod = '.'.join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ''
+            targets = [f'{mod}.{a.name}' if f'{mod}.{a.name}' in known
+                       else mod for a in node.names]
+        else:
+            continue
+        for t in targets:
+            # the longest known module the name starts with, and the
+            # packages above it that the import runs first (those that
+            # do not hold ``name`` itself)
+            parts = t.split('.')
+            while parts and '.'.join(parts) not in known:
+                parts.pop()
+            for i in range(1, len(parts) + 1):
+                mod = '.'.join(parts[:i])
+                if mod in known and mod != name and not name.startswith(
+                        mod + '.'):
+                    found.add(mod)
+    return found
+
+
+def _graph() -> Dict[str, Set[str]]:
+    mods = _modules()
+    known = set(mods)
+    return {m: _imports(m, p, known) for m, p in mods.items()}
+
+
+def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    out: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_graph_reader_sees_relative_and_lazy_imports():
+    graph = _graph()
+    assert 'pola_mm.models' in graph['pola_mm']
+    assert 'pola_mm.registry' in graph['pola_mm.models.from_config']
+
+
+def test_no_import_circle():
+    cycles = _cycles(_graph())
+    assert not cycles, 'modules that import each other: ' + '; '.join(
+        ' <-> '.join(c) for c in cycles)
+
+
+def test_layers_only_look_down():
+    bad = [f'{m} imports {t}' for m, targets in _graph().items()
+           for low, high in FORBIDDEN if m == low or m.startswith(low + '.')
+           for t in sorted(targets) if t.startswith(high)]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize('name', sorted(_modules()))
+def test_every_module_imports(name):
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as err:  # an optional third-party package
+        if err.name and not err.name.startswith(PACKAGE):
+            pytest.skip(f'{name} needs {err.name}')
+        raise
