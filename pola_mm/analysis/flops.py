@@ -61,6 +61,7 @@ import torch.nn as nn
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..models.from_config import build_config_model
 from ..models.layers import PolarityAttention
 from ..ops.dispatch import plain_paths
 from ..ops.pacs_attention import pacs_attention_pytorch
@@ -68,7 +69,6 @@ from ..ops.pacs_kernel import pacs_attention_kernel
 from ..ops.polarity_attention import polarity_attention_pytorch
 from ..ops.polarity_kernel import polarity_attention_kernel
 from ..ops.position import resize_pos_table
-from .zoo import build_config_model
 
 __all__ = [
     'FlopReport', 'FORMULAS', 'register_formula', 'polarity_attention_flops',

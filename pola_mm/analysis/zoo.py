@@ -25,13 +25,13 @@ function with the other keys); an OpenMMLab config file (``.py``: its
 whole model, measured through ``extract_feat``, or its bare backbone); or
 ``{'_config_': FILE, 'backbone': DICT}``, a config file with its backbone
 replaced (what :func:`counterpart` returns for a file). Everything is built
-through MMEngine's registries in the model's scope.
+by pola_mm's one builder, :mod:`pola_mm.models.from_config` (MMEngine's
+registries, in the model's scope).
 """
 import contextlib
 import copy
 import importlib
 import inspect
-import os.path as osp
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,10 +40,12 @@ from typing import (Any, Callable, ContextManager, Dict, List, Optional,
 
 import torch.nn as nn
 
+from ..models.from_config import (build_config_model, build_in_scope,
+                                  load_config)
+
 __all__ = [
     'FAMILIES', 'Spec', 'Built', 'zoo', 'zoo_names', 'backbone_config',
-    'counterpart', 'stage_of', 'build', 'build_in_scope',
-    'build_config_model', 'load_config'
+    'counterpart', 'stage_of', 'build'
 ]
 
 #: A model the builder takes (see the module docstring).
@@ -273,42 +275,6 @@ class Built:
             return contextlib.nullcontext()
         from ..ops import plain_paths
         return plain_paths()
-
-
-def load_config(path: str) -> Any:
-    """An mmengine ``Config`` of a file.
-
-    Raises:
-        FileNotFoundError: no such file.
-    """
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'config file {path!r} not found')
-    from mmengine.config import Config
-    return Config.fromfile(path)
-
-
-def build_in_scope(cfg: Dict[str, Any], scope: str) -> nn.Module:
-    """Build ``cfg`` with the ``MODELS`` registry of ``scope``
-    (``'pola_mm'``, ``'mmdet'``, ...), that scope being the default while it
-    builds (MMEngine imports the scope's models)."""
-    from mmengine.registry import MODELS
-    importlib.import_module('pola_mm.models')  # registers the backbones
-    with MODELS.switch_scope_and_registry(scope) as registry:
-        return registry.build(cfg)
-
-
-def build_config_model(cfg: Any) -> nn.Module:
-    """The ``model`` of an mmengine ``Config`` (a detector, segmentor,
-    classifier or bare backbone), built in the config's ``default_scope``.
-
-    Raises:
-        ValueError: the config has no ``model``.
-    """
-    model_cfg = cfg.get('model')
-    if model_cfg is None:
-        raise ValueError('the config has no "model"')
-    return build_in_scope(copy.deepcopy(model_cfg),
-                          cfg.get('default_scope') or 'mmengine')
 
 
 def build(spec: Spec) -> Built:

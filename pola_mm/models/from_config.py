@@ -1,11 +1,60 @@
-"""The pola_mm backbone of a config, for the tools that need the backbone
-alone (ONNX export, attention analysis)."""
+"""Models built from configs: the one builder of the tools.
+
+Everything is built through MMEngine's registries in the model's scope
+(:func:`build_in_scope`): a backbone config (pola_mm's, or another
+codebase's such as mmdet's softmax baselines, whose registry MMEngine
+imports by scope: nothing here imports mmdet), the ``model`` of a config
+file (:func:`build_config_model`), or the pola_mm backbone of a config with
+its weights (:func:`backbone_from_config`, for the ONNX export and the
+attention analysis). :mod:`pola_mm.analysis.zoo` names the models of the
+benchmark, the memory tool and the FLOPs counter and builds them here.
+"""
+import copy
+import importlib
 import os.path as osp
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch.nn as nn
 
-__all__ = ['backbone_from_config']
+__all__ = ['load_config', 'build_in_scope', 'build_config_model',
+           'backbone_from_config']
+
+
+def load_config(path: str) -> Any:
+    """An mmengine ``Config`` of a file.
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'config file not found: {path}')
+    from mmengine.config import Config
+    return Config.fromfile(path)
+
+
+def build_in_scope(cfg: Dict[str, Any], scope: str = 'pola_mm') -> nn.Module:
+    """Build ``cfg`` with the ``MODELS`` registry of ``scope``
+    (``'pola_mm'``, ``'mmdet'``, ...), that scope being the default while it
+    builds (MMEngine imports the scope's models; pola_mm's are registered
+    first)."""
+    from mmengine.registry import MODELS
+    importlib.import_module('pola_mm.models')  # registers the backbones
+    with MODELS.switch_scope_and_registry(scope) as registry:
+        return registry.build(cfg)
+
+
+def build_config_model(cfg: Any) -> nn.Module:
+    """The ``model`` of an mmengine ``Config`` (a detector, segmentor,
+    classifier or bare backbone), built in the config's ``default_scope``.
+
+    Raises:
+        ValueError: the config has no ``model``.
+    """
+    model_cfg = cfg.get('model')
+    if model_cfg is None:
+        raise ValueError('the config has no "model"')
+    return build_in_scope(copy.deepcopy(model_cfg),
+                          cfg.get('default_scope') or 'mmengine')
 
 
 def backbone_from_config(config: Any,
@@ -36,12 +85,9 @@ def backbone_from_config(config: Any,
     """
     from mmengine.config import Config
 
-    import pola_mm  # noqa: F401  (registers the backbones, pola_mm::)
     from ..registry import MODELS
     if not isinstance(config, Config):
-        if not osp.isfile(config):
-            raise FileNotFoundError(f'config file not found: {config}')
-        config = Config.fromfile(config)
+        config = load_config(config)
     if cfg_options:
         config.merge_from_dict(cfg_options)
     model_cfg = config.get('model')
@@ -66,6 +112,6 @@ def backbone_from_config(config: Any,
                         if checkpoint else None)
     if out_indices is not None:
         bcfg['out_indices'] = tuple(out_indices)
-    backbone = MODELS.build(bcfg)
+    backbone = build_in_scope(bcfg)
     backbone.init_weights()
     return backbone.eval(), config
