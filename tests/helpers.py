@@ -143,6 +143,66 @@ def count_calls(monkeypatch, obj: Any, name: str) -> List[int]:
     return calls
 
 
+def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
+    """Count calls into every fast implementation of :mod:`pola_mm.ops`
+    (where the ops look them up), by name: the polarity and PaCS kernels
+    (with and without autograd), the lean training functions (gate, GELU,
+    depth-wise conv), PyTorch's SDPA, the fused CPU loops and the cached
+    table resize. None of them may run with the fast paths off or while a
+    graph is captured."""
+    import importlib
+
+    import torch.nn.functional as F
+
+    from pola_mm.ops.gate_linear import GateLinearFunction
+    from pola_mm.ops.gelu_linear import GeluLinearFunction
+    # (modules by name: pola_mm.ops.polarity_attention, ... are also the
+    # names of the ops' functions in pola_mm.ops)
+    (cpu_ext, depthwise_conv, pacs_attention, pacs_kernel,
+     polarity_attention, polarity_kernel, position) = (
+        importlib.import_module(f'pola_mm.ops.{name}') for name in (
+            'cpu_ext', 'depthwise_conv', 'pacs_attention', 'pacs_kernel',
+            'polarity_attention', 'polarity_kernel', 'position'))
+    spies = {
+        'polarity_kernel': [(polarity_attention,
+                             'polarity_attention_kernel')],
+        'PolarityAttentionFunction': [
+            (polarity_kernel.PolarityAttentionFunction, 'apply')],
+        'pacs_kernel': [(pacs_attention, 'pacs_attention_kernel')],
+        'PaCSAttentionFunction': [(pacs_kernel.PaCSAttentionFunction,
+                                   'apply')],
+        'GateLinearFunction': [(GateLinearFunction, 'apply')],
+        'GeluLinearFunction': [(GeluLinearFunction, 'apply')],
+        'DepthwiseConv2d': [(depthwise_conv._DepthwiseConv2d, 'apply')],
+        'sdpa': [(F, 'scaled_dot_product_attention')],
+        'cpu_ext': [(cpu_ext, 'cpu_ext'), (polarity_kernel, 'cpu_ext')],
+        'cached_resize': [(position, '_cached_resize')],
+    }
+    calls: Dict[str, List[int]] = {}
+    for key, places in spies.items():
+        calls[key] = []
+        for obj, name in places:
+            original = getattr(obj, name)
+
+            def wrapped(*args, _orig=original, _key=key, **kwargs):
+                calls[_key].append(1)
+                return _orig(*args, **kwargs)
+
+            monkeypatch.setattr(obj, name, wrapped)
+    return calls
+
+
+def ran(calls: Dict[str, List[int]]) -> set:
+    """The names in ``calls`` (:func:`spy_fast_code`) that were called."""
+    return {k for k, v in calls.items() if v}
+
+
+def reset(calls: Dict[str, List[int]]) -> None:
+    """Clear the counts of :func:`spy_fast_code`."""
+    for v in calls.values():
+        v.clear()
+
+
 #: Leaves of the learned tables, sharpness and scale parameters, seeded
 #: with a wide spread so that every one of them shows in the outputs.
 _WIDE = ('power', 'scale', 's1', 's2', 'positional_encoding',

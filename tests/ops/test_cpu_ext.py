@@ -1,5 +1,7 @@
-"""The fused CPU loops (pola_mm/ops/csrc/polarity_cpu.cpp) against the
-pure-torch kernel: same outputs and gradients, the switch, the fallback."""
+"""The fused CPU loop (pola_mm/ops/csrc/polarity_cpu.cpp: the polarity
+features of the kernel's forward) against the pure-torch kernel, through
+the op :func:`pola_mm.ops.polarity_attention`: same outputs and gradients,
+the switch, the fallback."""
 import logging
 
 import pytest
@@ -7,11 +9,8 @@ import torch
 
 import pola_mm.ops.cpu_ext as cpu_ext_mod
 import pola_mm.ops.polarity_kernel as pk
-from pola_mm.ops import dispatch
+from pola_mm.ops import polarity_attention
 from pola_mm.ops.cpu_ext import CPU_EXT_ENV, cpu_ext
-from pola_mm.ops.polarity_kernel import (polarity_attention_kernel,
-                                         polarity_key_state,
-                                         polarity_query_apply)
 
 
 def _close(a, b, name=''):
@@ -28,7 +27,7 @@ def test_extension_builds_here():
     compare the torch path with itself."""
     mod = cpu_ext()
     assert mod is not None
-    assert callable(mod.features) and callable(mod.power_grads)
+    assert callable(mod.features)
 
 
 def _inputs(B, h, N, d, seed=1, token_major=True):
@@ -72,7 +71,7 @@ def _run(args, fused, monkeypatch, grad=True):
         _count_ext_calls(monkeypatch, pk, ext, calls)
     else:
         monkeypatch.setattr(pk, 'cpu_ext', cpu_ext)
-    x = polarity_attention_kernel(q, k, v, scale, power, 4.0, k_bias=k_bias)
+    x = polarity_attention(q, k, v, scale, power, 4.0, k_bias=k_bias)
     if not grad:
         return [x], calls
     x.backward(torch.randn(x.shape, generator=torch.Generator()
@@ -86,15 +85,14 @@ def _run(args, fused, monkeypatch, grad=True):
 @pytest.mark.parametrize('chunk', [1 << 18, 1000])
 def test_fused_loops_match_the_torch_kernel(monkeypatch, shape, chunk):
     """Outputs and every gradient (q, k, v, scale, power, key bias), in one
-    piece and in many pieces (``chunk``)."""
-    monkeypatch.setattr(dispatch, 'KERNEL_RUN_ELEMENTS', chunk)
+    piece and in many pieces (``chunk``): the forward's features come from
+    the loop, the backward (pure torch) gives the same gradients."""
+    monkeypatch.setattr(pk, 'KERNEL_RUN_ELEMENTS', chunk)
     args = _inputs(*shape)
     fused, calls = _run(args, True, monkeypatch)
     plain, no_calls = _run(args, False, monkeypatch)
-    # forward: features of keys and queries; backward: one pass per side
-    # that also rebuilds the features, and the queries' du
-    assert {'features', 'power_grads', 'query_du'} <= set(calls)
-    assert calls.count('features') == calls.count('power_grads')
+    # forward: the features of keys and queries, run by run
+    assert set(calls) == {'features'} and len(calls) >= 2
     assert not no_calls
     names = ['out', 'dq', 'dk', 'dv', 'dscale', 'dpower', 'dbias']
     for name, a, b in zip(names, fused, plain):
@@ -126,20 +124,6 @@ def test_fused_features_at_zero_tiny_and_large_inputs(monkeypatch):
     for a, b in zip(fused, plain):
         assert torch.isfinite(a).all()
         _close(a, b)
-
-
-def test_streamed_inference_uses_the_fused_loops(monkeypatch):
-    """polarity_key_state / polarity_query_apply (PVT's runs) give the same
-    results with the fused loops as without."""
-    q, k, v, scale, power, k_bias = _inputs(1, 2, 300, 32)
-    outs = []
-    for fused in (True, False):
-        monkeypatch.setenv(CPU_EXT_ENV, '1' if fused else '0')
-        with torch.no_grad():
-            state = polarity_key_state(k, v, scale, power, 4.0, k_bias)
-            outs.append(polarity_query_apply(q, state, 300.0, scale, power,
-                                             4.0))
-    _close(outs[0], outs[1])
 
 
 def test_float64_and_the_switch_keep_the_torch_path(monkeypatch):
@@ -174,42 +158,8 @@ def test_failed_build_falls_back_with_one_message(monkeypatch):
     assert 'no C++ compiler found' in warnings[0]
     assert 'ninja' in warnings[0] and CPU_EXT_ENV in warnings[0]
     q, k, v, scale, power, k_bias = _inputs(1, 1, 30, 8)
-    out = polarity_attention_kernel(q, k, v, scale, power, 4.0,
-                                    k_bias=k_bias)
+    out = polarity_attention(q, k, v, scale, power, 4.0, k_bias=k_bias)
     assert torch.isfinite(out).all()
-
-
-@pytest.mark.parametrize('shape,k,channels_last', [
-    ((2, 8, 7, 9), 5, True), ((1, 16, 12, 5), 3, True),
-    ((2, 4, 6, 6), 5, False)])
-def test_depthwise_conv_gradients(monkeypatch, shape, k, channels_last):
-    """The depth-wise conv's gradients with the fused weight-gradient pass
-    (channels-last float32) equal float64 autograd; other layouts keep
-    PyTorch's backward."""
-    from pola_mm.ops import depthwise_conv as pa
-    monkeypatch.setenv(CPU_EXT_ENV, '1')
-    calls = []
-    _count_ext_calls(monkeypatch, pa, cpu_ext(), calls)
-    g = torch.Generator().manual_seed(0)
-    B, C, H, W = shape
-    x = torch.randn(B, H, W, C, generator=g).permute(0, 3, 1, 2)
-    if not channels_last:
-        x = x.contiguous()
-    weight = torch.randn(C, 1, k, k, generator=g)
-    bias = torch.randn(C, generator=g)
-    gy = torch.randn(B, C, H, W, generator=g)
-    if channels_last:
-        gy = gy.contiguous(memory_format=torch.channels_last)
-    grads = []
-    for dt in (torch.float32, torch.float64):
-        xs, ws, bs = (t.detach().to(dt).requires_grad_()
-                      for t in (x.clone(), weight.clone(), bias.clone()))
-        y = pa.depthwise_conv2d(xs, ws, bs, (k // 2, k // 2), lean=True)
-        y.backward(gy.to(dt))
-        grads.append([t.grad for t in (xs, ws, bs)])
-    assert calls == (['dwconv_weight_grad'] if channels_last else [])
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b.float(), rtol=1e-5, atol=1e-4)
 
 
 def test_tracing_records_the_plain_reference(monkeypatch):

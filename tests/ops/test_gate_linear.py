@@ -1,17 +1,28 @@
-"""``linear(x * g)`` saving only ``x`` and ``g`` (``ops/gate_linear.py``):
-the plain reference's values and gradients (float64 gradcheck, autocast),
-what it saves for backward, and where the polarity attention takes it."""
+"""``linear(x * g)`` saving only ``x`` and ``g`` (the op
+:func:`pola_mm.ops.gate_linear`): its fast function against the plain
+reference's values and gradients (float64 gradcheck, autocast), what it
+saves for backward, and the polarity attention with it and without."""
 import pytest
 import torch
 from torch.autograd import gradcheck
 
-import pola_mm.models.layers.polarity_attention as pa_mod
 import pola_mm.ops as ops
 from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops.gate_linear import (GateLinearFunction, gate_linear,
                                      gate_linear_pytorch)
 
 from helpers import count_calls, randomise, saved_storages
+
+
+def _linear(weight, bias) -> torch.nn.Linear:
+    """An ``nn.Linear`` with (copies of) ``weight`` and ``bias``."""
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0],
+                          bias=bias is not None, dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    return lin
 
 
 @pytest.mark.parametrize('bias', [True, False])
@@ -24,7 +35,10 @@ def test_gradcheck_and_equals_reference(bias):
         if bias else None
     inputs = (x, g, w, b)
     assert gradcheck(GateLinearFunction.apply, inputs)
-    out, ref = gate_linear(*inputs), gate_linear_pytorch(*inputs)
+    lin = _linear(w, b)
+    inputs = (x, g, lin.weight, lin.bias)
+    out, ref = gate_linear(x, g, lin), gate_linear_pytorch(*inputs)
+    assert out.grad_fn.name() == 'GateLinearFunctionBackward'
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     wanted = [t for t in inputs if t is not None]
     gy = torch.randn(ref.shape, dtype=torch.float64)
@@ -43,10 +57,12 @@ def test_saves_only_inputs_and_autocast():
     x0, g0 = torch.randn(3, 7, 8), torch.randn(3, 7, 8)
     for amp in (False, True):
         results = []
-        for fn in (gate_linear, gate_linear_pytorch):
+        for fn in (lambda x, g: gate_linear(x, g, lin),
+                   lambda x, g: gate_linear_pytorch(x, g, lin.weight,
+                                                    lin.bias)):
             x, g = (t.clone().requires_grad_() for t in (x0, g0))
             with torch.autocast('cpu', dtype=torch.bfloat16, enabled=amp):
-                out, saved = saved_storages(fn, x, g, lin.weight, lin.bias)
+                out, saved = saved_storages(fn, x, g)
             own = {t.untyped_storage()._cdata
                    for t in (x, g, lin.weight, lin.bias)}
             extra = {s for s, _ in saved} - own
@@ -69,7 +85,7 @@ def test_attention_fast_and_plain_paths_agree(monkeypatch):
     a = PolarityAttention(16, 2, (5, 6))
     randomise(a, std=0.3)
     x = torch.randn(2, 7 * 9, 16)
-    calls = count_calls(monkeypatch, pa_mod, 'gate_linear')
+    calls = count_calls(monkeypatch, GateLinearFunction, 'apply')
     results = []
     for plain in (False, True):
         a.zero_grad()

@@ -1,20 +1,30 @@
-"""``linear(gelu(h))`` saving only ``h`` (``ops/gelu_linear.py``): the
-plain reference's values and gradients (float64 gradcheck, autocast), what
-it saves for backward, and where the MLP takes it (fast paths on, not
-while a graph is captured, not with the CPU runs)."""
+"""``linear(gelu(h))`` saving only ``h`` (the op
+:func:`pola_mm.ops.gelu_linear`): its fast function against the plain
+reference's values and gradients (float64 gradcheck, autocast), what it
+saves for backward, and where the MLP takes it (fast paths on, autograd
+recording, no graph captured)."""
 import pytest
 import torch
 import torch.nn as nn
 from torch.autograd import gradcheck
 
-import pola_mm.models.layers.mlp as mlp_mod
 import pola_mm.ops as ops
 from pola_mm.models.layers import Mlp
-from pola_mm.ops import dispatch, token_runs
 from pola_mm.ops.gelu_linear import (GeluLinearFunction, gelu_linear,
                                      gelu_linear_pytorch)
 
 from helpers import count_calls, saved_storages
+
+
+def _linear(weight, bias) -> nn.Linear:
+    """An ``nn.Linear`` with (copies of) ``weight`` and ``bias``."""
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                    dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    return lin
 
 
 @pytest.mark.parametrize('approximate', ['none', 'tanh'])
@@ -28,8 +38,10 @@ def test_gradcheck_and_equals_reference(approximate, bias):
     inputs = (h, w, b)
     assert gradcheck(lambda *t: GeluLinearFunction.apply(*t, approximate),
                      inputs)
-    out = gelu_linear(h, w, b, approximate)
-    ref = gelu_linear_pytorch(h, w, b, approximate)
+    lin = _linear(w, b)
+    inputs = (h, lin.weight, lin.bias)
+    out = gelu_linear(h, lin, approximate)
+    ref = gelu_linear_pytorch(*inputs, approximate)
     assert out.grad_fn.name() == 'GeluLinearFunctionBackward'
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     g = torch.randn(ref.shape, dtype=torch.float64)
@@ -44,16 +56,21 @@ def test_only_needed_gradients():
     still match the reference."""
     torch.manual_seed(1)
     h = torch.randn(9, 6, dtype=torch.float64)
-    w = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(4, dtype=torch.float64, requires_grad=True)
-    for a, r in zip(torch.autograd.grad(gelu_linear(h, w, b).sum(), [w, b]),
+    lin = _linear(torch.randn(4, 6, dtype=torch.float64),
+                  torch.randn(4, dtype=torch.float64))
+    w, b = lin.weight, lin.bias
+    out = gelu_linear(h, lin)
+    assert out.grad_fn.name() == 'GeluLinearFunctionBackward'
+    for a, r in zip(torch.autograd.grad(out.sum(), [w, b]),
                     torch.autograd.grad(gelu_linear_pytorch(h, w, b).sum(),
                                         [w, b])):
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
     h.requires_grad_(True)
     w.requires_grad_(False)
+    out = gelu_linear(h, lin)
+    assert out.grad_fn.name() == 'GeluLinearFunctionBackward'
     torch.testing.assert_close(
-        torch.autograd.grad(gelu_linear(h, w, b).sum(), h)[0],
+        torch.autograd.grad(out.sum(), h)[0],
         torch.autograd.grad(gelu_linear_pytorch(h, w, b).sum(), h)[0],
         rtol=1e-12, atol=1e-12)
 
@@ -66,7 +83,7 @@ def test_saves_only_the_pre_activation():
     fc2 = nn.Linear(12, 8)
     params = {fc2.weight.untyped_storage()._cdata,
               fc2.bias.untyped_storage()._cdata}
-    out, saved = saved_storages(gelu_linear, h, fc2.weight, fc2.bias)
+    out, saved = saved_storages(gelu_linear, h, fc2)
     kept = {s for s, _ in saved} - params
     assert kept == {h.untyped_storage()._cdata}
     ref, ref_saved = saved_storages(gelu_linear_pytorch, h, fc2.weight,
@@ -85,10 +102,11 @@ def test_autocast_saves_low_precision_h_and_matches_plain():
     x = torch.randn(2, 50, 16)
     params = [fc2.weight, fc2.bias]
     results = []
-    for fn in (gelu_linear, gelu_linear_pytorch):
+    for fn in (lambda h: gelu_linear(h, fc2),
+               lambda h: gelu_linear_pytorch(h, *params)):
         with torch.autocast('cpu', dtype=torch.bfloat16):
             h = fc1(x).detach().requires_grad_()
-            out, saved = saved_storages(fn, h, *params)
+            out, saved = saved_storages(fn, h)
         assert h.dtype == out.dtype == torch.bfloat16
         kept = [dt for s, dt in saved if s not in {
             p.untyped_storage()._cdata for p in params}]
@@ -119,7 +137,7 @@ def test_mlp_fast_and_plain_paths_agree(monkeypatch, approximate):
     torch.manual_seed(4)
     m = Mlp(24, 96, act_cfg=dict(type='GELU', approximate=approximate))
     x = torch.randn(2, 33, 24)
-    calls = count_calls(monkeypatch, mlp_mod, 'gelu_linear')
+    calls = count_calls(monkeypatch, GeluLinearFunction, 'apply')
     fast_out, fast_grads = _mlp_step(m, x)
     assert len(calls) == 1
     with ops.plain_paths():
@@ -131,21 +149,20 @@ def test_mlp_fast_and_plain_paths_agree(monkeypatch, approximate):
 
 
 def test_mlp_where_the_function_runs(monkeypatch):
-    """Not in inference, not with active dropout, not while tracing, and
-    the CPU runs take precedence where they apply."""
+    """Not in inference, not with active dropout, not while a graph is
+    captured (``torch.export`` of a training forward), and in training
+    with the fast paths on only."""
     torch.manual_seed(5)
-    calls = count_calls(monkeypatch, mlp_mod, 'gelu_linear')
-    runs = count_calls(monkeypatch, token_runs._MlpRuns, 'apply')
+    calls = count_calls(monkeypatch, GeluLinearFunction, 'apply')
     m = Mlp(8, 32)
     x = torch.randn(4, 8)
     with torch.no_grad():
         m(x)
     Mlp(8, 32, drop=0.5).train()(x)
-    m.eval()
-    traced = torch.jit.trace(m, (x.requires_grad_(), ))
-    assert 'GeluLinear' not in str(traced.graph)
+    exported = torch.export.export(m, (x.clone().requires_grad_(), ))
+    assert 'GeluLinear' not in str(exported.graph)
+    with ops.plain_paths():
+        m(x.clone().requires_grad_()).sum().backward()
     assert calls == []
-    monkeypatch.setattr(dispatch, 'TRAIN_RUN_ELEMENTS', 1 << 6)
-    monkeypatch.setattr(dispatch, 'TRAIN_MIN_TOKENS', 1)
-    m(torch.randn(64, 8, requires_grad=True)).sum().backward()
-    assert (len(calls), len(runs)) == (0, 1)
+    m(x.clone().requires_grad_()).sum().backward()
+    assert len(calls) == 1

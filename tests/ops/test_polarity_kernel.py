@@ -1,13 +1,19 @@
-"""The fast polarity attention kernel and its plain PyTorch reference
-against the published formula as the paper writes it."""
+"""The polarity attention op (:func:`pola_mm.ops.polarity_attention`): its
+fast kernel and its plain PyTorch reference against the published formula
+as the paper writes it."""
+import importlib
+from unittest import mock
+
 import pytest
 import torch
 
-from pola_mm.ops import dispatch, polarity_kernel
-from pola_mm.ops.polarity_kernel import (PolarityAttentionFunction,
-                                         polarity_attention_kernel,
-                                         polarity_attention_pytorch)
+from pola_mm.ops import polarity_attention, polarity_attention_pytorch
+from pola_mm.ops import polarity_kernel
+from pola_mm.ops.polarity_kernel import PolarityAttentionFunction
 from helpers import polarity_attention_textbook as reference
+
+#: the op's module (``pola_mm.ops.polarity_attention`` is also the op)
+op_module = importlib.import_module('pola_mm.ops.polarity_attention')
 
 # slab sizes (elements) that make the CPU path work on: everything at once;
 # a few whole sequences at a time; runs of tokens of one sequence
@@ -16,9 +22,19 @@ CHUNKS = {'whole': 1 << 30, 'sequences': 200, 'tokens': 24}
 
 @pytest.fixture(params=sorted(CHUNKS))
 def chunking(request, monkeypatch):
-    monkeypatch.setattr(dispatch, 'KERNEL_RUN_ELEMENTS',
+    monkeypatch.setattr(polarity_kernel, 'KERNEL_RUN_ELEMENTS',
                         CHUNKS[request.param])
     return request.param
+
+
+def fast(*args, **kwargs):
+    """The op, which must run its fast kernel (fast paths on, no graph
+    captured)."""
+    with mock.patch.object(op_module, 'polarity_attention_kernel',
+                           wraps=op_module.polarity_attention_kernel) as k:
+        out = polarity_attention(*args, **kwargs)
+    assert k.call_count == 1
+    return out
 
 
 def _inputs(B=2, h=3, N=11, d=6, dtype=torch.float64, seed=0,
@@ -37,7 +53,7 @@ def _inputs(B=2, h=3, N=11, d=6, dtype=torch.float64, seed=0,
 def test_forward_matches_reference_float64(shape, chunking):
     B, h, N, d = shape
     q, k, v, scale, power = _inputs(B, h, N, d)
-    out = polarity_attention_kernel(q, k, v, scale, power, 4.0)
+    out = fast(q, k, v, scale, power, 4.0)
     ref = reference(q, k, v, scale, power, 4.0)
     assert out.shape == (B, h, N, d) and out.dtype == torch.float64
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
@@ -91,7 +107,7 @@ def test_pytorch_reference_at_exact_zeros(dtype):
 def test_forward_float32_close_to_float64_reference():
     q, k, v, scale, power = _inputs(2, 4, 300, 32)
     ref = reference(q, k, v, scale, power, 4.0)
-    out = polarity_attention_kernel(q.float(), k.float(), v.float(),
+    out = fast(q.float(), k.float(), v.float(),
                                     scale.float(), power.float(), 4.0)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
@@ -103,7 +119,7 @@ def test_exact_zeros_and_shared_scale():
     q, k, v, scale, power = _inputs(2, 2, 9, 4, scale_heads=False)
     q[0, 0, :3] = 0
     k[1, 1, 2:5, 1] = 0
-    out = polarity_attention_kernel(q, k, v, scale, power, 4.0)
+    out = fast(q, k, v, scale, power, 4.0)
     torch.testing.assert_close(out, reference(q, k, v, scale, power, 4.0))
 
 
@@ -114,7 +130,7 @@ def test_gradcheck_float64(scale_heads, chunking):
         t.requires_grad_(True)
 
     def fn(q, k, v, scale, power):
-        return polarity_attention_kernel(q, k, v, scale, power, 4.0)
+        return fast(q, k, v, scale, power, 4.0)
 
     assert torch.autograd.gradcheck(fn, (q, k, v, scale, power))
 
@@ -123,7 +139,7 @@ def test_gradients_match_reference_autograd(chunking):
     q, k, v, scale, power = _inputs(2, 3, 40, 8)
     args = [t.requires_grad_(True) for t in (q, k, v, scale, power)]
     g = torch.randn(2, 3, 40, 8, dtype=torch.float64)
-    out = polarity_attention_kernel(*args, 2.5)
+    out = fast(*args, 2.5)
     grads = torch.autograd.grad(out, args, g)
     ref_out = reference(*args, 2.5)
     ref_grads = torch.autograd.grad(ref_out, args, g)
@@ -139,7 +155,7 @@ def test_key_bias_equals_adding_it_to_the_keys(chunking):
     bias = torch.randn(1, 2, 13, 6, dtype=torch.float64)
     args = [t.requires_grad_(True) for t in (q, k, v, scale, power, bias)]
     g = torch.randn(3, 2, 13, 6, dtype=torch.float64)
-    out = polarity_attention_kernel(*args[:5], 4.0, k_bias=args[5])
+    out = fast(*args[:5], 4.0, k_bias=args[5])
     ref = reference(q, k + bias, v, scale, power, 4.0)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
     grads = torch.autograd.grad(out, args, g)
@@ -148,14 +164,14 @@ def test_key_bias_equals_adding_it_to_the_keys(chunking):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
     with torch.no_grad():
         torch.testing.assert_close(
-            polarity_attention_kernel(q, k, v, scale, power, 4.0,
+            fast(q, k, v, scale, power, 4.0,
                                       k_bias=bias), ref)
 
     q, k, v, scale, power = _inputs(2, 2, 5, 4)
     bias = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
 
     def fn(k, scale, bias):
-        return polarity_attention_kernel(q, k, v, scale, power, 4.0,
+        return fast(q, k, v, scale, power, 4.0,
                                          k_bias=bias)
 
     assert torch.autograd.gradcheck(
@@ -165,13 +181,13 @@ def test_key_bias_equals_adding_it_to_the_keys(chunking):
 def test_partial_requires_grad_and_no_grad_path():
     q, k, v, scale, power = _inputs(1, 2, 6, 4)
     v.requires_grad_(True)
-    out = polarity_attention_kernel(q, k, v, scale, power, 4.0)
+    out = fast(q, k, v, scale, power, 4.0)
     (gv, ) = torch.autograd.grad(out.sum(), [v])
     ref = reference(q, k, v, scale, power, 4.0)
     (rv, ) = torch.autograd.grad(ref.sum(), [v])
     torch.testing.assert_close(gv, rv)
     with torch.no_grad():
-        out = polarity_attention_kernel(q, k, v, scale, power, 4.0)
+        out = fast(q, k, v, scale, power, 4.0)
     assert out.grad_fn is None
 
 
@@ -180,7 +196,7 @@ def test_function_saves_only_inputs():
     (B, h, N, 2d) feature maps."""
     q, k, v, scale, power = _inputs(1, 1, 50, 8)
     args = [t.requires_grad_(True) for t in (q, k, v, scale, power)]
-    out = polarity_attention_kernel(*args, 4.0)
+    out = fast(*args, 4.0)
     assert isinstance(out.grad_fn.__self__ if hasattr(
         out.grad_fn, '__self__') else out.grad_fn, object)
     saved = out.grad_fn.saved_tensors
@@ -200,9 +216,7 @@ def test_compiled_module_runs_the_reference_without_graph_breaks(
     def kernel(*args, **kwargs):
         raise AssertionError('the kernel ran while a graph was captured')
 
-    monkeypatch.setattr(
-        'pola_mm.models.layers.polarity_attention.polarity_attention_kernel',
-        kernel)
+    monkeypatch.setattr(op_module, 'polarity_attention_kernel', kernel)
     for grad in (True, False):
         with torch.set_grad_enabled(grad):
             result = explain(attn)(x, (4, 5))
@@ -212,16 +226,17 @@ def test_compiled_module_runs_the_reference_without_graph_breaks(
 def test_resized_position_table_is_cached_only_without_grad():
     import copy
 
-    from pola_mm.models.layers.polarity_attention import resize_pos_table
+    from pola_mm.ops import plain_paths, resize_pos_table
 
-    def resized(table, hw, cache=True):
-        return resize_pos_table(table, (7, 7), hw, cache=cache)
+    def resized(table, hw):
+        return resize_pos_table(table, (7, 7), hw)
 
     t = torch.nn.Parameter(torch.randn(1, 49, 8))
     with torch.no_grad():
         a = resized(t, (9, 11))
         assert resized(t, (9, 11)) is a
-        assert resized(t, (9, 11), cache=False) is not a  # plain path
+        with plain_paths():
+            assert resized(t, (9, 11)) is not a  # plain path
         t.add_(1)  # an in-place change (optimiser step, load) invalidates
         b = resized(t, (9, 11))
         assert b is not a
@@ -235,7 +250,7 @@ def test_resized_position_table_is_cached_only_without_grad():
 
 
 def test_slab_plan(monkeypatch):
-    monkeypatch.setattr(dispatch, 'KERNEL_RUN_ELEMENTS', 1000)
+    monkeypatch.setattr(polarity_kernel, 'KERNEL_RUN_ELEMENTS', 1000)
     plan = polarity_kernel._plan
     slabs, step = plan(torch.empty(10, 2, 5, 4))  # 40 per sequence
     assert step == 5 and len(slabs) == 1 and slabs[0] == slice(0, 10)

@@ -1,13 +1,19 @@
-"""The polarity kernel on fp16/bf16 q, k, v with float32 parameters (what
-``PolarityAttention.mix`` passes under autocast): it computes in float32
-exactly what it computes on float32 copies, and keeps the low-precision
-inputs for backward instead of float32 copies."""
+"""The polarity attention op on fp16/bf16 q, k, v with float32 parameters
+(what ``PolarityAttention`` passes it under autocast): its fast kernel
+computes in float32 exactly what it computes on float32 copies, and keeps
+the low-precision inputs for backward instead of float32 copies."""
+import importlib
+from unittest import mock
+
 import pytest
 import torch
 
 import pola_mm.ops as ops
 from pola_mm.models.layers import PolarityAttention
-from pola_mm.ops.polarity_kernel import polarity_attention_kernel
+from pola_mm.ops import polarity_attention
+
+#: the op's module (``pola_mm.ops.polarity_attention`` is also the op)
+op_module = importlib.import_module('pola_mm.ops.polarity_attention')
 
 from helpers import randomise
 
@@ -23,9 +29,10 @@ def _inputs(dtype, seed=0, B=2, h=2, N=13, d=8):
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_low_precision_inputs_equal_float32_copies(dtype):
-    """Output (float32) and every gradient equal those of the kernel on the
-    float32 upcasts (gradients then cast to the inputs' dtype); the saved
-    tensors hold the inputs' own storages and no float32 copy of them."""
+    """The output (computed in float32, returned in the inputs' dtype) and
+    every gradient equal those of the op on the float32 upcasts (cast to
+    the inputs' dtype); the kernel ran, and the saved tensors hold the
+    inputs' own storages and no float32 copy of them."""
     q, k, v, scale, power, bias = _inputs(dtype)
     lows = [t.clone().requires_grad_() for t in (q, k, v)]
     ups = [t.float().requires_grad_() for t in (q, k, v)]
@@ -37,20 +44,24 @@ def test_low_precision_inputs_equal_float32_copies(dtype):
         saved.append((t.untyped_storage()._cdata, t.dtype, t.shape))
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = polarity_attention_kernel(*lows, *params[0][:2], 4.0,
-                                        k_bias=params[0][2])
-    ref = polarity_attention_kernel(*ups, *params[1][:2], 4.0,
-                                    k_bias=params[1][2])
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    with mock.patch.object(op_module, 'polarity_attention_kernel',
+                           wraps=op_module.polarity_attention_kernel) as k:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = polarity_attention(*lows, *params[0][:2], 4.0,
+                                     k_bias=params[0][2])
+        ref = polarity_attention(*ups, *params[1][:2], 4.0,
+                                 k_bias=params[1][2])
+    assert k.call_count == 2
+    assert out.dtype == dtype and ref.dtype == torch.float32
+    torch.testing.assert_close(out, ref.to(dtype), rtol=0, atol=0)
     keys = {s for s, _, _ in saved}
     assert {t.untyped_storage()._cdata for t in lows} <= keys
     # float32 tensors of q's shape: only the output
     assert sum(1 for _, dt, shape in saved
                if dt == torch.float32 and shape == q.shape) == 1
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-    got = torch.autograd.grad(out, lows + params[0], g)
+    g = g.to(dtype).float()  # (the same cotangent for both)
+    got = torch.autograd.grad(out, lows + params[0], g.to(dtype))
     want = torch.autograd.grad(ref, ups + params[1], g)
     for a, b, t in zip(got, want, lows + params[0]):
         assert a.dtype == t.dtype
