@@ -40,8 +40,10 @@ from typing import (Any, Callable, ContextManager, Dict, List, Optional,
 
 import torch.nn as nn
 
+from .. import models  # noqa: F401  (registers the backbones)
 from ..models.from_config import (build_config_model, build_in_scope,
                                   load_config)
+from ..registry import MODELS
 
 __all__ = [
     'FAMILIES', 'Spec', 'Built', 'zoo', 'zoo_names', 'backbone_config',
@@ -63,8 +65,6 @@ _PLAIN = '_plain'
 
 
 def _backbone_class(kind: str) -> type:
-    importlib.import_module('pola_mm.models')  # registers the backbones
-    from ..registry import MODELS
     return MODELS.get(kind)
 
 
