@@ -230,7 +230,7 @@ def test_two_process_cpu_training_with_torchrun(tmp_path):
 _FINISH_SCRIPT = """
 import sys
 import torch.distributed as dist
-from pola_mm.tools.train_test import exit_process, test_main, train_main
+from pola_mm.tools.runner import exit_process, test_main, train_main
 main = train_main if sys.argv[1] == 'train' else test_main
 main(sys.argv[2:])
 print('process group alive after run:', dist.is_initialized())

@@ -1,6 +1,6 @@
 """The logic behind ``tools/train.py`` and ``tools/test.py``.
 
-- :mod:`.train_test`: the command lines, the config prepared for a run
+- :mod:`.runner`: the command lines, the config prepared for a run
   (work dir, launcher, AMP, reliability hooks, ``--out`` / ``--show-dir``)
   and the Runner built and run, for mmdet, mmseg and mmpretrain configs;
 - :mod:`.data_paths`: the dataset and pretrained files a config names,

@@ -25,8 +25,8 @@ import pola_mm  # noqa: F401
 from fault_injection import seg_config
 from helpers import REPO, subprocess_env
 from pola_mm.engine import InvalidLossHook, NonFiniteLossError
-from pola_mm.tools.train_test import (build_runner, prepare_train_config,
-                                      train_parser)
+from pola_mm.tools.runner import (build_runner, prepare_train_config,
+                                  train_parser)
 
 
 def test_invalid_loss_hook_names_iteration_and_terms(tmp_path):

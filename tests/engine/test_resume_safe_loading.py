@@ -17,8 +17,8 @@ from mmengine.runner.checkpoint import CheckpointLoader
 import pola_mm  # noqa: F401
 from helpers import REPO_PATH as REPO
 from helpers import subprocess_env
-from pola_mm.tools import train_test
-from pola_mm.tools.train_test import run_tool
+from pola_mm.tools import runner
+from pola_mm.tools.runner import run_tool
 
 CFG = str(REPO / 'tests' / 'compat_tiny_cfg.py')
 
@@ -88,7 +88,7 @@ def _one_error_line(capsys, path) -> str:
 @pytest.mark.parametrize('kind', ['truncated', 'corrupt', 'code'])
 def test_test_tool_reports_bad_checkpoint(kind, bad_files, tmp_path, capsys,
                                           checkpoint_loader):
-    code = run_tool(train_test.test_main,
+    code = run_tool(runner.test_main,
                     [CFG, str(bad_files[kind]), '--work-dir', str(tmp_path)])
     assert code == 2
     line = _one_error_line(capsys, bad_files[kind])
@@ -106,7 +106,7 @@ def test_resume_reports_bad_checkpoint(kind, how, bad_files, tmp_path,
     else:  # the latest checkpoint, through last_checkpoint
         (tmp_path / 'last_checkpoint').write_text(str(bad_files[kind]))
         argv += ['--resume']
-    assert run_tool(train_test.train_main, argv) == 2
+    assert run_tool(runner.train_main, argv) == 2
     line = _one_error_line(capsys, bad_files[kind])
     assert EXPECTED[kind] in line, line
     if kind == 'code':
@@ -153,6 +153,6 @@ def test_init_cfg_with_truncated_file_through_train_tool(
         type='Pretrained', checkpoint=str(bad_files['truncated']))
     path = tmp_path / 'cfg.py'
     cfg.dump(str(path))
-    assert run_tool(train_test.train_main, [str(path)]) == 2
+    assert run_tool(runner.train_main, [str(path)]) == 2
     line = _one_error_line(capsys, bad_files['truncated'])
     assert 'truncated or corrupt' in line

@@ -5,8 +5,8 @@ import os.path as osp
 
 import pytest
 
-from pola_mm.tools import data_paths, train_test
-from pola_mm.tools.train_test import run_tool
+from pola_mm.tools import data_paths, runner
+from pola_mm.tools.runner import run_tool
 
 CONFIGS = osp.join(osp.dirname(osp.dirname(osp.dirname(
     osp.abspath(__file__)))), 'configs')
@@ -33,15 +33,15 @@ def test_missing_dataset_is_one_line(tmp_path, monkeypatch, capsys, name,
                                      kind, root, layout):
     monkeypatch.chdir(tmp_path)  # no data/ here
     built = []
-    monkeypatch.setattr(train_test, 'build_runner', built.append)
-    assert run_tool(train_test.train_main, [osp.join(CONFIGS, name)]) == 2
+    monkeypatch.setattr(runner, 'build_runner', built.append)
+    assert run_tool(runner.train_main, [osp.join(CONFIGS, name)]) == 2
     line = _one_line(capsys)
     assert f'{kind} data_root not found: {root}' in line
     assert layout in line
     assert '--cfg-options train_dataloader.dataset.data_root=DIR' in line
     ckpt = tmp_path / 'model.pth'
     ckpt.write_bytes(b'')
-    assert run_tool(train_test.test_main,
+    assert run_tool(runner.test_main,
                     [osp.join(CONFIGS, name), str(ckpt)]) == 2
     line = _one_line(capsys)
     assert f'{kind} data_root not found: {root}' in line
@@ -53,16 +53,16 @@ def test_missing_annotation_file_and_image_dir(tmp_path, monkeypatch,
                                                capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'data' / 'coco' / 'annotations').mkdir(parents=True)
-    monkeypatch.setattr(train_test, 'build_runner', lambda cfg: None)
+    monkeypatch.setattr(runner, 'build_runner', lambda cfg: None)
     config = osp.join(CONFIGS, 'mask_rcnn_pola_swin_t.py')
-    assert run_tool(train_test.train_main, [config]) == 2
+    assert run_tool(runner.train_main, [config]) == 2
     line = _one_line(capsys)
     assert ('CocoDataset annotation file not found: '
             'data/coco/annotations/instances_train2017.json') in line
     # the annotation there, the image folder not
     (tmp_path / 'data/coco/annotations/instances_train2017.json').write_text(
         '{}')
-    assert run_tool(train_test.train_main, [config]) == 2
+    assert run_tool(runner.train_main, [config]) == 2
     line = _one_line(capsys)
     assert 'CocoDataset img directory not found: data/coco/train2017/' in line
 
@@ -74,9 +74,9 @@ def test_missing_pretrained_checkpoint_names_pola_pretrained(
     for split in ('training', 'validation'):
         (root / 'images' / split).mkdir(parents=True)
         (root / 'annotations' / split).mkdir(parents=True)
-    monkeypatch.setattr(train_test, 'build_runner', lambda cfg: None)
+    monkeypatch.setattr(runner, 'build_runner', lambda cfg: None)
     config = osp.join(CONFIGS, 'upernet_pola_swin_t_ade20k.py')
-    assert run_tool(train_test.train_main, [config]) == 2
+    assert run_tool(runner.train_main, [config]) == 2
     line = _one_line(capsys)
     assert 'pretrained checkpoint not found: checkpoints/pola_swin_t_in1k' \
         in line
@@ -93,8 +93,8 @@ def test_missing_pretrained_checkpoint_names_pola_pretrained(
         def train(self):
             pass
 
-    monkeypatch.setattr(train_test, 'build_runner', FakeRunner)
-    assert run_tool(train_test.train_main, [
+    monkeypatch.setattr(runner, 'build_runner', FakeRunner)
+    assert run_tool(runner.train_main, [
         config, '--cfg-options', 'model.backbone.init_cfg=None'
     ]) == 0
     assert len(built) == 1

@@ -1,5 +1,4 @@
-"""Option handling of tools/train.py and tools/test.py
-(pola_mm.tools.train_test).
+"""Option handling of tools/train.py and tools/test.py (pola_mm.tools.runner).
 
 In-process and cheap: the configs are built, not run
 (tests/test_compat.py runs the tools for real).
@@ -8,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pola_mm.tools import train_test
-from pola_mm.tools.train_test import ToolError
+from pola_mm.tools import runner
+from pola_mm.tools.runner import ToolError
 
 BASE = """
 default_scope = {scope!r}
@@ -33,13 +32,13 @@ def write_cfg(tmp_path: Path, scope: str = 'mmdet', extra: str = '') -> str:
 
 
 def make_train_cfg(*argv):
-    parser = train_test.train_parser()
-    return train_test.prepare_train_config(parser.parse_args(list(argv)))
+    parser = runner.train_parser()
+    return runner.prepare_train_config(parser.parse_args(list(argv)))
 
 
 def make_test_cfg(*argv):
-    parser = train_test.test_parser()
-    return train_test.prepare_test_config(parser.parse_args(list(argv)))
+    parser = runner.test_parser()
+    return runner.prepare_test_config(parser.parse_args(list(argv)))
 
 
 def test_default_work_dir_is_named_after_config(tmp_path):

@@ -75,7 +75,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     import pola_mm  # noqa: F401  (registers pola_mm:: before reading)
     from pola_mm.analysis.flops import format_report, model_complexity
-    from pola_mm.tools.train_test import ToolError, load_config
+    from pola_mm.tools.runner import ToolError, load_config
     try:
         cfg = load_config(resolve_config(args.config), args.cfg_options)
         _, report, kind = model_complexity(cfg, shape)
