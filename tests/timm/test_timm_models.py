@@ -12,38 +12,88 @@ import timm.optim
 import torch
 
 import pola_mm.timm as pola_timm
-from pola_mm.models import PolaPVT, PolaSwinTransformer
+from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
+from pola_mm.models.backbones.base import PreNormBlock
+from pola_mm.models.layers import PolaPPBlock
 from pola_mm.models.checkpoint import convert_official_checkpoint
 from helpers import (PVT_MINI, PVT_TINY, SWIN_MINI, SWIN_TINY_DEPTH2,
                      count_calls, randomise)
 
 TOL = 1e-4
-NAMES = sorted(pola_timm.MODEL_ARGS)
+#: Every registered name with its own pretrained config (no short names).
+NAMES = timm.list_models('pola*', name_matches_cfg=True)
 #: The PolaFormer models (the authors' layouts are in the reference JSON).
 POLA_NAMES = [n for n in NAMES if n.startswith('pola_')]
+#: The short names, each a model function of its own.
+ALIASES = {
+    'pola_swin_t': 'pola_swin_tiny', 'pola_swin_s': 'pola_swin_small',
+    'pola_swin_b': 'pola_swin_base', 'pola_pvt_t': 'pola_pvt_tiny',
+    'pola_pvt_s': 'pola_pvt_small', 'pola_pvt_m': 'pola_pvt_medium',
+    'pola_pvt_l': 'pola_pvt_large',
+}
 FAMILIES = {
     'swin': ('pola_swin_tiny', PolaSwinTransformer, SWIN_TINY_DEPTH2),
     'pvt': ('pola_pvt_tiny', PolaPVT, PVT_TINY),
+}
+#: The authors' ImageNet drop path of each model (their configs; PolaPP's
+#: is its arch's ``drop_path_rate``).
+DROP_PATH = {
+    'pola_swin_tiny': 0.2, 'pola_swin_small': 0.3, 'pola_swin_base': 0.5,
+    'pola_swin_base_384': 0.5, 'pola_pvt_tiny': 0.1, 'pola_pvt_small': 0.1,
+    'pola_pvt_medium': 0.3, 'pola_pvt_large': 0.3,
+    **{f'polapp_{a}': zoo['drop_path_rate']
+       for a, zoo in PolaPP.arch_zoo.items()},
 }
 
 
 def test_registered_with_aliases():
     listed = set(timm.list_models('pola*'))
-    assert set(NAMES) | set(pola_timm.ALIASES) == listed
-    assert {f'polapp_b{i}' for i in range(1, 6)} <= listed
-    if 'b0' in pola_timm.PolaPP.arch_zoo:
-        assert 'polapp_b0' in listed
+    assert set(NAMES) | set(ALIASES) == listed
+    assert {f'polapp_b{i}' for i in range(6)} <= listed
     # the authors' PolaFormer files (Hugging Face): listed as pretrained
     assert set(timm.list_pretrained('pola_*')) == {
         'pola_swin_tiny.in1k', 'pola_swin_small.in1k', 'pola_swin_base.in1k',
         'pola_pvt_tiny.in1k', 'pola_pvt_small.in1k'}
-    for alias, name in pola_timm.ALIASES.items():
-        assert alias in listed
+    # timm's file shape: one model function a name, in its family's module
+    for name in listed:
+        fn = timm.models.model_entrypoint(name)
+        assert fn.__name__ == name
+        assert fn.__module__ in ('pola_mm.timm.pola_swin',
+                                 'pola_mm.timm.pola_pvt',
+                                 'pola_mm.timm.polapp')
+    for alias, name in ALIASES.items():
         tiny = SWIN_TINY_DEPTH2 if 'swin' in alias else PVT_TINY
         with torch.device('meta'):
             model = timm.create_model(alias, arch=tiny)
+            full = timm.create_model(name, arch=tiny)
         assert model.pretrained_cfg['architecture'] == name
-        assert type(model) is pola_timm.MODEL_ARGS[name][0]
+        assert type(model) is type(full)
+
+
+@pytest.mark.parametrize('prefix,cls', [('pola_swin', PolaSwinTransformer),
+                                        ('pola_pvt', PolaPVT),
+                                        ('polapp', PolaPP)])
+def test_archs_come_from_the_backbone_zoo(prefix, cls):
+    """Every arch of the backbone's ``arch_zoo`` (short names included) is
+    a timm model ``<prefix>_<arch>`` whose backbone is that arch, with the
+    authors' drop path; no other arch is registered."""
+    with torch.device('meta'):
+        for arch, spec in cls.arch_zoo.items():
+            name = f'{prefix}_{arch}'
+            model = timm.create_model(name)
+            for key, value in model.backbone.arch.items():
+                if key in spec:
+                    want = spec[key]
+                    if isinstance(want, (list, tuple)):
+                        want = tuple(want)
+                    assert value == want, (name, key)
+            want = DROP_PATH[model.pretrained_cfg['architecture']]
+            blocks = [m for m in model.backbone.modules()
+                      if isinstance(m, (PreNormBlock, PolaPPBlock))]
+            assert blocks[-1].drop_path.drop_prob == want, name
+    zoo_names = {f'{prefix}_{a}' for a in cls.arch_zoo}
+    assert set(timm.list_models(f'{prefix}_*')) - zoo_names <= {
+        'pola_swin_base_384'}
 
 
 @pytest.mark.parametrize(
@@ -268,7 +318,8 @@ def test_pretrained_training_file_other_head_no_file(reference_dir, tmp_path,
     config.MODEL.TYPE = 'pola_pvt'
     path = str(tmp_path / 'ckpt_epoch_300.pth')
     torch.save({'model': official, 'epoch': 300, 'config': config}, path)
-    calls = count_calls(monkeypatch, pola_timm, 'load_checkpoint_file')
+    calls = count_calls(monkeypatch, pola_timm.base,
+                        'load_checkpoint_file')
     model = timm.create_model('pola_pvt_tiny', arch=PVT_MINI, num_classes=10,
                               pretrained=True,
                               pretrained_cfg_overlay=dict(file=path))

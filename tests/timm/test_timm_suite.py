@@ -17,6 +17,12 @@ with the reason it does not apply (:data:`NOT_RUN`);
 :func:`test_every_suite_test_is_accounted_for` fails when a new timm release
 adds one, so a change of timm's contract shows up here.
 
+TorchScript is not supported (``torch.jit.script`` is deprecated in torch
+2.14; ``torch.export`` and ``torch.compile`` are, test_timm_export.py):
+pola_mm's models are in the suite's ``EXCLUDE_JIT_FILTERS``
+(``timm_suite.py``), timm's own mechanism for its families that do not
+script, so timm's TorchScript tests (:data:`JIT_TESTS`) select none of them.
+
 Models: by default the smallest of each family (:data:`CI_MODELS`), which
 keeps the module within about three minutes on two cores; set
 ``POLA_MM_TIMM_SUITE_MODELS=all`` (or a comma-separated list of names or
@@ -32,6 +38,7 @@ import timm
 import torch
 
 import pola_mm.timm as pola_timm
+import timm_suite
 from timm_suite import load_suite
 
 
@@ -61,9 +68,12 @@ RUN = (
     'test_prune_intermediate_layers_contract',
     'test_model_forward_fx',
     'test_model_backward_fx',
-    'test_model_forward_torchscript',
-    'test_model_forward_fx_torchscript',
 )
+
+#: timm's TorchScript tests: their model lists leave out the families in
+#: ``EXCLUDE_JIT_FILTERS`` (the fx one exists outside GitHub Actions only).
+JIT_TESTS = ('test_model_forward_torchscript',
+             'test_model_forward_fx_torchscript')
 
 #: timm's registry-wide tests that do not run here, and why (docs/timm.md).
 NOT_RUN: Dict[str, str] = {
@@ -77,10 +87,11 @@ NOT_RUN: Dict[str, str] = {
 }
 
 #: The smallest model of each family.
-CI_MODELS = ('pola_swin_tiny', 'pola_pvt_tiny',
-             'polapp_b0' if 'polapp_b0' in pola_timm.MODEL_ARGS
-             else 'polapp_b1')
-OURS = sorted(list(pola_timm.MODEL_ARGS) + list(pola_timm.ALIASES))
+CI_MODELS = ('pola_swin_tiny', 'pola_pvt_tiny', 'polapp_b0')
+#: Every pola_mm name, and those with a pretrained config of their own
+#: (no short names).
+OURS = sorted(timm.list_models('pola*'))
+FULL_NAMES = timm.list_models('pola*', name_matches_cfg=True)
 
 
 def _selected_models() -> List[str]:
@@ -143,6 +154,25 @@ def _registry_wide() -> Dict[str, Tuple[bool, List[str]]]:
 REGISTRY_WIDE = _registry_wide()
 
 
+#: ``(test, model prefix) -> reason`` of cases that fail because of code
+#: outside pola_mm.timm; strict, so they fail once it is fixed.
+KNOWN_FAILURES: Dict[Tuple[str, str], str] = {
+    (test, 'polapp_'): (
+        "PolaPP.stem's BatchNorm input check (PolaPP._check_batchnorm_input "
+        'in pola_mm/models/backbones/polapp.py) branches on x.shape[0] in '
+        'training mode, which torch.fx cannot trace; the model needs an '
+        'FX-safe check (issue 32)')
+    for test in ('test_model_forward_fx', 'test_model_backward_fx')
+}
+
+
+def _marks(test: str, model: str) -> list:
+    return [pytest.mark.xfail(reason=reason, strict=True,
+                              raises=torch.fx.proxy.TraceError)
+            for (t, prefix), reason in KNOWN_FAILURES.items()
+            if t == test and model.startswith(prefix)]
+
+
 def _cases() -> List[tuple]:
     cases = []
     for test in RUN:
@@ -158,7 +188,8 @@ def _cases() -> List[tuple]:
         for model in names:
             for bs in batch_sizes:
                 cases.append(pytest.param(test, model, bs,
-                                          id=f'{test}-{model}-{bs}'))
+                                          id=f'{test}-{model}-{bs}',
+                                          marks=_marks(test, model)))
     return cases
 
 
@@ -184,10 +215,24 @@ def test_every_suite_test_is_accounted_for():
         assert set(OURS) <= set(models), test
     for test in ('test_model_backward', 'test_model_default_cfgs'):
         _, models = REGISTRY_WIDE[test]
-        assert set(pola_timm.MODEL_ARGS) <= {_base(m) for m in models}, test
+        assert set(FULL_NAMES) <= {_base(m) for m in models}, test
     # every test run here has cases for the CI models
     run = {c.values[0] for c in _cases()}
     assert set(RUN) & set(REGISTRY_WIDE) <= run
+
+
+def test_torchscript_tests_leave_pola_mm_out_by_timms_filter():
+    """timm's TorchScript tests run over its registry (its own models) and
+    select none of pola_mm's, through the suite's EXCLUDE_JIT_FILTERS."""
+    assert set(timm_suite.EXCLUDE_JIT) <= set(S.EXCLUDE_JIT_FILTERS)
+    assert 'test_model_forward_torchscript' in dir(S)
+    for test in JIT_TESTS:
+        if not hasattr(S, test):
+            continue  # defined outside GitHub Actions only
+        models = _params(getattr(S, test))['model_name']
+        assert len(models) > 100 and 'resnet18' in models, test
+        assert not {_base(m) for m in models} & set(OURS), test
+        assert test not in REGISTRY_WIDE
 
 
 #: timm's own ``cfg_device`` fixture of the suite, visible to pytest here.
