@@ -5,13 +5,20 @@ its gradient, with the fast paths off and while a graph is captured (a
 traced graph would hold a cached table as a constant of one size); in
 inference it keeps the resized table for the last grid and reuses it until
 the table changes.
+
+While a graph is captured the table is resized on every call, also at its
+own size (an exact identity for both modes), to the grid it is given: in a
+traced graph (the TorchScript ONNX exporter, MMDeploy) that grid comes
+from the tensors' shapes, so the exported ``Resize`` takes its size from
+the graph's input and a file with a dynamic height/width resizes to the
+size it is run at.
 """
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..type_aliases import Size2
-from .dispatch import records_grad, use_fast
+from .dispatch import capturing, records_grad, use_fast
 
 
 #: Interpolation modes a table may be resized with.
@@ -36,8 +43,12 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2,
     no gradient is needed (inference, frozen tables) and no graph is
     captured, the resized table is cached on ``table`` for the last ``hw``
     and reused until the table changes (in place or by a move); the result
-    must not be modified in place.
+    must not be modified in place. While a graph is captured the table is
+    always resized (no comparison of sizes, which a trace would fix), with
+    the size taken as given: traced shapes keep it dynamic.
     """
+    if capturing():
+        return _resize(table, ref_hw, hw, mode)
     if hw[0] == ref_hw[0] and hw[1] == ref_hw[1]:
         return table
     if use_fast(table) and not records_grad(table):
@@ -49,8 +60,10 @@ def _resize(table: Tensor, ref_hw: Size2, hw: Size2, mode: str) -> Tensor:
     C = table.shape[-1]
     grid = table.reshape(1, ref_hw[0], ref_hw[1], C).permute(0, 3, 1, 2)
     dt = torch.promote_types(table.dtype, torch.float32)
-    grid = F.interpolate(grid.to(dt), size=(int(hw[0]), int(hw[1])),
-                         mode=mode, align_corners=False)
+    # hw as given: Python ints, or a traced graph's shape values (an int()
+    # here would fix the exported Resize to one size)
+    grid = F.interpolate(grid.to(dt), size=(hw[0], hw[1]), mode=mode,
+                         align_corners=False)
     return grid.flatten(2).transpose(1, 2).to(table.dtype)
 
 

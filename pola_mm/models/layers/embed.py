@@ -23,16 +23,15 @@ def pad_for_stride(x: Tensor, stride: int, pad_input: bool) -> Tensor:
             conv everywhere it has an output).
 
     Returns:
-        ``x``, padded where needed.
+        ``x``, padded where needed (a pad of 0 pads nothing; no branch on
+        the size, so a traced graph pads as the size it is run at needs).
     """
     H, W = x.shape[-2:]
     if pad_input:
         pad_h, pad_w = (-H) % stride, (-W) % stride
-    else:
-        pad_h, pad_w = max(0, stride - H), max(0, stride - W)
-    if pad_h > 0 or pad_w > 0:
-        x = F.pad(x, (0, pad_w, 0, pad_h))
-    return x
+    else:  # max(0, stride - H), written without a comparison in Python
+        pad_h, pad_w = (stride - H) * (H < stride), (stride - W) * (W < stride)
+    return F.pad(x, (0, pad_w, 0, pad_h))
 
 
 class PatchEmbed(BaseModule):
@@ -110,9 +109,7 @@ class PatchMerging(BaseModule):
         new ``(H, W)``."""
         B, L, C = x.shape
         H, W = hw
-        x = x.view(B, H, W, C)
-        if H % 2 == 1 or W % 2 == 1:
-            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
+        x = F.pad(x.view(B, H, W, C), (0, 0, 0, W % 2, 0, H % 2))
         x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2],
                        x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
         hw = (x.shape[1], x.shape[2])

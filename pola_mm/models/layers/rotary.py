@@ -44,7 +44,7 @@ def rotary_tables(hw: Size2, width: int, base: float = 10000.,
         raise ValueError(f'rotary encoding needs a feature width divisible '
                          f'by 4, got {width} (use a head width divisible by '
                          '4 for softmax blocks, by 2 for PaCS blocks)')
-    H, W = int(hw[0]), int(hw[1])
+    H, W = hw  # ints, or a traced graph's sizes (int() would fix them)
     angle = 1.0 / (base**torch.linspace(0, 1, width // 4, device=device))
     angle = angle.unsqueeze(-1).repeat(1, 2).flatten()  # (w / 2)
     rows = torch.arange(H, device=device, dtype=angle.dtype)[:, None] * angle

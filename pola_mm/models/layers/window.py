@@ -3,10 +3,15 @@
 Small pure functions on channel-last maps ``(B, H, W, C)``: padding,
 partition into (possibly non-square) windows and back, cyclic shift, Swin's
 region mask for shifted windows and a key-validity mask for padded tokens.
-Window and shift sizes are ``(height, width)`` tuples of Python ints, so
-every function is friendly to ``torch.compile`` (no data-dependent branches).
+Window sizes are ``(height, width)`` tuples of Python ints. Map sizes,
+paddings and shifts may be Python ints or the 0-d tensors a traced graph
+gives for shapes: no function branches on them (pads of 0 pad nothing, a
+shift of 0 shifts nothing, masks are computed with ``arange`` from the
+sizes), so a graph traced at one input size (ONNX export with a dynamic
+height/width) computes the same at every other, and ``torch.compile`` sees
+no data-dependent branch.
 """
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -58,23 +63,18 @@ def pad_map(x: Tensor, pad: Pad4) -> Tensor:
 
     Args:
         x: ``(B, H, W, C)``.
-        pad: ``(top, bottom, left, right)``.
+        pad: ``(top, bottom, left, right)`` (0 pads nothing).
 
     Returns:
-        ``(B, H + top + bottom, W + left + right, C)``; ``x`` itself when
-        there is nothing to pad.
+        ``(B, H + top + bottom, W + left + right, C)``.
     """
     top, bottom, left, right = pad
-    if top == 0 and bottom == 0 and left == 0 and right == 0:
-        return x
     return F.pad(x, (0, 0, left, right, top, bottom))
 
 
 def crop_map(x: Tensor, pad: Pad4) -> Tensor:
     """Undo :func:`pad_map`: ``(B, Hp, Wp, C) -> (B, H, W, C)``."""
     top, bottom, left, right = pad
-    if top == 0 and bottom == 0 and left == 0 and right == 0:
-        return x
     Hp, Wp = x.shape[1], x.shape[2]
     return x[:, top:Hp - bottom, left:Wp - right, :]
 
@@ -117,18 +117,21 @@ def window_reverse(windows: Tensor, window: Size2, hw: Size2) -> Tensor:
 def cyclic_shift(x: Tensor, shift: Size2, reverse: bool = False) -> Tensor:
     """Swin's cyclic shift of a channel-last map (``roll`` by ``-shift``).
 
+    Written as a gather along each spatial dim (``out[i] = x[(i + s) %
+    n]``), the values of ``torch.roll``, so that the shift may be a traced
+    size (a roll's shifts are constants of an exported graph).
+
     Args:
-        x: ``(B, H, W, C)`` (or ``(H, W)`` when used for label maps with
-            ``dims`` 0, 1: any tensor whose dims 1, 2 are the spatial ones).
-        shift: ``(sh, sw)``.
+        x: any tensor whose dims 1, 2 are the spatial ones (``(B, H, W,
+            C)``, label maps ``(1, H, W, 1)``).
+        shift: ``(sh, sw)`` (0 shifts nothing).
         reverse: roll back by ``+shift``.
     """
-    sh, sw = shift
-    if sh == 0 and sw == 0:
-        return x
-    if not reverse:
-        sh, sw = -sh, -sw
-    return torch.roll(x, shifts=(sh, sw), dims=(1, 2))
+    for dim, s in ((1, shift[0]), (2, shift[1])):
+        n = x.shape[dim]
+        i = torch.arange(n, device=x.device)
+        x = x.index_select(dim, (i - s if reverse else i + s) % n)
+    return x
 
 
 def shift_region_mask(padded_hw: Size2, window: Size2, shift: Size2,
@@ -144,32 +147,30 @@ def shift_region_mask(padded_hw: Size2, window: Size2, shift: Size2,
     Args:
         padded_hw: ``(Hp, Wp)``, multiples of the window.
         window: ``(wh, ww)``.
-        shift: ``(sh, sw)``.
+        shift: ``(sh, sw)``; a dimension without shift has no masked pairs.
         device: where to build the mask.
         mask_value: additive logit for masked pairs (the authors' -100).
 
     Returns:
         ``(nW, wh * ww, wh * ww)`` float mask with 0 and ``mask_value``.
     """
-    Hp, Wp = padded_hw
-    labels = torch.zeros((1, Hp, Wp, 1), device=device)
-    cnt = 0
-    for h0, h1 in _regions(Hp, window[0], shift[0]):
-        for w0, w1 in _regions(Wp, window[1], shift[1]):
-            labels[:, h0:h1, w0:w1, :] = cnt
-            cnt += 1
-    lw = window_partition(labels, window).squeeze(-1)  # (nW, N)
-    diff = lw.unsqueeze(1) - lw.unsqueeze(2)
+    rows = _regions(padded_hw[0], window[0], shift[0], device)
+    cols = _regions(padded_hw[1], window[1], shift[1], device)
+    labels = (rows[:, None] * 3 + cols[None, :]).to(torch.float32)
+    lw = window_partition(labels[None, :, :, None], window).squeeze(-1)
+    diff = lw.unsqueeze(1) - lw.unsqueeze(2)  # (nW, N, N)
     return torch.zeros_like(diff).masked_fill(diff != 0, mask_value)
 
 
-def _regions(size: int, w: int, s: int) -> List[Tuple[int, int]]:
-    """Swin's regions ``[0, size - w)``, ``[size - w, size - s)``,
-    ``[size - s, size)`` of one dimension (the whole of it without
-    shift)."""
-    if s == 0:
-        return [(0, size)]
-    return [(0, size - w), (size - w, size - s), (size - s, size)]
+def _regions(size: int, w: int, s: int,
+             device: Optional[torch.device] = None) -> Tensor:
+    """``(size,)`` Swin's region of each index of one dimension: 0 in
+    ``[0, size - w)``, 1 in ``[size - w, size - s)``, 2 in ``[size - s,
+    size)``. Without shift (``s = 0``) the last window row is region 1
+    and the rest 0, which masks nothing (``size`` is a multiple of ``w``:
+    no window crosses the border)."""
+    i = torch.arange(size, device=device)
+    return (i >= size - w).long() + (i >= size - s).long()
 
 
 def valid_token_map(hw: Size2, pad: Pad4,
@@ -183,8 +184,12 @@ def valid_token_map(hw: Size2, pad: Pad4,
     Returns:
         ``(1, Hp, Wp, 1)`` bool, True at real tokens.
     """
-    ones = torch.ones((1, hw[0], hw[1], 1), dtype=torch.bool, device=device)
-    return pad_map(ones, pad)
+    top, bottom, left, right = pad
+    rows = torch.arange(hw[0] + top + bottom, device=device) - top
+    cols = torch.arange(hw[1] + left + right, device=device) - left
+    valid = (((rows >= 0) & (rows < hw[0]))[:, None]
+             & ((cols >= 0) & (cols < hw[1]))[None, :])
+    return valid[None, :, :, None]
 
 
 def key_valid_mask(valid_map: Tensor, window: Size2) -> Tensor:
@@ -212,3 +217,33 @@ def key_padding_logits(valid: Tensor,
     """
     zeros = torch.zeros(valid.shape, device=valid.device)
     return zeros.masked_fill(~valid, mask_value).unsqueeze(1)
+
+
+def window_masks(hw: Size2, window: Size2, shift: Size2,
+                 padded_keys_attended: Union[bool, Tensor],
+                 device: Optional[torch.device] = None,
+                 mask_value: float = MASK_VALUE) -> Tensor:
+    """The additive masks of the windows of a map padded to a multiple of
+    the window and cyclically shifted: Swin's shifted-region mask plus, for
+    padded keys, ``mask_value`` unless ``padded_keys_attended``.
+
+    Args:
+        hw: ``(H, W)`` before padding (ints or traced sizes).
+        window: ``(wh, ww)``.
+        shift: ``(sh, sw)`` the map was shifted by (ints or traced sizes).
+        padded_keys_attended: True (or a bool tensor) where padded tokens
+            are attended to like any other key (mmdet's Swin), False where
+            they are masked.
+        device: where to build the masks.
+        mask_value: additive logit of a masked pair.
+
+    Returns:
+        ``(nW, wh * ww, wh * ww)`` float: 0, ``mask_value`` or twice it.
+    """
+    pad = grid_padding(hw, window)
+    padded_hw = (hw[0] + pad[1], hw[1] + pad[3])
+    region = shift_region_mask(padded_hw, window, shift, device, mask_value)
+    valid = cyclic_shift(valid_token_map(hw, pad, device), shift)
+    keys = key_valid_mask(valid, window).logical_or(  # (nW, N)
+        torch.as_tensor(padded_keys_attended, device=device))
+    return region + key_padding_logits(keys, mask_value)

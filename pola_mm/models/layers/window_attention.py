@@ -1,6 +1,6 @@
 """Swin's shifted-window multi-head self-attention with relative position
 bias, on a whole stage map."""
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -10,9 +10,7 @@ from torch import Tensor
 from ...ops import softmax_attention
 from ...type_aliases import Size2
 from .window import (crop_map, cyclic_shift, effective_window, grid_padding,
-                     key_padding_logits, key_valid_mask, pad_map,
-                     shift_region_mask, valid_token_map, window_partition,
-                     window_reverse)
+                     pad_map, window_masks, window_partition, window_reverse)
 
 
 def relative_position_index(window: Size2, table_window: Size2) -> Tensor:
@@ -50,6 +48,18 @@ class WindowMSA(BaseModule):
     (no key mask). With ``mask_padding=True``, earlier pola_mm versions'
     rule instead: per dimension a window not smaller than the map shrinks
     to it with shift 0, and padded keys are masked out.
+
+    :meth:`forward` computes every case on windows of the table's size
+    with no branch on the map size (:meth:`shift_plan`): a map that fits in
+    one window is padded to it, not shifted, and its padded keys masked
+    (the same attention as a window of the map's own size, the relative
+    offsets of its tokens being the same); with ``mask_padding`` a
+    dimension that fits is likewise padded and not shifted. The shift, the
+    region and padding masks and the padding are computed from the map
+    size, so a graph traced at one input size (ONNX with a dynamic
+    height/width) computes the rule at every size. :meth:`window_plan`
+    gives the same rule as the window of the map's own size (used by the
+    attention maps of :mod:`pola_mm.analysis`).
 
     The relative position index is not a persistent buffer (the converter
     drops the authors' copy): it is cached as a non-persistent buffer for
@@ -109,6 +119,22 @@ class WindowMSA(BaseModule):
             return (hw[0], hw[1]), (0, 0)  # one window: the map
         return self.window_size, self.shift_size  # mmdet's Swin
 
+    def shift_plan(self, hw: Size2) -> Tuple[Size2, Any]:
+        """On windows of the table's size: the shift used on a map ``hw``
+        and whether its padded keys are attended to (see the class
+        docstring). Branch-free in the map size: ints for ints, 0-d
+        tensors for the traced sizes of an exported graph.
+
+        Returns:
+            ``((sh, sw), padded_keys_attended)``.
+        """
+        (wh, ww), (sh, sw) = self.window_size, self.shift_size
+        larger_h, larger_w = hw[0] > wh, hw[1] > ww
+        if self.mask_padding:  # per dimension: no shift where it fits
+            return (sh * larger_h, sw * larger_w), False
+        several = larger_h | larger_w  # else one window: the map
+        return (sh * several, sw * several), several
+
     def relative_bias(self, window: Size2) -> Tensor:
         """``(h, N, N)`` bias for a window ``(wh, ww)`` <= the table's."""
         if (window[0] == self.window_size[0]
@@ -133,29 +159,22 @@ class WindowMSA(BaseModule):
         """
         B, L, C = x.shape
         h = self.num_heads
-        # 1. windows: pad to a multiple of the window, shift, partition
-        win, shift = self.window_plan(hw)
+        win = self.window_size
+        # 1. windows: pad to a multiple of the window, shift, partition; the
+        # masks of the shifted regions and of padded keys
+        shift, padded_keys_attended = self.shift_plan(hw)
         pad = grid_padding(hw, win)
         padded = pad_map(x.view(B, hw[0], hw[1], C), pad)
         padded_hw = (padded.shape[1], padded.shape[2])
-        bias = self.relative_bias(win).unsqueeze(0)  # (1, h, n, n)
-        if shift[0] != 0 or shift[1] != 0:
-            padded = cyclic_shift(padded, shift)
-            bias = bias + shift_region_mask(padded_hw, win, shift,
-                                            x.device).unsqueeze(1)
-        if self.mask_padding and (pad[1] > 0 or pad[3] > 0):
-            vmap = cyclic_shift(valid_token_map(hw, pad, x.device), shift)
-            bias = bias + key_padding_logits(key_valid_mask(
-                vmap, win)).unsqueeze(1)
-        windows = window_partition(padded, win)  # (B * nW, n, C)
-        Bw, n, _ = windows.shape
+        windows = window_partition(cyclic_shift(padded, shift), win)
+        Bw, n, _ = windows.shape  # (B * nW, n, C)
+        bias = self.relative_bias(win).unsqueeze(0) + window_masks(
+            hw, win, shift, padded_keys_attended, x.device).unsqueeze(1)
 
         # 2. softmax attention in each window, the same masks for every image
         q, k, v = self.qkv(windows).reshape(Bw, n, 3, h, C // h).permute(
             2, 0, 3, 1, 4).unbind(0)
-        if bias.shape[0] > 1:
-            bias = bias.repeat(Bw // bias.shape[0], 1, 1, 1)
-        y = softmax_attention(q, k, v, self.scale, bias,
+        y = softmax_attention(q, k, v, self.scale, bias.repeat(B, 1, 1, 1),
                               self.attn_drop.p if self.training else 0.)
         y = self.proj_drop(self.proj(y.transpose(1, 2).reshape(Bw, n, C)))
 
