@@ -8,16 +8,14 @@ import torch.nn.functional as F
 
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
 from pola_mm.models.layers import (PolarityAttention, WindowMSA,
-                                   relative_position_index, resize_pos_table)
-from pola_mm.ops.depthwise_conv import depthwise_conv2d
-from helpers import polarity_attention_textbook, randomise
-from pola_mm.ops import dispatch
+                                   relative_position_index)
+from pola_mm.ops import plain_paths, resize_pos_table
+from helpers import count_calls, polarity_attention_textbook, randomise
 from pola_mm.models.layers.window import (crop_map, cyclic_shift,
                                           effective_window, grid_padding,
-                                          key_padding_logits, key_valid_mask,
-                                          pad_map, shift_region_mask,
-                                          valid_token_map, window_partition,
-                                          window_reverse)
+                                          key_valid_mask, pad_map,
+                                          shift_region_mask, valid_token_map,
+                                          window_partition, window_reverse)
 
 
 # -- window helpers ---------------------------------------------------------
@@ -33,27 +31,48 @@ def test_partition_roundtrip(hw, window):
     assert torch.equal(window_reverse(w, window, hw), x)
 
 
+def window_attention_reference(msa, windows, window, mask=None):
+    """Softmax attention in each of ``windows`` ``(B * nW, n, C)`` written
+    out: ``qkv``, ``softmax(scale q k^T + relative bias + mask) v``,
+    ``proj``; ``mask`` ``(nW, n, n)`` additive logits per window."""
+    Bw, n, C = windows.shape
+    h = msa.num_heads
+    q, k, v = msa.qkv(windows).reshape(Bw, n, 3, h, C // h).permute(
+        2, 0, 3, 1, 4).unbind(0)
+    logits = (q * msa.scale) @ k.transpose(-2, -1) + \
+        msa.relative_bias(window).unsqueeze(0)
+    if mask is not None:
+        nw = mask.shape[0]
+        logits = (logits.view(Bw // nw, nw, h, n, n) +
+                  mask.unsqueeze(1).unsqueeze(0)).view(Bw, h, n, n)
+    y = logits.softmax(-1) @ v
+    return msa.proj(y.transpose(1, 2).reshape(Bw, n, C))
+
+
 @pytest.mark.parametrize('mask_kind', ['none', 'shift', 'padding'])
-def test_window_msa_fused_inference_equals_explicit(mask_kind):
-    """Inference runs scaled_dot_product_attention; it equals the explicit
-    product-softmax-product that CPU training runs."""
+def test_window_msa_fused_inference_equals_explicit(monkeypatch, mask_kind):
+    """Inference runs scaled_dot_product_attention (not with the fast paths
+    off); it equals the explicit product-softmax-product that CPU training
+    runs, with the shift mask and with masked padded keys."""
+    import torch.nn.functional as tnf
     torch.manual_seed(0)
-    attn = WindowMSA(16, 4, (7, 7)).double()
+    attn = WindowMSA(16, 4, (7, 7), shift=mask_kind == 'shift',
+                     mask_padding=mask_kind == 'padding').double()
     randomise(attn)
-    x = torch.randn(2 * 6, 49, 16, dtype=torch.float64)
-    mask = {'none': None,
-            'shift': shift_region_mask((14, 21), (7, 7), (3, 3)),
-            'padding': key_padding_logits(torch.rand(6, 49) > 0.3)}[mask_kind]
-    xg = x.clone().requires_grad_()
-    assert not dispatch.select(xg, attn).sdpa
-    explicit = attn(xg, (7, 7), mask)
+    hw = (13, 19) if mask_kind == 'padding' else (14, 21)
+    x = torch.randn(2, hw[0] * hw[1], 16, dtype=torch.float64)
+    sdpa = count_calls(monkeypatch, tnf, 'scaled_dot_product_attention')
+    explicit = attn(x.clone().requires_grad_(), hw)
+    assert not sdpa
     with torch.no_grad():
-        assert dispatch.select(x, attn).sdpa
-        with dispatch.plain_paths():  # the switch turns SDPA off too
-            assert not dispatch.select(x, attn).sdpa
-        fused = attn(x, (7, 7), mask)
+        with plain_paths():  # the switch turns SDPA off too
+            plain = attn(x, hw)
+        assert not sdpa
+        fused = attn(x, hw)
+        assert len(sdpa) == 1
     torch.testing.assert_close(fused, explicit.detach(), rtol=1e-12,
                                atol=1e-12)
+    torch.testing.assert_close(plain, explicit.detach(), rtol=0, atol=0)
 
 
 def test_effective_window_and_padding():
@@ -178,10 +197,15 @@ def test_polarity_block_attends_to_the_whole_map(hw, shift):
     randomise(blk.attn)
     x = torch.randn(2, hw[0] * hw[1], 8, dtype=torch.float64)
     with torch.no_grad():
-        got = blk._attend(x, hw)
+        got = blk.attn(x, hw)
         ref = _global_polarity_reference(blk.attn, x, hw)
     torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
-    assert blk.shift_size == (0, 0)
+    # the whole block is the same with and without shift
+    other = PolaSwinBlock(8, 2, (7, 7), shift=not shift,
+                          attn_type='L').double()
+    other.load_state_dict(blk.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(blk(x, hw), other(x, hw), rtol=0, atol=0)
 
 
 def test_polarity_block_receptive_field_is_the_whole_map():
@@ -217,9 +241,10 @@ def test_softmax_window_padding_masks_keys_with_mask_padding():
     big = torch.randn(1, 6, 4, 8)  # 6 rows: second window has 2 real rows
     big[:, 4:] = x[:, :2]
     with torch.no_grad():
-        got = blk._softmax(big.flatten(1, 2), (6, 4)).view(1, 6, 4, 8)[:, 4:]
+        got = blk.attn(big.flatten(1, 2), (6, 4)).view(1, 6, 4, 8)[:, 4:]
+        # (a map that fits in one window is that window)
         ref = msa(x[:, :2].reshape(1, 8, 8), (2, 4)).view(1, 2, 4, 8)
-        other = default._softmax(big.flatten(1, 2), (6, 4)).view(
+        other = default.attn(big.flatten(1, 2), (6, 4)).view(
             1, 6, 4, 8)[:, 4:]
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     assert (other - ref).abs().max() > 1e-3
@@ -233,10 +258,11 @@ def test_softmax_shift_matches_swin_reference():
     randomise(blk.attn)
     x = torch.randn(1, 8 * 8, 8)
     with torch.no_grad():
-        got = blk._softmax(x, (8, 8))
+        got = blk.attn(x, (8, 8))
         xm = cyclic_shift(x.view(1, 8, 8, 8), (2, 2))
         mask = shift_region_mask((8, 8), (4, 4), (2, 2))
-        y = blk.attn(window_partition(xm, (4, 4)), (4, 4), mask)
+        y = window_attention_reference(blk.attn, window_partition(xm, (4, 4)),
+                                       (4, 4), mask)
         y = cyclic_shift(window_reverse(y, (4, 4), (8, 8)), (2, 2), True)
     torch.testing.assert_close(got, y.reshape(1, 64, 8))
     assert key_valid_mask(valid_token_map((8, 8), (0, 0, 0, 0)),
@@ -252,32 +278,3 @@ def test_block_any_size(hw, attn_type):
     assert y.shape == x.shape
     y.sum().backward()
     assert all(p.grad is not None for p in blk.parameters())
-
-
-@pytest.mark.parametrize('with_bias', [True, False])
-def test_depthwise_conv_gradients(with_bias):
-    """The depth-wise conv's own backward (bias gradient as a sum) gives
-    F.conv2d's gradients, float64 gradcheck included, on a channels-last
-    map as PolarityAttention feeds it."""
-    torch.manual_seed(0)
-    x = torch.randn(2, 5, 6, 4, dtype=torch.float64).permute(0, 3, 1, 2)
-    x.requires_grad_()
-    w = torch.randn(4, 1, 3, 3, dtype=torch.float64, requires_grad=True)
-    b = (torch.randn(4, dtype=torch.float64, requires_grad=True)
-         if with_bias else None)
-    args = (x, w, b) if with_bias else (x, w)
-
-    def ours(*a):
-        return depthwise_conv2d(a[0], a[1], a[2] if with_bias else None,
-                                (1, 1), lean=True)
-
-    def ref(*a):
-        return F.conv2d(a[0], a[1], a[2] if with_bias else None,
-                        padding=1, groups=4)
-
-    grad = torch.randn(2, 4, 5, 6, dtype=torch.float64)
-    got = torch.autograd.grad(ours(*args), args, grad)
-    want = torch.autograd.grad(ref(*args), args, grad)
-    for g, r in zip(got, want):
-        torch.testing.assert_close(g, r)
-    assert torch.autograd.gradcheck(ours, args)

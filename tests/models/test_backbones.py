@@ -221,23 +221,16 @@ def test_window_rules_and_layouts():
 
 
 def _record_polarity_maps(monkeypatch):
-    """Record ``(ref_hw, hw, batch)`` of every polarity attention call, on
-    either path (one-shot :meth:`mix` or the CPU inference runs)."""
+    """Record ``(ref_hw, hw, batch)`` of every polarity attention call."""
     from pola_mm.models.layers import PolarityAttention
     seen = []
-    mix = PolarityAttention.mix
-    in_runs = PolarityAttention.forward_in_runs
+    forward = PolarityAttention.forward
 
-    def spy_mix(self, q, k, v, hw, *args):
-        seen.append((self.ref_hw, tuple(hw), q.shape[0]))
-        return mix(self, q, k, v, hw, *args)
+    def spy(self, x, hw):
+        seen.append((self.ref_hw, tuple(hw), x.shape[0]))
+        return forward(self, x, hw)
 
-    def spy_runs(attn, x, hw, *args, **kwargs):
-        seen.append((attn.ref_hw, tuple(hw), x.shape[0]))
-        return in_runs(attn, x, hw, *args, **kwargs)
-
-    monkeypatch.setattr(PolarityAttention, 'mix', spy_mix)
-    monkeypatch.setattr(PolarityAttention, 'forward_in_runs', spy_runs)
+    monkeypatch.setattr(PolarityAttention, 'forward', spy)
     return seen
 
 

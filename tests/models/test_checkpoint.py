@@ -185,7 +185,7 @@ def test_pos_tables_resized_for_other_pretrain_size(reference_dir):
         if name == 'swin':
             pe = m.layers[1].blocks[0].attn.positional_encoding
             assert pe.shape == (1, 24 * 24, 64)
-            from pola_mm.models.layers import resize_pos_table
+            from pola_mm.ops import resize_pos_table
             torch.testing.assert_close(
                 m.layers[0].blocks[0].attn.positional_encoding.data,
                 resize_pos_table(official['layers.0.blocks.0.attn.'

@@ -1,18 +1,32 @@
-"""PaCS attention (PolaFormer++): the kernel against the plain formula, the
-formula against a hand-written float64 one, mixed precision, and
-``PolarityAttention(feature_map=...)``."""
+"""PaCS attention (PolaFormer++): the op's kernel against its plain
+formula, the formula against a hand-written float64 one, mixed precision,
+and ``PolarityAttention(feature_map=...)``."""
+import importlib
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from pola_mm.models.backbones import PolaPVT, PolaSwinTransformer
 from pola_mm.models.layers import (PaCSAttention, PolarityAttention,
-                                   pacs_linear_attention, rotary_tables)
-from pola_mm.ops import plain_paths
-from pola_mm.ops.pacs_kernel import pacs_attention_kernel
+                                   rotary_tables)
+from pola_mm.ops import pacs_attention, pacs_attention_pytorch, plain_paths
 import helpers
 
 D64 = torch.float64
+#: the op's module (``pola_mm.ops.pacs_attention`` is also the op)
+op_module = importlib.import_module('pola_mm.ops.pacs_attention')
+
+
+def fast(*args):
+    """The PaCS op, which must run its fast kernel (fast paths on, as many keys
+    as queries)."""
+    with mock.patch.object(op_module, 'pacs_attention_kernel',
+                           wraps=op_module.pacs_attention_kernel) as k:
+        out = pacs_attention(*args)
+    assert k.call_count == 1
+    return out
 
 
 def spelled_out(q, k, v, s1, s2, sin=None, cos=None, eps=1e-6):
@@ -67,7 +81,7 @@ def inputs(B=2, h=2, N=12, d=4, dtype=D64, seed=0, scale=1.0):
 def test_formula_matches_spelled_out_float64(rope):
     q, k, v, s1, s2 = inputs()
     sin, cos = rotary_tables((3, 4), 8, dtype=D64) if rope else (None, None)
-    got = pacs_linear_attention(q, k, v, s1, s2, sin, cos)
+    got = pacs_attention_pytorch(q, k, v, s1, s2, sin, cos)
     want = spelled_out(q, k, v, s1, s2, sin, cos)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
@@ -88,23 +102,23 @@ def test_kernel_matches_formula_values_and_gradients(rope):
         assert (_phasor(sin, cos) is None) == (rope == 'arbitrary')
     grad = torch.randn(2, 2, 20, 6, dtype=D64)
     leaves = (q, k, v, s1, s2)
-    want = pacs_linear_attention(q, k, v, s1, s2, sin, cos)
+    want = pacs_attention_pytorch(q, k, v, s1, s2, sin, cos)
     want_g = torch.autograd.grad(want, leaves, grad)
-    got = pacs_attention_kernel(q, k, v, s1, s2, sin, cos)
+    got = fast(q, k, v, s1, s2, sin, cos)
     got_g = torch.autograd.grad(got, leaves, grad)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     for a, b in zip(got_g, want_g):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
     with torch.no_grad():  # the forward-only path
         torch.testing.assert_close(
-            pacs_attention_kernel(q, k, v, s1, s2, sin, cos), want)
+            fast(q, k, v, s1, s2, sin, cos), want)
 
 
 def test_kernel_gradcheck():
     q, k, v, s1, s2 = inputs(B=1, h=1, N=6, d=4, seed=3)
     sin, cos = rotary_tables((2, 3), 8, dtype=D64)
     assert torch.autograd.gradcheck(
-        lambda *a: pacs_attention_kernel(*a, sin, cos), (q, k, v, s1, s2))
+        lambda *a: fast(*a, sin, cos), (q, k, v, s1, s2))
 
 
 def test_kernel_saves_no_feature_maps():
@@ -119,11 +133,11 @@ def test_kernel_saves_no_feature_maps():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        pacs_attention_kernel(q, k, v, s1, s2, sin, cos)
+        fast(q, k, v, s1, s2, sin, cos)
     assert (1, 1, 64, 8) not in shapes, shapes
     shapes.clear()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        pacs_linear_attention(q, k, v, s1, s2, sin, cos)
+        pacs_attention_pytorch(q, k, v, s1, s2, sin, cos)
     assert (1, 1, 64, 8) in shapes  # the formula does keep them
 
 
@@ -142,12 +156,19 @@ def test_large_activations_under_bf16_autocast_stay_finite():
         attn.qkvg.bias.mul_(30 / peak)
         qkvg = attn.qkvg(x.bfloat16().float())
         assert qkvg[..., :32].abs().max() > 25
+        sin, cos = rotary_tables((6, 6), 16)
+
+        def heads(t):
+            return t.unflatten(-1, (2, 8)).transpose(1, 2)
+
         with torch.autocast('cpu', dtype=torch.bfloat16):
             q, k, v, _ = attn.qkvg(x).unflatten(-1, (4, 16)).unbind(-2)
             assert q.dtype == torch.bfloat16
-            got = attn.mix(q, k, v, (6, 6))
+            got = pacs_attention(heads(q), heads(k), heads(v), attn.s1,
+                                 attn.s2, sin, cos)
             full = attn(x, (6, 6))
-        want = attn.mix(q.float(), k.float(), v.float(), (6, 6))
+        want = pacs_attention(heads(q.float()), heads(k.float()),
+                              heads(v.float()), attn.s1, attn.s2, sin, cos)
     assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
     assert torch.isfinite(full).all()
     torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
@@ -158,14 +179,15 @@ def test_large_activations_under_bf16_autocast_stay_finite():
 def test_pacs_attention_kernel_and_reference_agree(monkeypatch):
     """The kernel (fast paths on) and the formula (fast paths off) give the
     same outputs and gradients; each side runs only its own."""
-    import pola_mm.models.layers.pacs_attention as pa
     torch.manual_seed(0)
     attn = PaCSAttention(16, 2)
     helpers.randomise(attn, std=0.3)
     ref = PaCSAttention(16, 2)
     ref.load_state_dict(attn.state_dict())
-    kernel = helpers.count_calls(monkeypatch, pa, 'pacs_attention_kernel')
-    formula = helpers.count_calls(monkeypatch, pa, 'pacs_linear_attention')
+    kernel = helpers.count_calls(monkeypatch, op_module,
+                                 'pacs_attention_kernel')
+    formula = helpers.count_calls(monkeypatch, op_module,
+                                  'pacs_attention_pytorch')
     x = torch.randn(2, 30, 16)
     a = attn(x, (5, 6))
     assert (len(kernel), len(formula)) == (1, 0)
@@ -183,11 +205,11 @@ def test_pacs_attention_kernel_and_reference_agree(monkeypatch):
 
 def test_one_feature_map_and_one_temperature_init():
     """Both PaCS attentions share one feature map, formula and kernel entry
-    (:func:`pacs_attend`), and their temperatures are created and reset by
-    one function (zero, the authors' init)."""
+    (the op :func:`pola_mm.ops.pacs_attention`), and their temperatures are
+    created and reset by one function (zero, the authors' init)."""
     import pola_mm.models.layers.pacs_attention as pa
     import pola_mm.ops.pacs_kernel as pk
-    assert pa.pacs_features is pk.pacs_features
+    assert op_module.pacs_features is pk.pacs_features
     x = torch.randn(3, 5, 4, dtype=D64, requires_grad=True)
     t = torch.rand(8, dtype=D64, requires_grad=True)
     pos, neg = F.relu(x), F.relu(-x)

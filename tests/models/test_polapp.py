@@ -495,7 +495,10 @@ def test_init_matches_the_authors():
         if isinstance(m, PaCSAttention):
             assert (m.s1 == 0).all() and (m.s2 == 0).all()
     assert (model.layers[2].blocks[0].gamma_1 == 1).all()
-    assert not hasattr(model.layers[0].blocks[0], 'gamma_1')
+    # no layer scale in stage 1: no parameter (the authors' layout)
+    assert model.layers[0].blocks[0].gamma_1 is None
+    assert not any('gamma' in k for k in
+                   model.layers[0].blocks[0].state_dict())
     conv = model.patch_embed.proj[3]  # trunc-normal, std .02, zero bias
     assert 0.015 < conv.weight.std() < 0.025 and (conv.bias == 0).all()
 

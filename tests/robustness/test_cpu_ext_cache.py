@@ -18,7 +18,7 @@ from helpers import REPO
 
 import pola_mm.ops.cpu_ext as cpu_ext_mod
 from pola_mm.ops.cpu_ext import CPU_EXT_ENV, cpu_ext
-from pola_mm.ops.polarity_kernel import polarity_attention_kernel
+from pola_mm.ops import polarity_attention
 
 #: Loads the loops, checks one feature computation against its formula and
 #: prints the file it loaded.
@@ -108,8 +108,8 @@ def test_unwritable_cache_falls_back_with_one_warning(tmp_path, monkeypatch,
         assert cpu_ext() is None
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 2, 40, 8, generator=g) for _ in range(3))
-        out = polarity_attention_kernel(q, k, v, torch.zeros(1, 2, 1, 8),
-                                        torch.zeros(1, 2, 1, 8), 4.0)
+        out = polarity_attention(q, k, v, torch.zeros(1, 2, 1, 8),
+                                 torch.zeros(1, 2, 1, 8), 4.0)
         assert torch.isfinite(out).all()
     finally:
         if kind == 'read-only' and os.geteuid() != 0:

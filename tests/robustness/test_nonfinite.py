@@ -1,8 +1,8 @@
-"""Non-finite inputs: the fused CPU loops (pola_mm/ops/csrc) called
-directly with NaN, Inf, subnormals and zeros, the kernel with and without
-them, and whole backbones fed an image with a NaN or Inf pixel: non-finite
-values come out where they went in, never a finite-looking result, a hang
-or a crash."""
+"""Non-finite inputs: the fused CPU loop (pola_mm/ops/csrc) called
+directly with NaN, Inf, subnormals and zeros, the polarity attention op
+with and without it, and whole backbones fed an image with a NaN or Inf
+pixel: non-finite values come out where they went in, never a
+finite-looking result, a hang or a crash."""
 import pytest
 import torch
 from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise_attention
@@ -10,8 +10,8 @@ from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise_attention
 from pola_mm.models.backbones.pola_pvt import PolaPVT
 from pola_mm.models.backbones.pola_swin import PolaSwinTransformer
 from pola_mm.ops import dispatch
+from pola_mm.ops import polarity_attention
 from pola_mm.ops.cpu_ext import CPU_EXT_ENV, cpu_ext
-from pola_mm.ops.polarity_kernel import polarity_attention_kernel
 
 NAN, INF = float('nan'), float('inf')
 #: one row of special values (d = 8): NaN, +-Inf, +-subnormal, +-0, 1
@@ -49,26 +49,9 @@ def test_fused_features_of_special_values(ext):
     assert pos[7] == 1 and neg[7] == 0
 
 
-def test_fused_power_grads_of_special_values(ext):
-    """The backward loop on the same row: non-finite ``dx`` exactly at the
-    non-finite inputs, finite (0 or 1-based) everywhere else."""
-    d = SPECIAL.numel()
-    x = SPECIAL.reshape(1, 1, 1, d).contiguous()
-    p = torch.full((1, d), 2.5)
-    df = torch.ones(1, 1, 1, 2 * d)
-    dx = torch.empty_like(x)
-    w = torch.empty(1, 1, 1, 2 * d)
-    f = torch.empty(1, 1, 1, 2 * d)
-    none = torch.empty(0)
-    ext.power_grads(df, x, torch.ones(1, d), p, none, dx, w, f)
-    finite = torch.isfinite(dx[0, 0, 0])
-    assert finite.tolist() == [False] * 3 + [True] * 5
-    assert dx[0, 0, 0, 7] == pytest.approx(2.5)  # d|x|^p/dx at 1
-
-
 def _kernel(q, k, v, scale, power, fused, monkeypatch):
     monkeypatch.setenv(CPU_EXT_ENV, '1' if fused else '0')
-    return polarity_attention_kernel(q, k, v, scale, power, 4.0)
+    return polarity_attention(q, k, v, scale, power, 4.0)
 
 
 @pytest.mark.parametrize('value', [NAN, INF, -INF], ids=['nan', 'inf',
@@ -77,8 +60,9 @@ def _kernel(q, k, v, scale, power, fused, monkeypatch):
 def test_kernel_keeps_non_finite_where_the_torch_kernel_does(
         ext, monkeypatch, value, where):
     """One bad entry in a query spoils that token's output only; in a key
-    it spoils every output (all queries read the key sum). The fused loops
-    and the pure-torch kernel agree on where, and on every finite value."""
+    it spoils every output (all queries read the key sum). The kernel with
+    the fused loop and without it agree on where, and on every finite
+    value."""
     g = torch.Generator().manual_seed(0)
     B, h, N, d = 1, 2, 100, 16
     q, k, v = (torch.randn(B, N, h, d, generator=g).transpose(1, 2)
