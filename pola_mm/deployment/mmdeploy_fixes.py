@@ -14,11 +14,10 @@ included, for two reasons, both fixed here and nowhere else:
    MMDeploy applies its rewriters only inside its ``RewriterContext``, that
    is, while its ``export`` runs: ``torch.onnx.export`` everywhere else
    (pola_mm's own ``tools/deployment/pytorch2onnx.py`` included) keeps
-   torch's default. The same rewriter refuses a pola_mm backbone with a
-   dynamic input height/width (:class:`DynamicSizeError`): their traced
-   graphs hold the input size as constants, so such a file would be wrong
-   at every other size (MMDeploy's stock ``*_dynamic.py`` configs free
-   both; dynamic shapes for other models are untouched).
+   torch's default. MMDeploy's stock ``*_dynamic.py`` configs (a free input
+   height/width) export pola_mm's backbones too: their graphs compute
+   padding, windows, masks and resized position tables from the graph's
+   input size (docs/deployment.md, "Dynamic shapes").
 
 2. **Removed symbolic helpers.** MMDeploy's ``RoIAlign`` symbolic (every
    two-stage detector: Mask R-CNN, Cascade) imports
@@ -62,7 +61,6 @@ import torch
 from mmengine.logging import print_log
 
 __all__ = [
-    'DynamicSizeError', 'fixed_size_backbones', 'refuse_dynamic_hw',
     'needs_torchscript_exporter', 'provide_removed_symbolics',
     'provide_unflatten_below_opset13',
     'register_mmdeploy_rewriters', 'install_mmdeploy_fixes', 'applied'
@@ -182,71 +180,14 @@ def provide_unflatten_below_opset13() -> bool:
     return True
 
 
-class DynamicSizeError(RuntimeError):
-    """A pola_mm backbone asked to export with a free input height/width."""
-
-
-def fixed_size_backbones(model: torch.nn.Module) -> List[str]:
-    """Class names of the pola_mm backbones in ``model``.
-
-    Their traced graphs hold the input size as constants (position tables
-    resized to the stage maps, padding to patch and window sizes, Swin's
-    windows and shifted-window masks), so a file exported with a free height
-    or width would compute something else at other sizes.
-    """
-    names = []
-    for module in model.modules():
-        cls = type(module)
-        if cls.__module__.startswith('pola_mm.models.backbones') and \
-                cls.__name__ not in names and hasattr(module, 'out_indices'):
-            names.append(cls.__name__)
-    return names
-
-
-def dynamic_hw_axes(dynamic_axes: Any, input_names: Any) -> bool:
-    """Whether ``dynamic_axes`` (``torch.onnx.export``'s) frees axis 2 or 3
-    of the first input."""
-    if not dynamic_axes:
-        return False
-    first = (list(input_names) or ['input'])[0] if input_names else 'input'
-    spec = dynamic_axes.get(first)
-    if spec is None:
-        return False
-    dims = spec.keys() if isinstance(spec, dict) else spec
-    return 2 in dims or 3 in dims
-
-
-def refuse_dynamic_hw(model: torch.nn.Module, dynamic_axes: Any,
-                      input_names: Any) -> None:
-    """Raise :class:`DynamicSizeError` when ``model`` has a pola_mm backbone
-    and the export would free the input's height or width."""
-    found = fixed_size_backbones(model)
-    if found and dynamic_hw_axes(dynamic_axes, input_names):
-        raise DynamicSizeError(
-            f'{", ".join(found)} exports at a fixed input size (position '
-            'tables, padding and windows are constants of the traced graph), '
-            'so a file with a dynamic height/width would be wrong at other '
-            'sizes; use a static deploy config (e.g. '
-            'detection_onnxruntime_static.py, instance-seg_onnxruntime_'
-            'static.py, segmentation_onnxruntime_static-512x512.py, '
-            'classification_onnxruntime_static.py), one file per input size')
-
-
 def _onnx_export__torchscript(*args: Any, **kwargs: Any) -> Any:
     """MMDeploy function rewriter of ``torch.onnx.export``: the TorchScript
     exporter (``dynamo=False``) unless the caller passed ``dynamo``.
 
     Active only inside MMDeploy's ``RewriterContext`` (its ``export``).
-    Refuses (:class:`DynamicSizeError`) a pola_mm backbone with a dynamic
-    input height/width instead of writing a file that is wrong at other
-    sizes.
     """
     from mmdeploy.core import FUNCTION_REWRITER
     ctx = FUNCTION_REWRITER.get_context('torch.onnx.export')
-    model = args[0] if args else kwargs.get('model')
-    if isinstance(model, torch.nn.Module):
-        refuse_dynamic_hw(model, kwargs.get('dynamic_axes'),
-                          kwargs.get('input_names'))
     kwargs.setdefault('dynamo', False)
     return ctx.origin_func(*args, **kwargs)
 

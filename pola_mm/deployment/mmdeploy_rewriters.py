@@ -7,13 +7,15 @@ compute something else (found while verifying exported files against PyTorch,
   ``adaptive_avg_pool2d`` by ``avg_pool2d`` with kernel ``floor(size / out)``
   for every backend but ncnn and TorchScript, which equals adaptive pooling
   only where the map is divisible by the output size (UperNet's pyramid pooling
-  at 512x512: the 16x16 map pooled to 3x3 and 6x6 is not). For the ONNX Runtime
-  backend, a rewriter registered for that backend (MMDeploy prefers it to its
-  default one) computes adaptive pooling exactly at static sizes: a product
-  with constant averaging matrices, ``P_h x P_w^T``, whose rows average
-  PyTorch's bins ``[floor(i H / h), ceil((i + 1) H / h))``; where the map is
-  divisible it keeps MMDeploy's ``avg_pool2d``, and with dynamic shapes
-  MMDeploy's rule. mmseg's own UperNet gets the same, exact, file.
+  at 512x512: the 16x16 map pooled to 3x3 and 6x6 is not), and with dynamic
+  shapes its kernel is a constant of the export size, wrong at every other
+  size. For the ONNX Runtime backend, a rewriter registered for that backend
+  (MMDeploy prefers it to its default one) computes adaptive pooling
+  exactly: a product with averaging matrices, ``P_h x P_w^T``, whose rows
+  average PyTorch's bins ``[floor(i H / h), ceil((i + 1) H / h))``;
+  constants at static sizes (where the map is divisible it keeps MMDeploy's
+  ``avg_pool2d``), computed in the graph from the map's traced size with
+  dynamic shapes. mmseg's own UperNet gets the same, exact, file.
 
 - **Cross-level RPN NMS and one box per RoI** (Mask R-CNN, Cascade): MMDeploy's
   ``RPNHead.predict_by_feat`` rewrite runs one NMS over the proposals of all
@@ -38,7 +40,7 @@ when MMDeploy is imported. They change what MMDeploy exports for mmdet's
 and mmseg's own models too, toward what those compute in PyTorch; nothing
 of the PyTorch models changes.
 """
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -49,36 +51,52 @@ __all__ = [
 ]
 
 
-def adaptive_pool_matrix(size: int, out: int,
-                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def adaptive_pool_matrix(size: Any, out: int,
+                         dtype: torch.dtype = torch.float32,
+                         device: Optional[torch.device] = None
+                         ) -> torch.Tensor:
     """``(out, size)``: row ``i`` averages PyTorch's adaptive-pooling bin
-    ``[floor(i size / out), ceil((i + 1) size / out))`` of one axis."""
-    m = torch.zeros(out, size, dtype=dtype)
-    for i in range(out):
-        a, b = (i * size) // out, -(-(i + 1) * size // out)
-        m[i, a:b] = 1.0 / (b - a)
-    return m
+    ``[floor(i size / out), ceil((i + 1) size / out))`` of one axis.
+
+    ``size`` may be an int or a traced size (0-d tensor): the matrix is then
+    computed in the graph (``Range``, integer arithmetic, comparisons), so
+    a file with a dynamic height/width pools exactly at every size.
+    """
+    i = torch.arange(out, device=device)[:, None]
+    j = torch.arange(size, device=device)[None, :]
+    start = (i * size) // out
+    end = ((i + 1) * size + out - 1) // out
+    inside = (j >= start) & (j < end)
+    return inside.to(dtype) / (end - start).to(dtype)
 
 
 def adaptive_avg_pool2d__exact(input: torch.Tensor,
                                output_size: Any) -> torch.Tensor:
     """MMDeploy function rewriter of ``adaptive_avg_pool2d`` for the ONNX
-    Runtime backend: exact at static sizes (see the module docstring)."""
+    Runtime backend: exact at every size (see the module docstring)."""
     import torch.nn.functional as F
     from mmdeploy.core import FUNCTION_REWRITER
     from mmdeploy.utils import is_dynamic_shape
     ctx = FUNCTION_REWRITER.get_context()
-    H, W = int(input.shape[-2]), int(input.shape[-1])
     size = output_size if isinstance(output_size,
                                      (tuple, list)) else (output_size, ) * 2
-    oh, ow = (int(o) if o is not None else d for o, d in zip(size, (H, W)))
+    dynamic = is_dynamic_shape(ctx.cfg)
+    if dynamic and any(o is None for o in size):
+        return ctx.origin_func(input, output_size)
+    if dynamic:  # traced sizes: the matrices follow the graph's input
+        H, W = input.shape[-2], input.shape[-1]
+        oh, ow = int(size[0]), int(size[1])
+    else:
+        H, W = int(input.shape[-2]), int(input.shape[-1])
+        oh, ow = (int(o) if o is not None else d
+                  for o, d in zip(size, (H, W)))
     if oh == ow == 1:
         return ctx.origin_func(input, output_size)
-    if is_dynamic_shape(ctx.cfg) or (H % oh == 0 and W % ow == 0):
+    if not dynamic and H % oh == 0 and W % ow == 0:
         k = (H // oh, W // ow)  # MMDeploy's rule (exact when divisible)
         return F.avg_pool2d(input, kernel_size=k, stride=k)
-    ph = adaptive_pool_matrix(H, oh, input.dtype).to(input.device)
-    pw = adaptive_pool_matrix(W, ow, input.dtype).to(input.device)
+    ph = adaptive_pool_matrix(H, oh, input.dtype, input.device)
+    pw = adaptive_pool_matrix(W, ow, input.dtype, input.device)
     return torch.matmul(torch.matmul(ph, input), pw.t())
 
 

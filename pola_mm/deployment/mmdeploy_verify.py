@@ -32,10 +32,9 @@ What is compared, per image (MMDeploy task):
   ``score_atol`` and the same ``pred_label``.
 
 Every image given is checked (at the input size its test pipeline makes).
-A deploy config with a dynamic height/width is refused for pola_mm
-backbones (:func:`pola_mm.deployment.mmdeploy_fixes.refuse_dynamic_hw`):
-their traced graphs hold the input size as constants; export one static
-file per size.
+With a deploy config that frees the height/width (MMDeploy's stock
+``*_dynamic.py``), the one file exported on the first image is checked on
+every image at its own size.
 """
 import copy
 import os
@@ -50,8 +49,6 @@ import torch
 from mmengine.config import Config
 from mmengine.logging import print_log
 from torch import Tensor
-
-from .mmdeploy_fixes import DynamicSizeError, refuse_dynamic_hw
 
 __all__ = [
     'DeployError', 'DeployInputError', 'Check', 'DeployReport',
@@ -451,12 +448,6 @@ def deploy_and_verify(deploy_cfg: Union[str, Config],
     try:
         task_processor = build_task_processor(model_cfg, deploy_cfg, device)
         torch_model = task_processor.build_pytorch_model(checkpoint)
-        try:
-            refuse_dynamic_hw(torch_model,
-                              deploy_cfg.onnx_config.get('dynamic_axes'),
-                              deploy_cfg.onnx_config.get('input_names'))
-        except DynamicSizeError as exc:
-            raise DeployError(str(exc)) from exc
         if checkpoint is None:
             # torch2onnx builds its own model: give it these very weights
             checkpoint = osp.join(tmp_dir, 'initial_weights.pth')

@@ -191,28 +191,6 @@ def test_retinanet_static_matches_pytorch(tmp_path, shapes_image, photo):
     assert not hasattr(torch.onnx.export, 'origin_func')
 
 
-def test_dynamic_hw_is_refused_clearly(tmp_path, shapes_image):
-    """Stock dynamic configs free H and W; a pola_mm backbone's graph fixes
-    them, so both MMDeploy's own torch2onnx and the tool refuse."""
-    from mmdeploy.apis import torch2onnx
-    cfg = _retinanet_cfg()
-    with pytest.raises(mmdeploy_fixes.DynamicSizeError,
-                       match='fixed input size.*static deploy config'):
-        torch2onnx(shapes_image, str(tmp_path / 'a'), 'end2end.onnx',
-                   stock('mmdet/detection/detection_onnxruntime_dynamic.py'),
-                   cfg, None, 'cpu')
-    assert not osp.exists(tmp_path / 'a' / 'end2end.onnx')
-    with pytest.raises(DeployError, match='PolaPVT exports at a fixed'):
-        deploy_and_verify(
-            stock('mmseg/segmentation_onnxruntime_dynamic.py'),
-            osp.join(CONFIGS, 'sem_fpn_pola_pvt_t_ade20k.py'), None,
-            shapes_image, str(tmp_path / 'b'),
-            cfg_options={'model.backbone.init_cfg': None,
-                         'model.backbone.arch': PVT_TINY,
-                         'model.neck.in_channels': PVT_TINY['embed_dims']})
-    assert os.listdir(tmp_path / 'b') == []
-
-
 def _sem_fpn_options() -> dict:
     return {
         'model.backbone.init_cfg': None,
