@@ -12,53 +12,34 @@ A config may name a base inside an installed package, e.g.
    ``<site-packages>/pola_mm``, a folder that does not exist.
 
 :func:`register_config_scope` adds ``pola_mm`` to the table and, for the
-``pola_mm`` scope only, answers the package folder from the imported module
-itself (correct for regular, editable and ``PYTHONPATH`` use alike). The
-package ships ``.mim/configs`` as a link to the repository's ``configs/``
-and a ``.mim/model-index.yml`` without metafiles, so every ``pola_mm::``
-path is a plain file under ``configs/``.
+``pola_mm`` scope only, answers the package folder (correct for regular,
+editable and ``PYTHONPATH`` use alike). The package ships ``.mim/configs``
+as a link to the repository's ``configs/`` and ``.mim/model-index.yml`` as
+a link to the repository's ``model-index.yml`` (the mim metadata, whose
+metafiles name configs but no ``_base_`` file), so every
+``pola_mm::<path>`` is a plain file under ``configs/``.
 
-It runs when :mod:`pola_mm` is imported, so it works for every tool that
-imports pola_mm before reading a config (``tools/train.py``,
-``tools/test.py``); elsewhere, ``import pola_mm`` first.
+Who calls it:
+
+* every installed pola_mm's start-up hook (:mod:`pola_mm_startup`,
+  ``pola_mm_startup.pth`` in site-packages), the moment any program imports
+  mmengine's config reader: the upstream tools (mmdet's, mmseg's and
+  mmpretrain's ``tools/train.py``, ``mim train``) read ``pola_mm::`` bases
+  without importing pola_mm first;
+* ``import pola_mm`` (this module), for a checkout used through
+  ``PYTHONPATH`` without installing, where no start-up hook exists.
+
+The implementation lives in :mod:`pola_mm_startup`, a standard-library-only
+module beside the package that the hook can load without importing pola_mm
+(and so torch).
 """
 import os.path as osp
-from typing import Callable
+
+from pola_mm_startup import register_config_scope
 
 __all__ = ['PACKAGE_DIR', 'register_config_scope']
 
 #: the folder of the imported pola_mm package (holds ``.mim/configs``)
 PACKAGE_DIR = osp.dirname(osp.abspath(__file__))
-
-_SCOPE = 'pola_mm'
-
-
-def _wrap(get_installed_path: Callable[[str], str]) -> Callable[[str], str]:
-    if getattr(get_installed_path, '_pola_mm_scope', False):
-        return get_installed_path
-
-    def installed_path(package: str) -> str:
-        if package == _SCOPE:
-            return PACKAGE_DIR
-        return get_installed_path(package)
-
-    installed_path._pola_mm_scope = True  # type: ignore[attr-defined]
-    installed_path.__doc__ = get_installed_path.__doc__
-    return installed_path
-
-
-def register_config_scope() -> None:
-    """Let mmengine configs use ``pola_mm::`` bases. Idempotent.
-
-    Touches only mmengine's config loader: the scope table gains
-    ``'pola_mm'`` and the config module's ``get_installed_path`` answers
-    :data:`PACKAGE_DIR` for ``'pola_mm'`` (every other package is looked up
-    as before).
-    """
-    from mmengine.config import config as config_module
-    from mmengine.config import utils as config_utils
-    config_utils.MODULE2PACKAGE.setdefault(_SCOPE, _SCOPE)
-    config_module.get_installed_path = _wrap(config_module.get_installed_path)
-
 
 register_config_scope()

@@ -12,7 +12,10 @@
 #      ~/.cache/pola_mm/wheels, or $POLA_MM_WHEEL_CACHE);
 #   6. MMDeploy 1.3.1 with --no-deps (its protobuf<=3.20.2 pin would break
 #      onnx) after the dependencies it imports (requirements/mmdeploy*.txt);
-#   7. pola_mm itself, editable.
+#   7. openmim 0.3.9 with --no-deps (its opendatalab -> openxlab would pin
+#      setuptools~=60.2.0), after what it imports (requirements/tests.txt);
+#   8. pola_mm itself, editable (with its start-up hook, pola_mm_startup.pth,
+#      that lets the upstream tools read pola_mm:: configs).
 #
 # A stamp keyed by the hash of the requirement files and of this script makes a
 # second run return in seconds; delete .venv/ (or the stamp) to start over.
@@ -27,23 +30,25 @@ TORCH_SPEC=${POLA_MM_TORCH:-"torch==2.14.1 torchvision==0.29.1"}
 log() { echo "[setup $(date +%H:%M:%S)] $*"; }
 
 hash_inputs() {
-  cat requirements.txt requirements/*.txt setup.cfg pyproject.toml \
+  cat requirements.txt requirements/*.txt setup.cfg setup.py pyproject.toml \
     tools/setup_env.sh tools/install_mmcv.py | sha256sum | cut -c1-16
 }
 want=$(hash_inputs)
 
 # the fast path: a cheap check (no heavy imports) that the stamped packages
-# are still installed and that pola_mm is this checkout
+# are still installed, that pola_mm is this checkout and that its start-up
+# hook ran
 installed() {
   "$PY" -I - "$PWD" <<'EOF' 2>/dev/null
 import importlib.metadata as md, importlib.util, os, sys
 for name in ('torch', 'torchvision', 'mmengine', 'mmcv', 'mmdet',
              'mmsegmentation', 'mmpretrain', 'timm', 'pytest', 'mmdeploy',
-             'pola_mm'):
+             'openmim', 'pola_mm'):
     md.version(name)
 spec = importlib.util.find_spec('pola_mm')
 assert spec is not None and os.path.realpath(spec.origin).startswith(
     os.path.realpath(sys.argv[1]) + os.sep)
+assert 'pola_mm_startup' in sys.modules
 EOF
 }
 if [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] &&
@@ -105,7 +110,10 @@ log "MMDeploy 1.3.1 without its protobuf pin (requirements/mmdeploy*.txt)"
 pip_install -r requirements/mmdeploy_deps.txt
 pip_install --no-deps -r requirements/mmdeploy.txt
 
-log "pola_mm (editable)"
+log "openmim 0.3.9 without opendatalab (requirements/mim.txt)"
+pip_install --no-deps -r requirements/mim.txt
+
+log "pola_mm (editable, with its start-up hook pola_mm_startup.pth)"
 if ! pip_install -e . --no-deps --no-build-isolation > "$VENV/pola_mm_install.log" 2>&1; then
   cat "$VENV/pola_mm_install.log" >&2
   exit 1
@@ -113,6 +121,14 @@ fi
 
 "$PY" -c "import pola_mm, mmcv.ops, mmdet, mmseg, mmpretrain, timm" || {
   echo "[setup] ERROR: the environment was built but the imports above fail" >&2
+  exit 1
+}
+# a fresh interpreter runs the start-up hook (no PYTHONPATH, outside the
+# checkout): the upstream tools will read pola_mm:: configs
+venv_python="$PWD/$PY"
+(cd / && env -u PYTHONPATH "$venv_python" -c \
+   "import sys; assert 'pola_mm_startup' in sys.modules") || {
+  echo "[setup] ERROR: pola_mm_startup.pth did not run (see $VENV/pola_mm_install.log)" >&2
   exit 1
 }
 echo "$want" > "$STAMP"
