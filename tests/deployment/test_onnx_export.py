@@ -2,6 +2,7 @@
 both exporters give files that onnxruntime runs to PyTorch's outputs, the
 fast paths step aside while a graph is captured, and a file that disagrees
 is refused."""
+import importlib
 import os.path as osp
 
 import pytest
@@ -12,13 +13,15 @@ from pola_mm.deployment import (ExportError, build_backbone,
                                 export_onnx, verify_onnx)
 from pola_mm.deployment import onnx as onnx_mod
 from pola_mm.models import PolaPVT, PolaSwinTransformer
-from pola_mm.models.backbones.base import PreNormBlock
-from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops import dispatch, polarity_kernel
 from helpers import (PVT_TINY, REPO, SWIN_TINY_DEPTH1, SWIN_TINY_DEPTH2,
                      randomise, stage_grids)
 
 pytest.importorskip('onnxruntime')
+
+#: The module of the polarity attention op (``pola_mm.ops`` exports the op
+#: function under the same name).
+polarity_op_module = importlib.import_module('pola_mm.ops.polarity_attention')
 
 BACKBONES = {'swin': (PolaSwinTransformer, SWIN_TINY_DEPTH2),
              'swin1': (PolaSwinTransformer, SWIN_TINY_DEPTH1),
@@ -26,13 +29,10 @@ BACKBONES = {'swin': (PolaSwinTransformer, SWIN_TINY_DEPTH2),
 
 
 def _small_runs(monkeypatch) -> None:
-    """Runs small enough that eager CPU inference takes every run path (and
-    the fused C++ loops), so the test shows they stay out of the graph."""
-    for name, value in [('KERNEL_RUN_ELEMENTS', 1 << 14),
-                        ('ATTN_RUN_ELEMENTS', 1 << 13),
-                        ('FFN_RUN_ELEMENTS', 1 << 14), ('FFN_MIN_TOKENS', 512),
-                        ('NORM_RUN_ELEMENTS', 1 << 13)]:
-        monkeypatch.setattr(dispatch, name, value)
+    """Runs small enough that eager CPU inference takes the kernel's runs
+    (and its fused C++ loop), so the test shows they stay out of the
+    graph."""
+    monkeypatch.setattr(polarity_kernel, 'KERNEL_RUN_ELEMENTS', 1 << 14)
 
 
 def _model(name: str, seed: int = 0) -> torch.nn.Module:
@@ -61,17 +61,18 @@ def test_torchscript_export_matches_pytorch(tmp_path, monkeypatch, name,
     _small_runs(monkeypatch)
     model = _model(name)
     calls = []
-    for obj, attr in [(PolarityAttention, 'forward_in_runs'),
-                      (PreNormBlock, 'ffn_in_runs'),
-                      (polarity_kernel, '_loop_features')]:
+    # the op's fast implementation, looked up where the op calls it, and
+    # the kernel's run loop (C++ where built)
+    for obj, attr in [(polarity_op_module, 'polarity_attention_kernel'),
+                      (polarity_kernel, '_run_features')]:
         _spy(monkeypatch, calls, obj, attr)
     with torch.no_grad():
         model(example_inputs(model, shape))
-    assert {'forward_in_runs', 'ffn_in_runs'} <= set(calls)
+    assert {'polarity_attention_kernel', '_run_features'} <= set(calls)
     calls.clear()
     out = str(tmp_path / 'm.onnx')
     export_onnx(model, shape, out, exporter='torchscript')
-    assert calls == []  # no run path, no C++ loop in the graph
+    assert calls == []  # no fast path, no C++ loop in the graph
     checks = verify_onnx(model, out, [example_inputs(model, shape, seed=3)])
     assert len(checks) == 4
     grids = stage_grids('pvt' if name == 'pvt' else 'swin', *shape)
