@@ -1,6 +1,6 @@
 """Narrow compatibility fixes for the modern torch stack.
 
-Three things do not work out of the box with torch >= 2.6 and mmengine 0.10.7:
+Four things do not work out of the box with torch >= 2.6 and mmengine 0.10.7:
 
 1. ``torch.load`` defaults to ``weights_only=True`` (torch >= 2.6), and
    mmengine calls it without the argument. Every checkpoint an mmengine
@@ -22,25 +22,44 @@ Three things do not work out of the box with torch >= 2.6 and mmengine 0.10.7:
 
 3. After a DDP run on gloo, tearing the interpreter down intermittently
    aborts a rank (see :func:`exit_process`); the tools end such runs with it.
+
+4. The Runner's ``compile=True`` compiles the whole ``model.train_step``,
+   so dynamo also traces ``OptimWrapper.update_params``: the optimizer
+   step, gradient clipping and mmengine's bookkeeping. With a
+   ``paramwise_cfg`` (every Swin recipe, mmdet's and ours) mmengine hands
+   the optimizer ``ConfigDict`` param groups, which dynamo cannot trace
+   (``'UserDefinedDictVariable' object has no attribute 'items'``; mmdet's
+   own RetinaNet fails the same way); without one, the warm-up's lr, the
+   logged gradient norm and the step counter change every iteration and
+   recompile those frames in each of the first iterations. And ``val()`` /
+   ``test()`` compile nothing.
+   :func:`patch_runner_compile` makes ``compile`` compile the model's
+   computation (``model.compile()``: data samples in, losses or
+   predictions out) for training, validation and testing, and leaves the
+   data preprocessor, the optimizer step and the bookkeeping eager. It
+   runs when :mod:`pola_mm` is imported. See ``docs/compat.md``.
 """
 import atexit
 import logging
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Optional
 
 import torch
 import torch.distributed as torch_dist
 from mmengine.config import Config
 from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
 from mmengine.registry import MODEL_WRAPPERS
+from mmengine.runner import Runner
 from torch.nn.parallel import DistributedDataParallel
 
 from .fileio.allow_list import runner_checkpoint_safe_globals
 
 __all__ = [
     'allow_runner_checkpoints', 'runner_checkpoint_safe_globals',
-    'setup_cpu_distributed', 'finish_distributed', 'exit_process'
+    'setup_cpu_distributed', 'finish_distributed', 'exit_process',
+    'compile_options', 'compile_model', 'patch_runner_compile'
 ]
 
 
@@ -197,4 +216,99 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+def compile_options(compile_cfg: Any) -> Optional[dict]:
+    """The ``torch.compile`` keyword arguments of a Runner's ``compile``.
+
+    Read as mmengine reads it: ``None`` or ``False`` -> None (no
+    compilation), ``True`` -> ``{}`` (torch's defaults), a dict -> a copy of
+    it (``backend``, ``mode``, ``dynamic``, ``fullgraph``, ``options``).
+
+    Raises:
+        TypeError: for any other value.
+    """
+    if compile_cfg is None or compile_cfg is False:
+        return None
+    if compile_cfg is True:
+        return {}
+    if isinstance(compile_cfg, dict):
+        return dict(compile_cfg)
+    raise TypeError(
+        f'`compile` should be a dict or bool, got {type(compile_cfg)}')
+
+
+def compile_model(model: torch.nn.Module, options: dict) -> bool:
+    """``torch.compile`` the computation of a Runner's model, once.
+
+    Compiles the module's call (``nn.Module.compile``) of the model inside
+    any wrapper (DDP calls it), so every ``train_step`` / ``val_step`` /
+    ``test_step`` runs its forward compiled while the steps themselves --
+    data preprocessing, loss parsing, the optimizer step, logging -- stay
+    eager. ``copy.deepcopy`` (EMA hooks) copies the module uncompiled.
+
+    Args:
+        model: the Runner's model, wrapped or not.
+        options: keyword arguments of ``torch.compile``.
+
+    Returns:
+        True if the model was compiled now, False if it already was.
+    """
+    module = model.module if is_model_wrapper(model) else model
+    if getattr(module, '_compiled_call_impl', None) is not None:
+        return False
+    module.compile(**options)
+    return True
+
+
+# mmengine's Runner methods that patch_runner_compile replaced, by name
+_RUNNER_ORIGINAL: dict = {}
+
+
+def _maybe_compile(self: Runner, target: str) -> None:
+    """``Runner._maybe_compile`` of :func:`patch_runner_compile`."""
+    options = compile_options(self.cfg.get('compile', None))
+    if options is None:
+        return
+    if compile_model(self.model, options):
+        self.logger.info(
+            f'pola_mm: the model\'s forward is compiled with '
+            f'torch.compile({options}) for {target} and every later step; '
+            'preprocessing and the optimizer step stay eager (pola_mm.compat)'
+            '. The first iterations will be slow.')
+
+
+def _val(self: Runner) -> dict:
+    """``Runner.val`` that honours ``compile`` (mmengine's compiles only
+    for training)."""
+    self._maybe_compile('val_step')
+    return _RUNNER_ORIGINAL['val'](self)
+
+
+def _test(self: Runner) -> dict:
+    """``Runner.test`` that honours ``compile``."""
+    self._maybe_compile('test_step')
+    return _RUNNER_ORIGINAL['test'](self)
+
+
+def patch_runner_compile() -> bool:
+    """Make the Runner's ``compile`` option compile the model's computation.
+
+    Replaces ``Runner._maybe_compile`` (mmengine 0.10: ``torch.compile`` of
+    the whole ``model.train_step``, optimizer step included) by
+    :func:`compile_model` and makes ``Runner.val`` / ``Runner.test`` call it
+    too. Idempotent.
+
+    Returns:
+        True if the Runner was patched now.
+    """
+    if _RUNNER_ORIGINAL:
+        return False
+    for name in ('_maybe_compile', 'val', 'test'):
+        _RUNNER_ORIGINAL[name] = getattr(Runner, name)
+    Runner._maybe_compile = _maybe_compile
+    Runner.val = _val
+    Runner.test = _test
+    return True
+
+
 allow_runner_checkpoints()
+patch_runner_compile()
