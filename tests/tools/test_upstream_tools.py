@@ -147,8 +147,8 @@ def _metrics(text: str) -> dict:
 def test_mmdet_tools_train_and_test_a_pola_mm_config(tmp_path):
     """``mim train mmdet`` runs mmdet's shipped ``tools/train.py``, which
     trains the demo model listed by ``pola_mm::`` for 4 iterations on the
-    shapes data; mmdet's ``tools/test.py`` and ``mim test mmdet`` evaluate
-    the checkpoint."""
+    shapes data; ``mim test mmdet`` runs mmdet's shipped ``tools/test.py``
+    on the checkpoint, which evaluates it."""
     from pola_mm.demo.shapes import make_shapes_dataset
     make_shapes_dataset(str(tmp_path / 'data' / 'shapes'), num_train=8,
                         num_val=2, seed=1)
@@ -156,7 +156,8 @@ def test_mmdet_tools_train_and_test_a_pola_mm_config(tmp_path):
     train = run([sys.executable, '-m', 'mim', 'train', 'mmdet', cfg,
                  '--work-dir', 'work'], tmp_path)
     out = train.stdout + train.stderr
-    assert f'{upstream_tool("mmdet", "train.py")} {cfg}' in out  # mim's line
+    # mim's own line: the command it ran is the shipped tool on our config
+    assert f'{upstream_tool("mmdet", "train.py")} {cfg}' in out
     losses = [float(v) for v in re.findall(r'Iter\(train\) +\[\s*\d+/4\].*?'
                                            r' loss: (\d+\.\d+)', out)]
     assert len(losses) == 4, out[-3000:]
@@ -165,15 +166,14 @@ def test_mmdet_tools_train_and_test_a_pola_mm_config(tmp_path):
     ckpt = tmp_path / 'work' / 'iter_4.pth'
     assert ckpt.is_file()
 
-    test = run([sys.executable, upstream_tool('mmdet', 'test.py'), cfg,
-                str(ckpt), '--work-dir', 'test_work'], tmp_path)
-    metrics = _metrics(test.stdout + test.stderr)
-    assert set(metrics) == {'coco/bbox_mAP', 'coco/segm_mAP'}, metrics
-
-    mim = run([sys.executable, '-m', 'mim', 'test', 'mmdet', cfg,
-               '--checkpoint', str(ckpt), '--work-dir', 'mim_work'],
-              tmp_path)
-    assert _metrics(mim.stdout + mim.stderr) == metrics
+    test = run([sys.executable, '-m', 'mim', 'test', 'mmdet', cfg,
+                '--checkpoint', str(ckpt), '--work-dir', 'test_work'],
+               tmp_path)
+    out = test.stdout + test.stderr
+    assert f'{upstream_tool("mmdet", "test.py")} {cfg} {ckpt}' in out
+    metrics = _metrics(out)
+    assert set(metrics) == {'coco/bbox_mAP', 'coco/segm_mAP'}, out[-3000:]
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
 
 
 # -- mmseg and mmpretrain: parse, build, one training iteration ---------------
