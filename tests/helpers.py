@@ -25,6 +25,10 @@ SWIN_TINY_DEPTH1 = dict(embed_dims=16, depths=(1, 1, 1, 1),
                         num_heads=(1, 1, 2, 2))
 PVT_TINY = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
                 num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2))
+#: PolaPP: two PaCS blocks in stage 1, layer scale in the softmax stages.
+POLAPP_TINY = dict(embed_dims=(16, 32, 32, 64), depths=(2, 1, 1, 1),
+                   num_heads=(2, 2, 2, 4),
+                   layer_scale_init=(None, None, 1., 1.))
 
 #: The archs of the authors' reference minis (``official_pola_*_mini.pth``).
 SWIN_MINI = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))

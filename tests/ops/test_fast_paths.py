@@ -17,13 +17,9 @@ from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint)
 from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops import dispatch
-from helpers import (PVT_MINI, PVT_TINY, SWIN_MINI, SWIN_TINY_DEPTH2, ran,
-                     randomise, reference_file, reset, spy_fast_code,
-                     subprocess_env)
-
-POLAPP_TINY = dict(embed_dims=(16, 32, 32, 64), depths=(2, 1, 1, 1),
-                   num_heads=(2, 2, 2, 4),
-                   layer_scale_init=(None, None, 1., 1.))
+from helpers import (POLAPP_TINY, PVT_MINI, PVT_TINY, SWIN_MINI,
+                     SWIN_TINY_DEPTH2, ran, randomise, reference_file, reset,
+                     spy_fast_code, subprocess_env)
 
 #: name -> (class, constructor arguments, the fast code that must run with
 #: the switch on in float64, forward and a training step). Swin's 'LLSS'
