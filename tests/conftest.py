@@ -14,6 +14,26 @@ if TESTS_DIR not in sys.path:  # helper modules such as compat_tiny
 REPO_ROOT = os.path.dirname(TESTS_DIR)
 
 
+@pytest.fixture(autouse=True)
+def _restore_checkpoint_loaders():
+    """mmengine's checkpoint loaders as they were before each test.
+
+    The tools (``pola_mm.tools.runner``: ``train_main``, ``test_main``)
+    install pola_mm's checked loader into mmengine's ``CheckpointLoader``
+    for the whole process, by design; a test that runs a tool in this
+    process must not change how later tests load files (e.g. which error
+    ``mmengine.runner.load_checkpoint`` raises)."""
+    module = sys.modules.get('mmengine.runner.checkpoint')
+    before = None if module is None else dict(
+        module.CheckpointLoader._schemes)
+    yield
+    if before is not None:
+        schemes = module.CheckpointLoader._schemes
+        if schemes != before:
+            schemes.clear()
+            schemes.update(before)
+
+
 @pytest.fixture(scope='session')
 def reference_dir() -> str:
     """The authors' reference folder (see :func:`reference_root`)."""
