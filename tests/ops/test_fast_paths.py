@@ -161,16 +161,23 @@ def test_attn_drop_is_refused():
         PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, attn_drop_rate=0.1)
 
 
-def test_environment_variable_turns_fast_paths_off():
-    code = ('import pola_mm.ops as o; import pola_mm.ops.cpu_ext as c; '
-            'print(o.fast_paths_enabled(), c.cpu_ext())')
-    for value, want in [('0', 'False None'), ('off', 'False None'),
-                        ('1', 'True')]:
-        env = dict(os.environ, POLA_MM_FAST_PATHS=value, POLA_MM_CPU_EXT='0')
-        out = subprocess.run([sys.executable, '-c', code], env=env,
-                             capture_output=True, text=True, check=True)
-        assert out.stdout.split()[0] == want.split()[0], out.stderr
+def test_environment_values_and_the_switch(monkeypatch):
+    """``0``, ``false``, ``off``, ``no`` (any case, spaces) turn the fast
+    paths off, anything else leaves them on (read at import:
+    ``test_environment_switch_runs_the_plain_models`` runs a fresh process);
+    with the switch off the C++ loop is not even loaded."""
+    from pola_mm.ops import cpu_ext as cpu_ext_mod
     assert dispatch.FAST_PATHS_ENV == 'POLA_MM_FAST_PATHS'
+    for value, want in [('0', False), ('off', False), (' False ', False),
+                        ('NO', False), ('1', True), ('on', True)]:
+        monkeypatch.setenv(dispatch.FAST_PATHS_ENV, value)
+        assert dispatch.env_enabled(dispatch.FAST_PATHS_ENV) is want, value
+    monkeypatch.delenv(dispatch.FAST_PATHS_ENV)
+    assert dispatch.env_enabled(dispatch.FAST_PATHS_ENV)
+    assert ops.fast_paths_enabled()
+    with ops.plain_paths():
+        assert cpu_ext_mod.cpu_ext() is None
+    assert cpu_ext_mod.cpu_ext() is not None
 
 
 def test_environment_switch_runs_the_plain_models(tmp_path):
