@@ -224,9 +224,10 @@ def test_retinanet_pola_pvt_compiled_as_eager(tmp_path):
 
     The compiled runs use ``backend='aot_eager'``: dynamo's capture and
     AOTAutograd's joint forward-backward graphs, the whole path the Runner
-    takes, without inductor's code generation, which costs ~4 CPU-minutes
-    for this model (docs/compat.md has the measured inductor run, losses
-    as eager within 3e-5). The tiny model above runs the default inductor.
+    takes, without inductor's code generation, which costs ~8 CPU-minutes
+    for this model on a cold cache (docs/compat.md has the measured
+    inductor run: losses as eager within 4e-5, the same metrics). The tiny
+    model above runs the default inductor.
     """
     from pola_mm.tools.runner import run_tool, test_main
     data = e2e_data.make_coco(str(tmp_path / 'coco'))
