@@ -28,7 +28,7 @@ EXPORTED = {
 }
 #: one small model per family: Swin's polarity stage and a shifted, padded
 #: softmax stage; PVT's polarity stage and a spatial-reduction stage;
-#: PolaPP's two PaCS stages and a rotary softmax stage.
+#: PolaPP's PaCS stage, its downsampling and a rotary softmax stage.
 COMPILED = {
     'swin': (PolaSwinTransformer,
              dict(arch=dict(embed_dims=16, depths=(1, 2), num_heads=(1, 2)),
@@ -36,10 +36,9 @@ COMPILED = {
                   out_indices=(0, 1))),
     'pvt': (PolaPVT, dict(arch=PVT_TINY, attn_layout='LSLL',
                           out_indices=(0, 1))),
-    'polapp': (PolaPP, dict(arch=dict(embed_dims=(16, 32, 32, 64),
-                                      depths=(1, 1, 1, 1),
-                                      num_heads=(2, 2, 2, 4)),
-                            out_indices=(0, 1, 2))),
+    'polapp': (PolaPP, dict(arch=dict(embed_dims=(16, 32), depths=(1, 1),
+                                      num_heads=(2, 2), attn_layout='LS'),
+                            out_indices=(0, 1))),
 }
 SIZE = (72, 100)  # non-square, not a multiple of 32
 
