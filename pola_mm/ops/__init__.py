@@ -4,21 +4,21 @@ pattern), behind one switch (``POLA_MM_FAST_PATHS=0`` or
 :func:`plain_paths`; :mod:`~pola_mm.ops.dispatch`).
 
 - :func:`polarity_attention` (PolaFormer; kernel in
-  :mod:`~pola_mm.ops.polarity_kernel`, fused CPU loop in
-  :mod:`~pola_mm.ops.cpu_ext`);
+  :mod:`~pola_mm.ops.polarity_kernel`);
 - :func:`pacs_attention` (PolaFormer++'s PaCS; kernel in
   :mod:`~pola_mm.ops.pacs_kernel`);
 - :func:`softmax_attention` (``scaled_dot_product_attention`` or the
   explicit form);
 - :func:`depthwise_conv2d`, :func:`gate_linear`, :func:`gelu_linear`
-  (lean training functions);
+  (lean training functions); :func:`gelu_mlp` (the MLP: ``gelu_linear``,
+  in CPU inference on runs of tokens);
 - :func:`resize_pos_table` (cached in inference).
 """
 from .depthwise_conv import depthwise_conv2d
 from .dispatch import (FAST_PATHS_ENV, fast_paths_enabled, plain_paths,
                        set_fast_paths)
 from .gate_linear import gate_linear
-from .gelu_linear import gelu_linear
+from .gelu_linear import gelu_linear, gelu_mlp
 from .pacs_attention import pacs_attention, pacs_attention_pytorch
 from .polarity_attention import polarity_attention, polarity_attention_pytorch
 from .position import check_resize_mode, resize_pos_table
@@ -29,5 +29,5 @@ __all__ = [
     'polarity_attention', 'polarity_attention_pytorch', 'pacs_attention',
     'pacs_attention_pytorch', 'softmax_attention',
     'softmax_attention_pytorch', 'depthwise_conv2d', 'gate_linear',
-    'gelu_linear', 'resize_pos_table', 'check_resize_mode'
+    'gelu_linear', 'gelu_mlp', 'resize_pos_table', 'check_resize_mode'
 ]

@@ -22,9 +22,8 @@ Computes exactly the published formula (see
   the kernel, so ``k + table`` is never materialised or saved.
 - Cache-sized work on CPU: the forward's elementwise chains run on runs
   of tokens small enough to stay in cache (about 2x faster than streaming
-  every intermediate through memory), writing straight into the outputs;
-  in float32 the features come from one fused C++ loop
-  (:mod:`.cpu_ext`). The backward runs on whole sequences.
+  every intermediate through memory), writing straight into the outputs.
+  The backward runs on whole sequences.
 
 Everything is whole-tensor torch operations without host synchronisation or
 data-dependent Python control flow; on GPUs the whole input is one run.
@@ -34,13 +33,11 @@ or its plain reference
 :func:`~.polarity_attention.polarity_attention_pytorch`; the kernel never
 sees a captured graph.
 """
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-from .cpu_ext import cpu_ext
 
 __all__ = ['polarity_attention_kernel', 'PolarityAttentionFunction']
 
@@ -141,26 +138,6 @@ class _Params:
         self.p = 1 + alpha * torch.sigmoid(power)
         # (k + bias) / s = k * inv_s + bias * inv_s: one fused op per run
         self.kb_s = None if k_bias is None else k_bias * self.inv_s
-        self.ext: Optional[Any] = None
-
-    def uses_cpu_loops(self, x: Tensor) -> bool:
-        """Whether the runs of ``x`` ``(B, h, N, d)`` take the compiled
-        CPU loops (:mod:`.cpu_ext`): float32 on CPU, built. Prepares their
-        ``(h, d)`` constants."""
-        if (x.device.type != 'cpu' or x.dtype != torch.float32
-                or x.stride(-1) != 1):
-            return False
-        if self.ext is None:
-            self.ext = cpu_ext()
-            if self.ext is None:
-                return False
-            h, d = x.shape[1], x.shape[3]
-            self.inv_hd = self.inv_s.expand(1, h, 1, d).reshape(h, d) \
-                .contiguous()
-            self.p_hd = self.p.expand(1, h, 1, d).reshape(h, d).contiguous()
-            if self.kb_s is not None and self.kb_s.stride(-1) != 1:
-                self.kb_s = self.kb_s.contiguous()
-        return True
 
 
 def _scaled_keys(k: Tensor, c: slice, prm: _Params) -> Tensor:
@@ -220,46 +197,17 @@ def _scratch(x: Tensor, step: int) -> Optional[Tensor]:
     return x.new_empty(B, h, step, 2 * d)
 
 
-_NONE = torch.empty(0)  # "no tensor" for the fused loops' optional inputs
-_ROWS = 64  # tokens per block of the fused loops' partial sums (kRows)
-
-
-def _loop_key_bias(c: slice, prm: _Params, key: bool) -> Tensor:
-    """Key bias of tokens ``c`` for the CPU loops (empty: none)."""
-    return prm.kb_s[:, :, c] if key and prm.kb_s is not None else _NONE
-
-
-def _loop_features(x: Tensor, c: slice, prm: _Params, key: bool,
-                   buf: Optional[Tensor],
-                   with_sum: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-    """:func:`_features` of tokens ``c`` of ``x`` (keys: with the key bias)
-    in one pass of the CPU loops; with ``with_sum`` also their sum over
-    the tokens ``(B, h, 2d)``."""
-    B, h, _, d = x.shape
-    xc = x[:, :, c]
-    n = xc.shape[-2]
-    f = _feature_buffer(xc, buf)
-    fsum = xc.new_empty(B, h, -(-n // _ROWS), 2 * d) if with_sum else _NONE
-    prm.ext.features(xc, prm.inv_hd, prm.p_hd, _loop_key_bias(c, prm, key),
-                     f, fsum)
-    return f, (fsum.sum(2) if with_sum else None)
-
-
 def _run_features(x: Tensor, c: slice, prm: _Params, key: bool,
-                  buf: Optional[Tensor], loops: bool, with_log: bool = False,
+                  buf: Optional[Tensor], with_log: bool = False,
                   with_sum: bool = False):
-    """``[f+, f-]`` of tokens ``c`` of ``x`` (keys: with the key bias), by
-    the CPU loops or by :func:`_features`.
+    """``[f+, f-]`` of tokens ``c`` of ``x`` (keys: with the key bias):
+    :func:`_features`.
 
     Returns:
         the features ``(B, h, n, 2d)``, their sum over the tokens
-        ``(B, h, 2d)`` when ``with_sum``, and, by the torch ops with
-        ``with_log``, ``(xs, log|xs|)`` for :func:`_power_grads` (None for
-        the CPU loops, whose backward pass recomputes them).
+        ``(B, h, 2d)`` when ``with_sum``, and with ``with_log``
+        ``(xs, log|xs|)`` for :func:`_power_grads`.
     """
-    if loops:
-        f, fsum = _loop_features(x, c, prm, key, buf, with_sum)
-        return f, fsum, None
     xs = _scaled_keys(x, c, prm) if key else x[:, :, c] * prm.inv_s
     f, xsafe, la = _features(xs, prm.p, with_log, buf)
     return f, (f.sum(-2) if with_sum else None), (xsafe, la)
@@ -271,10 +219,8 @@ def _key_product(k: Tensor, v: Tensor, prm: _Params, step: int) -> Tensor:
     N = k.shape[-2]
     r: Optional[Tensor] = None
     buf = _scratch(k, step)
-    loops = prm.uses_cpu_loops(k)
     for c in _token_runs(N, step):
-        f, fsum, _ = _run_features(k, c, prm, True, buf, loops,
-                                   with_sum=True)
+        f, fsum, _ = _run_features(k, c, prm, True, buf, with_sum=True)
         rc = torch.cat([f.transpose(-2, -1) @ v[:, :, c],
                         fsum.unsqueeze(-1)], dim=-1)
         r = rc if r is None else r.add_(rc)
@@ -290,9 +236,8 @@ def _query_run(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
     d = q.shape[-1]
     half = d // 2
     buf = _scratch(q, step)
-    loops = prm.uses_cpu_loops(q)
     for c in _token_runs(q.shape[-2], step):
-        f, _, _ = _run_features(q, c, prm, False, buf, loops)
+        f, _, _ = _run_features(q, c, prm, False, buf)
         u = f @ S  # (B, h, n_c, d + 2): [numerators, z_sim, z_opp]
         num = u[..., :d].unflatten(-1, (2, half))
         if x is None or rz is None:
@@ -372,7 +317,7 @@ def _run_feature_grads(df: Tensor, x: Tensor, prm: _Params, key: bool,
         ``dL/dx`` and the sums of ``[g, g log|xs|]`` over ``B`` and the
         tokens, ``(1, h, 1, 2d)``.
     """
-    f, _, aux = _run_features(x, slice(None), prm, key, None, False,
+    f, _, aux = _run_features(x, slice(None), prm, key, None,
                               with_log=True)
     assert aux is not None
     dx, w = _power_grads(df, f, aux[0], aux[1], pinv)

@@ -20,12 +20,6 @@ TINY_SWIN = dict(type='PolaSwinTransformer', arch=helpers.SWIN_TINY_DEPTH2,
 TINY_PVT = dict(type='PolaPVT', arch=helpers.PVT_TINY, drop_path_rate=0.0)
 
 
-@pytest.fixture(autouse=True)
-def _no_cpu_ext(monkeypatch):
-    # the fused CPU loops save the same tensors; no need to build them here
-    monkeypatch.setenv('POLA_MM_CPU_EXT', '0')
-
-
 def _keyed(r: MemoryReport):
     # (not the op: the CPU path saves the same storages through other ops,
     # e.g. its own depth-wise conv function, explicit softmax for SDPA)

@@ -118,17 +118,17 @@ def test_same_outputs_and_gradients_without_fast_paths(monkeypatch, name):
 
 
 @pytest.mark.parametrize('name', ['swin', 'pvt'])
-def test_float32_inference_uses_the_cpu_loops_only_when_on(monkeypatch,
+def test_float32_inference_uses_the_fast_code_only_when_on(monkeypatch,
                                                            name):
-    """float32 CPU inference (where the fused C++ loop and the cached table
-    resize run): the same maps both ways, and with the switch off neither
-    they nor any other fast code runs."""
+    """float32 CPU inference (where the polarity kernel's token runs and
+    the cached table resize run): the same maps both ways, and with the
+    switch off neither they nor any other fast code runs."""
     model = _build(name).eval()
     calls = spy_fast_code(monkeypatch)
     x = torch.randn(1, 3, 97, 161, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         fast = model(x)
-        assert {'cpu_ext', 'cached_resize', 'sdpa'} <= ran(calls)
+        assert {'polarity_kernel', 'cached_resize', 'sdpa'} <= ran(calls)
         reset(calls)
         with ops.plain_paths():
             plain = model(x)
@@ -164,9 +164,7 @@ def test_attn_drop_is_refused():
 def test_environment_values_and_the_switch(monkeypatch):
     """``0``, ``false``, ``off``, ``no`` (any case, spaces) turn the fast
     paths off, anything else leaves them on (read at import:
-    ``test_environment_switch_runs_the_plain_models`` runs a fresh process);
-    with the switch off the C++ loop is not even loaded."""
-    from pola_mm.ops import cpu_ext as cpu_ext_mod
+    ``test_environment_switch_runs_the_plain_models`` runs a fresh process)."""
     assert dispatch.FAST_PATHS_ENV == 'POLA_MM_FAST_PATHS'
     for value, want in [('0', False), ('off', False), (' False ', False),
                         ('NO', False), ('1', True), ('on', True)]:
@@ -176,8 +174,8 @@ def test_environment_values_and_the_switch(monkeypatch):
     assert dispatch.env_enabled(dispatch.FAST_PATHS_ENV)
     assert ops.fast_paths_enabled()
     with ops.plain_paths():
-        assert cpu_ext_mod.cpu_ext() is None
-    assert cpu_ext_mod.cpu_ext() is not None
+        assert not ops.fast_paths_enabled()
+    assert ops.fast_paths_enabled()
 
 
 def test_environment_switch_runs_the_plain_models(tmp_path):

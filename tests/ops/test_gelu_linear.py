@@ -3,6 +3,8 @@
 reference's values and gradients (float64 gradcheck, autocast), what it
 saves for backward, and where the MLP takes it (fast paths on, autograd
 recording, no graph captured)."""
+import importlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -166,3 +168,34 @@ def test_mlp_where_the_function_runs(monkeypatch):
     assert calls == []
     m(x.clone().requires_grad_()).sum().backward()
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize('approximate', ['none', 'tanh'])
+def test_mlp_runs_of_tokens_in_cpu_inference(monkeypatch, approximate):
+    """CPU inference on more tokens than one run: the MLP op walks runs of
+    tokens through one hidden buffer (a last run shorter than the others
+    included) and gives the plain layers' values; not in training, not
+    under autocast, not with the fast paths off, not for one run's worth
+    of tokens."""
+    module = importlib.import_module('pola_mm.ops.gelu_linear')
+    monkeypatch.setattr(module, 'MLP_RUN_ELEMENTS', 64 * 40)
+    monkeypatch.setattr(module, 'MLP_MIN_TOKENS', 8)
+    runs = count_calls(monkeypatch, module, '_gelu_mlp_runs')
+    addmm = count_calls(monkeypatch, torch, 'addmm')
+    torch.manual_seed(6)
+    m = Mlp(12, 40, act_cfg=dict(type='GELU', approximate=approximate))
+    m.eval()
+    x = torch.randn(2, 333, 12)  # 666 tokens, runs of 64: 11 runs
+    with torch.no_grad():
+        fast = m(x)
+        with ops.plain_paths():
+            plain = m(x)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            m(x)
+        m(x[:, :30])  # 60 tokens: one run, the plain layers
+    assert len(runs) == 1 and len(addmm) == 2 * 11
+    assert fast.shape == plain.shape == (2, 333, 12)
+    torch.testing.assert_close(fast, plain, rtol=1e-6, atol=1e-6)
+    m.train()
+    m(x.requires_grad_()).sum().backward()
+    assert len(runs) == 1

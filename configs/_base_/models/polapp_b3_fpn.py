@@ -1,8 +1,9 @@
 # PolaFormer++ PolaPP-b3: backbone plus the channels of the neck / head
 # after it.
 #
-# A snippet for MMDetection / MMSegmentation configs (pola_mm installed;
-# tools that import pola_mm, e.g. its tools/train.py, resolve pola_mm::).
+# A snippet for MMDetection / MMSegmentation configs (pola_mm installed: its
+# start-up hook lets any tool, upstream's train.py and mim included, resolve
+# pola_mm::).
 # List it next to a complete upstream config, then plug its pieces in:
 #
 #   _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',

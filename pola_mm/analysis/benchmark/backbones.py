@@ -20,7 +20,6 @@ mmdet is imported only when such a model is built, in the worker process.
 ONNX Runtime instead, checked against PyTorch first (see
 :mod:`pola_mm.analysis.benchmark.onnxrt`).
 """
-import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
@@ -161,16 +160,13 @@ def measure(model: Spec,
 
     with built.paths():
         times, base, peak = timed_steps(step, dev, warmup, repeats)
-    ext_mod = sys.modules.get('pola_mm.ops.cpu_ext')
     return dict(
         times=times,
         peak_mem_mb=peak,
         base_mem_mb=base,
         threads=torch.get_num_threads(),
         torch_version=torch.__version__,
-        num_params=sum(p.numel() for p in net.parameters()),
-        # whether the steps ran pola_mm's fused CPU loops
-        cpu_ext=bool(ext_mod and ext_mod.used()))
+        num_params=sum(p.numel() for p in net.parameters()))
 
 
 def benchmark_model(model: Spec,
@@ -252,7 +248,7 @@ def benchmark_model(model: Spec,
                threads=threads, preload=list(preload))
     out = measure_in('pola_mm.analysis.benchmark.backbones:measure', job,
                      isolate, timeout)
-    return result.take(out, ('torch_version', 'num_params', 'cpu_ext'))
+    return result.take(out, ('torch_version', 'num_params'))
 
 
 def _benchmark_onnxruntime(result: BenchmarkResult, model: Spec,

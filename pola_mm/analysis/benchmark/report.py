@@ -139,13 +139,6 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
         lines.append('')
         lines.append('Growth with input size:')
         lines.extend('- ' + g for g in growth)
-    torch_cpu = [r for r in results if r.runtime == 'pytorch'
-                 and r.device == 'cpu' and not r.error]
-    if torch_cpu:
-        fused = sorted({r.name for r in torch_cpu if r.cpu_ext})
-        lines.append('')
-        lines.append('Fused CPU loops (pola_mm/ops/csrc): ' + (
-            'used by ' + ', '.join(fused) if fused else 'not used'))
     exported = [r for r in results if r.export_s is not None
                 and r.exporter != 'mmdeploy']
     if exported:

@@ -34,7 +34,6 @@ class BenchmarkResult(StepMemory, _BackboneKey):
     time_min: Optional[float] = None
     torch_version: Optional[str] = None
     num_params: Optional[int] = None
-    cpu_ext: Optional[bool] = None
     title: str = ''
     #: ``'pytorch'`` or ``'onnxruntime'``; the ONNX Runtime mode also fills
     #: the fields below (see :mod:`pola_mm.analysis.benchmark.onnxrt`).

@@ -220,8 +220,10 @@ class PolaPP(PolaBackbone):
     def _check_batchnorm_input(self, x: Tensor) -> None:
         """In training, the smallest BatchNorm map (after the last built
         downsampling, else the stem) must hold more than one value per
-        channel; raise a clear error instead of BatchNorm's."""
-        if not self.training or self.norm_eval or x.shape[0] > 1:
+        channel; raise a clear error instead of BatchNorm's. Skipped while
+        torch.fx traces (its shapes are symbols then)."""
+        if (not self.training or self.norm_eval
+                or isinstance(x, torch.fx.Proxy) or x.shape[0] > 1):
             return
         s = 2**(self.num_built + 1) if self.num_built > 1 else 4
         if -(-x.shape[2] // s) * -(-x.shape[3] // s) == 1:

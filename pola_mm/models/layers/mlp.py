@@ -5,16 +5,16 @@ import torch.nn as nn
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...ops import gelu_linear
+from ...ops import gelu_mlp
 from .bricks import build_activation_layer
 
 
 class Mlp(BaseModule):
     """``fc2(drop(act(fc1(x))))`` followed by dropout.
 
-    With GELU and no dropout (every published model), ``fc2(gelu(h))`` is
-    the op :func:`~pola_mm.ops.gelu_linear`, which in training keeps only
-    ``h`` for backward.
+    With GELU and no dropout (every published model), the whole MLP is the
+    op :func:`~pola_mm.ops.gelu_mlp` (in training it keeps only ``fc1(x)``
+    for backward; in CPU inference it runs on runs of tokens).
 
     Args:
         in_features: input/output channels ``C``.
@@ -38,7 +38,6 @@ class Mlp(BaseModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., C)`` -> ``(..., C)``."""
-        h = self.fc1(x)
         if self.gelu_fc2:
-            return gelu_linear(h, self.fc2, self.act.approximate)
-        return self.drop(self.fc2(self.drop(self.act(h))))
+            return gelu_mlp(x, self.fc1, self.fc2, self.act.approximate)
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
