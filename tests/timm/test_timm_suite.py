@@ -154,25 +154,6 @@ def _registry_wide() -> Dict[str, Tuple[bool, List[str]]]:
 REGISTRY_WIDE = _registry_wide()
 
 
-#: ``(test, model prefix) -> reason`` of cases that fail because of code
-#: outside pola_mm.timm; strict, so they fail once it is fixed.
-KNOWN_FAILURES: Dict[Tuple[str, str], str] = {
-    (test, 'polapp_'): (
-        "PolaPP.stem's BatchNorm input check (PolaPP._check_batchnorm_input "
-        'in pola_mm/models/backbones/polapp.py) branches on x.shape[0] in '
-        'training mode, which torch.fx cannot trace; the model needs an '
-        'FX-safe check (issue 32)')
-    for test in ('test_model_forward_fx', 'test_model_backward_fx')
-}
-
-
-def _marks(test: str, model: str) -> list:
-    return [pytest.mark.xfail(reason=reason, strict=True,
-                              raises=torch.fx.proxy.TraceError)
-            for (t, prefix), reason in KNOWN_FAILURES.items()
-            if t == test and model.startswith(prefix)]
-
-
 def _cases() -> List[tuple]:
     cases = []
     for test in RUN:
@@ -188,8 +169,7 @@ def _cases() -> List[tuple]:
         for model in names:
             for bs in batch_sizes:
                 cases.append(pytest.param(test, model, bs,
-                                          id=f'{test}-{model}-{bs}',
-                                          marks=_marks(test, model)))
+                                          id=f'{test}-{model}-{bs}'))
     return cases
 
 
