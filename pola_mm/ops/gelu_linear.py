@@ -143,13 +143,16 @@ def gelu_mlp(x: Tensor, fc1: nn.Linear, fc2: nn.Linear,
     Returns:
         ``(..., C')``.
     """
+    # use_fast first: no comparison of sizes while a graph is captured
+    # (a dynamic batch would be guarded by it)
     step = max(MLP_RUN_ELEMENTS // fc1.out_features, MLP_MIN_TOKENS)
-    if (x.numel() > step * x.shape[-1] and x.device.type == 'cpu'
-            and use_fast(x) and not autocast_enabled('cpu')
+    if (use_fast(x) and x.device.type == 'cpu'
+            and not autocast_enabled('cpu')
             and x.dtype == fc1.weight.dtype == fc2.weight.dtype
             and fc1.bias is not None and fc2.bias is not None
             and not records_grad(x, fc1.weight, fc1.bias, fc2.weight,
-                                 fc2.bias)):
+                                 fc2.bias)
+            and x.numel() > step * x.shape[-1]):
         return _gelu_mlp_runs(x, fc1, fc2, approximate, step)
     return gelu_linear(fc1(x), fc2, approximate)
 
