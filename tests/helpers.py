@@ -162,10 +162,10 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
     from pola_mm.ops.gelu_linear import GeluLinearFunction
     # (modules by name: pola_mm.ops.polarity_attention, ... are also the
     # names of the ops' functions in pola_mm.ops)
-    (depthwise_conv, pacs_attention, pacs_kernel,
+    (depthwise_conv, gelu_linear, pacs_attention, pacs_kernel,
      polarity_attention, polarity_kernel, position) = (
         importlib.import_module(f'pola_mm.ops.{name}') for name in (
-            'depthwise_conv', 'pacs_attention', 'pacs_kernel',
+            'depthwise_conv', 'gelu_linear', 'pacs_attention', 'pacs_kernel',
             'polarity_attention', 'polarity_kernel', 'position'))
     spies = {
         'polarity_kernel': [(polarity_attention,
@@ -177,8 +177,7 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
                                    'apply')],
         'GateLinearFunction': [(GateLinearFunction, 'apply')],
         'GeluLinearFunction': [(GeluLinearFunction, 'apply')],
-        'gelu_mlp_runs': [(importlib.import_module('pola_mm.ops.gelu_linear'),
-                           '_gelu_mlp_runs')],
+        'gelu_mlp_runs': [(gelu_linear, '_gelu_mlp_runs')],
         'DepthwiseConv2d': [(depthwise_conv._DepthwiseConv2d, 'apply')],
         'sdpa': [(F, 'scaled_dot_product_attention')],
         'cached_resize': [(position, '_cached_resize')],

@@ -143,9 +143,9 @@ def gelu_mlp(x: Tensor, fc1: nn.Linear, fc2: nn.Linear,
     Returns:
         ``(..., C')``.
     """
+    step = max(MLP_RUN_ELEMENTS // fc1.out_features, MLP_MIN_TOKENS)
     # use_fast first: no comparison of sizes while a graph is captured
     # (a dynamic batch would be guarded by it)
-    step = max(MLP_RUN_ELEMENTS // fc1.out_features, MLP_MIN_TOKENS)
     if (use_fast(x) and x.device.type == 'cpu'
             and not autocast_enabled('cpu')
             and x.dtype == fc1.weight.dtype == fc2.weight.dtype
@@ -165,8 +165,8 @@ def _gelu_mlp_runs(x: Tensor, fc1: nn.Linear, fc2: nn.Linear,
     hidden = flat.new_empty(step, fc1.out_features)
     w1, w2 = fc1.weight.t(), fc2.weight.t()
     for i in range(0, flat.shape[0], step):
-        h = torch.addmm(fc1.bias, flat[i:i + step], w1,
-                        out=hidden[:min(step, flat.shape[0] - i)])
+        run = flat[i:i + step]
+        h = torch.addmm(fc1.bias, run, w1, out=hidden[:run.shape[0]])
         torch.ops.aten.gelu_(h, approximate=approximate)
         torch.addmm(fc2.bias, h, w2, out=out[i:i + step])
     return out.view(x.shape[:-1] + (fc2.out_features, ))

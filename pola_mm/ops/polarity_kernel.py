@@ -319,7 +319,6 @@ def _run_feature_grads(df: Tensor, x: Tensor, prm: _Params, key: bool,
     """
     f, _, aux = _run_features(x, slice(None), prm, key, None,
                               with_log=True)
-    assert aux is not None
     dx, w = _power_grads(df, f, aux[0], aux[1], pinv)
     return f, dx, w.sum(dim=(0, 2), keepdim=True)
 
