@@ -75,6 +75,8 @@ def _cached_resize(table: Tensor, ref_hw: Size2, hw: Size2,
     hit = getattr(table, '_pola_resized', None)
     if hit is not None and hit[0] == key:
         return hit[1]
-    out = _resize(table, ref_hw, hw, mode)
+    # token-major in memory, as the keys it is added to (the resize gives
+    # a channel-major view)
+    out = _resize(table, ref_hw, hw, mode).contiguous()
     table._pola_resized = (key, out)
     return out
