@@ -8,10 +8,10 @@ path when every output agrees, so no exporter can hand out a silently
 different model. :func:`build_backbone` builds the backbone of any pola_mm
 config (classifier, detector or segmentor), optionally with a checkpoint.
 
-While a graph is captured for export, every module runs its plain formula
-(:func:`pola_mm.ops.dispatch.select` returns ``PLAIN`` while
-:func:`~pola_mm.ops.dispatch.exporting`): no kernel, fused C++ loop, run of
-tokens or custom autograd function, so the exported graph is the published
+While a graph is captured for export, every op runs its plain reference
+(:func:`pola_mm.ops.dispatch.use_fast` is False while
+:func:`~pola_mm.ops.dispatch.exporting`): no kernel, run of tokens or
+custom autograd function, so the exported graph is the published
 computation in standard operators.
 
 Shapes: the spatial size is fixed at export (the graph depends on it:

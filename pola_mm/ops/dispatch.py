@@ -13,8 +13,8 @@ turns every fast implementation off:
 
 While a graph is captured (``torch.export``, ONNX export, tracing,
 ``torch.compile``, ``torch.fx``) every op runs its reference, written in
-standard operations: the captured graph holds no custom autograd function,
-C++ loop or run sized for one input.
+standard operations: the captured graph holds no custom autograd function
+or run sized for one input.
 """
 import contextlib
 import os

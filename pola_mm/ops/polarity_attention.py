@@ -3,7 +3,7 @@
 :func:`polarity_attention` is what the models call. It runs the fast kernel
 (:func:`~.polarity_kernel.polarity_attention_kernel`: same outputs and
 gradients, the ``(B, h, N, 2d)`` feature maps recomputed in backward
-instead of stored, cache-sized runs and a fused C++ loop in CPU inference)
+instead of stored, cache-sized runs in CPU inference)
 or, with the fast paths off and whenever a graph is captured (export,
 ``torch.export``, ``torch.compile``), its plain reference
 :func:`polarity_attention_pytorch` beside it. It decides itself
@@ -162,7 +162,8 @@ def _signed_powers(t: Tensor, p: Tensor,
     """``relu(t)^p`` and ``relu(-t)^p`` from one ``|t|^p``.
 
     ``|t|^p`` is ``exp(p log|t|)`` with ``|t|`` clamped to ``tiny``
-    (float32's smallest normal number), as in the kernel: the same values
+    (float32's smallest normal number), as in the kernel's backward (its
+forward leaves 0 to underflow to 0): the same values
     (the clamp changes no ``|t| >= 1.2e-38``; at ``t = 0`` the power
     underflows to at most that number) and finite gradients everywhere
     (zero at ``t = 0``, as ``|t|^p``'s for ``p > 1``). In ONNX Runtime
