@@ -29,9 +29,8 @@ BACKBONES = {'swin': (PolaSwinTransformer, SWIN_TINY_DEPTH2),
 
 
 def _small_runs(monkeypatch) -> None:
-    """Runs small enough that eager CPU inference takes the kernel's runs
-    (and its fused C++ loop), so the test shows they stay out of the
-    graph."""
+    """Runs small enough that eager CPU inference takes the kernel's runs,
+    so the test shows they stay out of the graph."""
     monkeypatch.setattr(polarity_kernel, 'KERNEL_RUN_ELEMENTS', 1 << 14)
 
 
@@ -62,17 +61,17 @@ def test_torchscript_export_matches_pytorch(tmp_path, monkeypatch, name,
     model = _model(name)
     calls = []
     # the op's fast implementation, looked up where the op calls it, and
-    # the kernel's run loop (C++ where built)
+    # the features of one of the kernel's runs
     for obj, attr in [(polarity_op_module, 'polarity_attention_kernel'),
-                      (polarity_kernel, '_run_features')]:
+                      (polarity_kernel, '_features')]:
         _spy(monkeypatch, calls, obj, attr)
     with torch.no_grad():
         model(example_inputs(model, shape))
-    assert {'polarity_attention_kernel', '_run_features'} <= set(calls)
+    assert {'polarity_attention_kernel', '_features'} <= set(calls)
     calls.clear()
     out = str(tmp_path / 'm.onnx')
     export_onnx(model, shape, out, exporter='torchscript')
-    assert calls == []  # no fast path, no C++ loop in the graph
+    assert calls == []  # no fast path, no run in the graph
     checks = verify_onnx(model, out, [example_inputs(model, shape, seed=3)])
     assert len(checks) == 4
     grids = stage_grids('pvt' if name == 'pvt' else 'swin', *shape)
