@@ -163,7 +163,7 @@ def _signed_powers(t: Tensor, p: Tensor,
 
     ``|t|^p`` is ``exp(p log|t|)`` with ``|t|`` clamped to ``tiny``
     (float32's smallest normal number), as in the kernel's backward (its
-forward leaves 0 to underflow to 0): the same values
+    forward lets ``t = 0`` give 0 directly): the same values
     (the clamp changes no ``|t| >= 1.2e-38``; at ``t = 0`` the power
     underflows to at most that number) and finite gradients everywhere
     (zero at ``t = 0``, as ``|t|^p``'s for ``p > 1``). In ONNX Runtime

@@ -39,7 +39,7 @@ or its plain reference
 :func:`~.polarity_attention.polarity_attention_pytorch`; the kernel never
 sees a captured graph.
 """
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -149,28 +149,35 @@ class _Params:
         self.cc = torch.cat([c, c], -1).transpose(-2, -1)  # (1, h, 2d, 1)
 
 
-def _features(x: Tensor, p: Tensor, f: Tensor, scratch: Tensor,
+def _split_signs(u: Tensor, f: Tensor) -> None:
+    """``u = sign(t) |t|^p`` ``(..., d)`` into ``f = [f+, f-]``
+    ``(..., 2d)``: ``f+ = relu(u)`` and ``f- = f+ - u`` (exact: the two
+    have disjoint supports), written straight into the halves of ``f``."""
+    d = u.shape[-1]
+    pos = torch.clamp_min(u, 0, out=f[..., :d])
+    torch.sub(pos, u, out=f[..., d:])
+
+
+def _features(x: Tensor, p: Tensor, f: Tensor, scratch: Sequence[Tensor],
               bias: Optional[Tensor] = None) -> None:
     """``[f+, f-]`` of ``t = x (+ bias)`` without the scale, written into
     ``f`` ``(B, h, n, 2d)``.
 
     ``|t|^p`` is taken once, as ``exp(p log|t|)``, and split by the sign of
-    ``t``: ``f+ = relu(u)`` and ``f- = f+ - u`` with ``u = sign(t) |t|^p``
-    (exact: the two have disjoint supports). At ``t = 0`` the logarithm is
-    ``-inf`` and both features are 0. ``t`` is first written into
-    ``scratch[1]`` and every later step works in place on ``scratch[0]``:
-    both dense ``(B, h, n, d)`` whatever the strides of ``x`` (a view of the
-    projection) and, on CPU runs, in cache (about 1.4x faster than
-    elementwise steps on the strided view, each into a new tensor).
+    ``t`` (:func:`_split_signs`). At ``t = 0`` the logarithm is ``-inf``
+    and both features are 0. ``t`` is first written into ``scratch[1]`` and
+    every later step works in place on ``scratch[0]``: both dense ``(B, h,
+    n, d)`` whatever the strides of ``x`` (a view of the projection) and, on
+    CPU runs, in cache (the kernel at stage 1 of Pola-Swin-T at 800x1344:
+    69 ms against 98 ms with each step into a new tensor, two of them in
+    the strided layout).
     """
-    d = x.shape[-1]
     if bias is not None:
         x = torch.add(x, bias, out=scratch[1])
     else:
         x = scratch[1].copy_(x)
-    u = torch.abs(x, out=scratch[0]).log_().mul_(p).exp_().copysign_(x)
-    pos = torch.clamp_min(u, 0, out=f[..., :d])
-    torch.sub(pos, u, out=f[..., d:])
+    _split_signs(
+        torch.abs(x, out=scratch[0]).log_().mul_(p).exp_().copysign_(x), f)
 
 
 class _Walk:
@@ -219,8 +226,8 @@ def _query_run(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
     half = d // 2
     walk = _Walk(q, step)
     for c in _token_runs(q.shape[-2], step):
-        u = walk.features(q[:, :, c], prm.p) @ S  # (B, h, n_c, d + 2):
-        # [numerators, z_sim, z_opp]
+        # (B, h, n_c, d + 2): [numerators, z_sim, z_opp]
+        u = walk.features(q[:, :, c], prm.p) @ S
         num = u[..., :d].unflatten(-1, (2, half))
         if x is None or rz is None:
             rz_c = (u[..., d:] + eps).reciprocal_()
@@ -288,10 +295,8 @@ def _scaled_features(x: Tensor, prm: _Params, key: bool):
     ax = xs.abs().clamp_min_(torch.finfo(xs.dtype).tiny)
     la = ax.log()
     t = (la * prm.p).exp_().copysign_(xs)
-    d = xs.shape[-1]
-    f = xs.new_empty(xs.shape[:-1] + (2 * d, ))
-    pos = torch.clamp_min(t, 0, out=f[..., :d])
-    torch.sub(pos, t, out=f[..., d:])
+    f = xs.new_empty(xs.shape[:-1] + (2 * xs.shape[-1], ))
+    _split_signs(t, f)
     return f, ax.copysign_(xs), la
 
 
