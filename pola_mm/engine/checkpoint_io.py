@@ -148,10 +148,12 @@ def install_checked_loader(allow_inert: bool) -> None:
 
     from ..fileio import load_checkpoint_file
 
-    def load_local(filename: str, map_location: Any) -> dict:
+    # named as mmengine's loaders: it logs "Loads checkpoint by
+    # {name[10:]} backend", i.e. "by local backend"
+    def load_from_local(filename: str, map_location: Any) -> dict:
         return load_checkpoint_file(
             osp.expanduser(filename), map_location=map_location,
             allow_inert=allow_inert)
 
-    CheckpointLoader.register_scheme(prefixes='', loader=load_local,
+    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local,
                                      force=True)

@@ -13,9 +13,11 @@ can be written.
 Both register in mmengine's root ``HOOKS`` registry, so mmdet, mmseg and
 mmpretrain configs find them by name.
 """
+import functools
 import math
 import os
 import os.path as osp
+import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
@@ -200,6 +202,18 @@ class NonFiniteLossError(RuntimeError):
     """Training stopped because a loss became NaN or Inf."""
 
 
+def _report_divergence(exc_type, exc, tb, previous) -> None:
+    """``sys.excepthook`` while :class:`InvalidLossHook` trains: a
+    :class:`NonFiniteLossError` that reaches the top of a program (the
+    upstream packages' ``tools/train.py`` do not catch it) is one line on
+    stderr instead of a traceback; Python then exits with 1. Anything else
+    goes to the hook that was installed before."""
+    if issubclass(exc_type, NonFiniteLossError):
+        print(f'error: {exc}', file=sys.stderr, flush=True)
+    else:
+        previous(exc_type, exc, tb)
+
+
 @HOOKS.register_module()
 class InvalidLossHook(Hook):
     """Stop training at the first NaN / Inf loss, naming the iteration and
@@ -213,7 +227,10 @@ class InvalidLossHook(Hook):
     iteration is logged, but its weights are never saved, so the newest
     checkpoint (``last_checkpoint``) is the last good one. The run ends
     with :class:`NonFiniteLossError`; ``tools/train.py`` prints its message
-    and exits with code 3.
+    and exits with code 3. Under a tool that does not catch it (mmdet's,
+    mmseg's, mmpretrain's ``tools/train.py``, ``mim train``) the hook's
+    ``sys.excepthook``, chained in ``before_run``, prints the same single
+    line instead of a traceback and Python exits with 1.
 
     Under ``AmpOptimWrapper`` the loss is computed before scaling: a
     gradient overflow that the dynamic loss scale absorbs (the step is
@@ -232,6 +249,14 @@ class InvalidLossHook(Hook):
             raise ValueError(f'InvalidLossHook: interval must be a positive '
                              f'int, got {interval!r}')
         self.interval = interval
+
+    def before_run(self, runner) -> None:
+        """Make a divergence that no tool catches end in one line (see
+        :func:`_report_divergence`); chained to the installed excepthook,
+        once per process."""
+        if getattr(sys.excepthook, 'func', None) is not _report_divergence:
+            sys.excepthook = functools.partial(_report_divergence,
+                                               previous=sys.excepthook)
 
     def after_train_iter(self, runner, batch_idx: int,
                          data_batch: Any = None,

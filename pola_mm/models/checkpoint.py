@@ -43,6 +43,7 @@ from ..fileio.safe_load import summarise_keys, weights_key
 __all__ = [
     'official_family', 'is_polapp_classifier', 'convert_official_checkpoint',
     'backbone_state_dict', 'extract_state_dict', 'load_pretrained',
+    'where_to_get_weights', 'POLAFORMER_WEIGHTS', 'POLAPP_WEIGHTS',
     'adapt_pos_tables', 'load_checkpoint_file', 'CheckpointFileError',
     'InertObject'
 ]
@@ -149,6 +150,30 @@ def extract_state_dict(checkpoint: Mapping) -> Mapping[str, Tensor]:
     return checkpoint
 
 
+#: where the authors publish their PolaFormer ImageNet-1k classifiers
+POLAFORMER_WEIGHTS = 'https://huggingface.co/ZachMeng/PolaFormer/tree/main'
+#: where they publish the PolaFormer++ (PolaPP) ones (extraction code atba)
+POLAPP_WEIGHTS = 'https://pan.baidu.com/s/1tjG-Qq2zFwN_HZswAzxarQ?pwd=atba'
+
+
+def where_to_get_weights(key: str = 'model.backbone.init_cfg') -> str:
+    """The text a missing ImageNet checkpoint's error ends with: where the
+    authors publish their files and every way to point a config at one.
+
+    Args:
+        key: the config key of the ``Pretrained`` init_cfg, for the
+            ``--cfg-options`` examples.
+    """
+    return ('ImageNet weights are the authors\' released classifiers '
+            f'(PolaFormer: {POLAFORMER_WEIGHTS}; PolaFormer++: '
+            f'{POLAPP_WEIGHTS}, extraction code atba); they load as downloaded (or convert with '
+            'tools/model_converters/pola_official_to_mm.py). Save the file '
+            'under that name, set $POLA_PRETRAINED to the folder holding '
+            'it (the configs read $POLA_PRETRAINED/<name>), pass '
+            f'--cfg-options {key}.checkpoint=PATH, or train from scratch '
+            f'with --cfg-options {key}=None')
+
+
 def load_pretrained(module: torch.nn.Module,
                     checkpoint: str,
                     expected_missing: Callable[[str], bool],
@@ -180,11 +205,7 @@ def load_pretrained(module: torch.nn.Module,
     if not is_remote and not osp.isfile(checkpoint):
         raise FileNotFoundError(
             f'Pretrained checkpoint {checkpoint!r} not found (relative to '
-            f'{os.getcwd()!r}). Put the ImageNet weights there (the authors\' '
-            'release or a file converted by '
-            'tools/model_converters/pola_official_to_mm.py), point '
-            'model.backbone.init_cfg.checkpoint at them, or train from '
-            'scratch with --cfg-options model.backbone.init_cfg=None.')
+            f'{os.getcwd()!r}). {where_to_get_weights()}')
     ckpt = load_checkpoint_file(checkpoint, map_location='cpu')
     sd = extract_state_dict(ckpt)
     if prefix:

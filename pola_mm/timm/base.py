@@ -20,7 +20,8 @@ from torch import Tensor
 
 from ..models.backbones.base import (PolaBackbone, PreNormBlock, check_input,
                                      resolve_arch)
-from ..models.checkpoint import (adapt_pos_tables, backbone_state_dict,
+from ..models.checkpoint import (POLAFORMER_WEIGHTS, adapt_pos_tables,
+                                 backbone_state_dict,
                                  convert_official_checkpoint,
                                  extract_state_dict, load_checkpoint_file)
 from ..models.layers import PatchEmbed, PatchMerging, PolaPPBlock, to_map
@@ -32,7 +33,7 @@ __all__ = ['PolaClassifier', 'checkpoint_filter_fn', 'build_pola_model',
            'AUTHORS_WEIGHTS', 'AUTHORS_HF_HUB_ID']
 
 #: Where the authors publish their PolaFormer ImageNet-1k files.
-AUTHORS_WEIGHTS = 'https://huggingface.co/ZachMeng/PolaFormer/tree/main'
+AUTHORS_WEIGHTS = POLAFORMER_WEIGHTS
 #: The Hugging Face repository of those files (named by the authors' README).
 AUTHORS_HF_HUB_ID = 'ZachMeng/PolaFormer'
 POLA_PAPER = ('PolaFormer: Polarity-aware Linear Attention for Vision '

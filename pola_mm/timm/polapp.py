@@ -8,13 +8,11 @@ import torch.nn as nn
 from timm.models import generate_default_cfgs, register_model
 
 from ..models import PolaPP, PolaPPClsNeck
+from ..models.checkpoint import POLAPP_WEIGHTS
 from .base import PolaClassifier, build_pola_model, pretrained_cfg
 
 __all__ = ['PolaPPClassifier', 'POLAPP_WEIGHTS']
 
-#: Where the authors publish their PolaFormer++ (PolaPP) ImageNet-1k files
-#: (Baidu Pan, extraction code ``atba``, per their README).
-POLAPP_WEIGHTS = 'https://pan.baidu.com/s/1tjG-Qq2zFwN_HZswAzxarQ?pwd=atba'
 POLAPP_PAPER = ('PolaFormer++: Polarity-aware Linear Attention with '
                 'Channel-wise Spikiness')
 

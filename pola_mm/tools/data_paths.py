@@ -20,6 +20,8 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 from mmengine.config import Config
 
+from ..models.checkpoint import where_to_get_weights
+
 __all__ = ['DATASET_LAYOUTS', 'missing_paths', 'first_missing']
 
 #: Per dataset class: the layout under ``data_root`` and where to get it.
@@ -171,12 +173,8 @@ def _pretrained_missing(cfg: Config) -> List[str]:
             ckpt = init.get('checkpoint')
             if _local(ckpt) and not osp.isfile(ckpt):
                 key = f'model.{part}.init_cfg' if part else 'model.init_cfg'
-                out.append(
-                    f'pretrained checkpoint not found: {ckpt} (ImageNet '
-                    'weights: the authors\' release or a file converted by '
-                    'tools/model_converters/pola_official_to_mm.py; put it '
-                    'there, set $POLA_PRETRAINED to its directory, or train '
-                    f'from scratch with --cfg-options {key}=None)')
+                out.append(f'pretrained checkpoint not found: {ckpt}. '
+                           f'{where_to_get_weights(key)}')
     return out
 
 

@@ -138,3 +138,67 @@ def test_external_mmseg_upernet_config_builds(tmp_path, monkeypatch):
     with torch.no_grad():
         feats = model.extract_feat(x)
     assert [f.shape[1] for f in feats] == [96, 192, 384, 768]
+
+
+#: snippet -> (the family's COCO config, its ADE20K config): the snippet's
+#: optimisers must be exactly theirs
+TRAINING_TWINS = {
+    'pola_swin_t_fpn.py': ('mask_rcnn_pola_swin_t.py',
+                           'upernet_pola_swin_t_ade20k.py'),
+    'pola_swin_b_fpn.py': ('cascade_mask_rcnn_pola_swin_b.py',
+                           'upernet_pola_swin_b_ade20k.py'),
+    'pola_pvt_t_fpn.py': ('mask_rcnn_pola_pvt_t.py',
+                          'sem_fpn_pola_pvt_t_ade20k.py'),
+    'pola_pvt_l_fpn.py': ('mask_rcnn_pola_pvt_l.py',
+                          'sem_fpn_pola_pvt_l_ade20k.py'),
+    'polapp_b3_fpn.py': ('mask_rcnn_polapp_b3.py',
+                         'upernet_polapp_b3_ade20k.py'),
+}
+
+
+def _optimiser(wrapper: dict) -> dict:
+    """What the optimiser does: its settings and the paramwise rules (the
+    wrapper type aside: the PolaPP detectors train with fp16 on GPUs)."""
+    wrapper = Config(dict(w=wrapper)).to_dict()['w']
+    return dict(optimizer=wrapper['optimizer'],
+                paramwise_cfg=wrapper.get('paramwise_cfg'),
+                clip_grad=wrapper.get('clip_grad'))
+
+
+@pytest.mark.parametrize('snippet', sorted(TRAINING_TWINS))
+def test_snippet_carries_its_family_training_settings(snippet):
+    """``pola_optim_wrapper`` / ``pola_seg_optim_wrapper`` are the optimisers
+    of the family's own COCO / ADE20K configs (the reference's), replace an
+    upstream optimiser (``_delete_``), and ``pola_custom_hooks`` holds the
+    NaN / Inf stop."""
+    cfg = Config.fromfile(osp.join(e2e_data.CONFIGS, '_base_', 'models',
+                                   snippet))
+    det, seg = (Config.fromfile(osp.join(e2e_data.CONFIGS, name))
+                for name in TRAINING_TWINS[snippet])
+    assert cfg.pola_optim_wrapper['_delete_'] is True
+    assert cfg.pola_seg_optim_wrapper['_delete_'] is True
+    assert cfg.pola_optim_wrapper.type == 'OptimWrapper'
+    assert _optimiser(cfg.pola_optim_wrapper) == _optimiser(det.optim_wrapper)
+    assert _optimiser(cfg.pola_seg_optim_wrapper) == \
+        _optimiser(seg.optim_wrapper)
+    assert cfg.pola_optim_wrapper.optimizer.type == 'AdamW'
+    assert [h['type'] for h in cfg.pola_custom_hooks] == ['InvalidLossHook']
+
+
+def test_snippet_optimiser_replaces_the_upstream_sgd(tmp_path, monkeypatch):
+    """Over mmdet's R50 Mask R-CNN (SGD lr 0.02, momentum 0.9) the README's
+    lines give exactly the snippet's AdamW: nothing of SGD is left."""
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path, MMDET_USER_CFG.format(
+        base='mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
+        snippet='pola_pvt_t_fpn.py') +
+        'optim_wrapper = _base_.pola_optim_wrapper\n'
+        'custom_hooks = _base_.pola_custom_hooks\n')
+    cfg = Config.fromfile(path)
+    wrapper = cfg.optim_wrapper.to_dict()
+    assert wrapper.pop('_scope_') == 'pola_mm'  # mmengine marks pola_mm::
+    assert wrapper == dict(
+        type='OptimWrapper',
+        optimizer=dict(type='AdamW', lr=2e-4, betas=(0.9, 0.999),
+                       weight_decay=1e-4))
+    assert [h['type'] for h in cfg.custom_hooks] == ['InvalidLossHook']

@@ -54,6 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error('give at most a checkpoint and one image')
     args.checkpoint = args.paths[0] if len(args.paths) == 2 else None
     args.image = args.paths[-1]
+    if args.stage < 1 or args.block < 1:
+        parser.error('--stage and --block count from 1')
     return args
 
 
@@ -62,8 +64,9 @@ def main(argv=None) -> None:
     try:
         img = load_image(args.image)
         size = None if args.size == 'orig' else parse_size(args.size)
-        backbone, meta = backbone_for_analysis(
-            args.config, args.checkpoint, out_indices=(args.stage - 1, ))
+        # every stage built: a --stage / --block the backbone lacks is
+        # answered by capture_blocks, which lists what it has (from 1)
+        backbone, meta = backbone_for_analysis(args.config, args.checkpoint)
         _, x = image_to_tensor(img, size, meta['mean'], meta['std'])
         if args.query:
             points = [tuple(float(v) for v in q.split(','))

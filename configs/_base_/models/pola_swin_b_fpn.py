@@ -8,6 +8,8 @@
 #   _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
 #             'pola_mm::_base_/models/pola_swin_b_fpn.py']
 #   model = dict(backbone=_base_.pola_backbone, neck=_base_.pola_neck)
+#   optim_wrapper = _base_.pola_optim_wrapper  # AdamW, as the reference
+#   custom_hooks = _base_.pola_custom_hooks    # stop on a NaN / Inf loss
 #
 # MMSegmentation UperNet instead:
 #   decode_head=dict(in_channels=_base_.pola_channels),
@@ -24,6 +26,9 @@
 # and Cascade Mask R-CNN, 1x and 3x); the UperNet config uses 0.5.
 # (Agent-Attention's downstream configs, which PolaFormer's protocol
 # follows; docs/protocol.md.)
+# optimisers and the NaN / Inf stop of the family: ./pola_swin_train.py
+_base_ = './pola_swin_train.py'
+
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 
 pola_pretrained = '{{$POLA_PRETRAINED:checkpoints}}/pola_swin_b_in1k.pth'

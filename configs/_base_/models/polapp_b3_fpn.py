@@ -9,6 +9,8 @@
 #   _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
 #             'pola_mm::_base_/models/polapp_b3_fpn.py']
 #   model = dict(backbone=_base_.pola_backbone, neck=_base_.pola_neck)
+#   optim_wrapper = _base_.pola_optim_wrapper  # AdamW, as the reference
+#   custom_hooks = _base_.pola_custom_hooks    # stop on a NaN / Inf loss
 #
 # MMSegmentation: decode_head=dict(in_channels=_base_.pola_channels); the
 # authors' LightHamHead on stages 2-4 is configs/_base_/polapp_ham_ade20k.py.
@@ -25,6 +27,9 @@
 # ImageNet-1k weights: checkpoints/polapp_b3_in1k.pth under the working
 # directory, or $POLA_PRETRAINED/polapp_b3_in1k.pth if that variable is set
 # (the authors' released classifier file).
+# optimisers and the NaN / Inf stop of the family: ./polapp_train.py
+_base_ = './polapp_train.py'
+
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 
 pola_pretrained = '{{$POLA_PRETRAINED:checkpoints}}/polapp_b3_in1k.pth'
