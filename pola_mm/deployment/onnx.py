@@ -3,10 +3,18 @@
 :func:`export_onnx` writes a backbone to an ONNX file with either of
 torch's exporters; :func:`verify_onnx` runs the file in onnxruntime on the
 same inputs as the PyTorch model and compares every output;
-:func:`export_and_verify` does both and only leaves a file at the target
-path when every output agrees, so no exporter can hand out a silently
-different model. :func:`build_backbone` builds the backbone of any pola_mm
-config (classifier, detector or segmentor), optionally with a checkpoint.
+:func:`export_and_verify` does both and only puts files at the target path
+when every output agrees, so no exporter can hand out a silently different
+model. :func:`build_backbone` builds the backbone of any pola_mm config
+(classifier, detector or segmentor), optionally with a checkpoint.
+
+Files: the verified ``FILE.onnx`` and, when the weights are stored outside
+the graph (the dynamo exporter does this; the TorchScript one above 2 GB),
+one ``FILE.onnx.data`` next to it, to which the ``.onnx`` refers by that
+relative name (:func:`external_data_files`). Both are written under their
+final names in a private temporary folder next to the destination,
+verified there and then moved into place (data first, ``.onnx`` last); any
+failure or interruption removes the folder and leaves nothing behind.
 
 While a graph is captured for export, every op runs its plain reference
 (:func:`pola_mm.ops.dispatch.use_fast` is False while
@@ -21,19 +29,24 @@ size free.
 """
 import os
 import os.path as osp
+import shutil
+import tempfile
 import warnings
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import (Any, Iterator, List, Mapping, Optional, Sequence,
+                    Tuple)
 
 import torch
 import torch.nn as nn
+from mmengine.logging import print_log
 from torch import Tensor
 
 from ..type_aliases import Size2
 
 __all__ = [
-    'EXPORTERS', 'ExportError', 'OutputCheck', 'build_backbone',
-    'export_onnx', 'verify_onnx', 'export_and_verify', 'example_inputs'
+    'EXPORTERS', 'ExportError', 'ExportInputError', 'OutputCheck',
+    'build_backbone', 'export_onnx', 'verify_onnx', 'export_and_verify',
+    'example_inputs', 'external_data_files', 'data_file_name'
 ]
 
 #: The two exporters of ``torch.onnx.export``: ``'dynamo'``
@@ -49,6 +62,15 @@ DEFAULT_RTOL = 1e-4
 class ExportError(RuntimeError):
     """An export that failed or whose file disagrees with PyTorch; the
     message says what went wrong and what to try."""
+
+
+class ExportInputError(ExportError):
+    """What the export was given cannot be used: a missing, unreadable or
+    corrupt config or checkpoint, a config without a pola_mm backbone, a
+    checkpoint of another arch, or a destination that cannot be written.
+    The message is one line naming the problem and the fix
+    (``tools/deployment/pytorch2onnx.py`` exits with 2 on it, with 1 on
+    other :class:`ExportError`)."""
 
 
 @dataclass
@@ -73,6 +95,69 @@ class OutputCheck:
                 f'{"ok" if self.ok else "TOO LARGE"}')
 
 
+def _first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type if empty)."""
+    text = (str(err.args[0]) if isinstance(err, KeyError) and err.args else
+            str(err))  # str() of a KeyError quotes its message
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def _checked_config(config: Any, cfg_options: Optional[dict]) -> Any:
+    """The mmengine ``Config`` of ``config`` with ``cfg_options`` merged,
+    checked to have a pola_mm ``model.backbone``.
+
+    Raises:
+        ExportInputError: a missing or unreadable config file, no
+            ``model.backbone``, or a backbone type pola_mm does not have.
+    """
+    from mmengine.config import Config
+
+    # importing pola_mm.models (for the base class) registers the backbones
+    from ..models.backbones.base import PolaBackbone
+    from ..models.from_config import load_config
+    from ..registry import MODELS
+    name = config if isinstance(config, str) else 'the config'
+    if not isinstance(config, Config):
+        try:
+            config = load_config(config)
+        except FileNotFoundError as err:
+            raise ExportInputError(f'{err}; check the path') from err
+        except Exception as err:  # mmengine raises many kinds
+            raise ExportInputError(
+                f'config {name} cannot be read ({type(err).__name__}: '
+                f'{_first_line(err)}); fix the file or pass a config of '
+                'pola_mm (configs/*.py)') from err
+    if cfg_options:
+        try:
+            config.merge_from_dict(cfg_options)
+        except (TypeError, KeyError, ValueError) as err:
+            raise ExportInputError(
+                f'--cfg-options cannot be merged into {name}: '
+                f'{_first_line(err)}') from err
+    model_cfg = config.get('model')
+    bcfg = (model_cfg.get('backbone') if isinstance(model_cfg, Mapping) else
+            None)
+    if not isinstance(bcfg, Mapping):
+        raise ExportInputError(
+            f'{name} has no model.backbone; pass a classifier, detector or '
+            'segmentor config of pola_mm (configs/*.py)')
+    btype = bcfg.get('type')
+    btype = (btype if isinstance(btype, str) else
+             getattr(btype, '__name__', str(btype)))
+    short = btype[len('pola_mm.'):] if btype.startswith('pola_mm.') else btype
+    backbones = sorted(k for k, cls in MODELS.module_dict.items()
+                       if isinstance(cls, type)
+                       and issubclass(cls, PolaBackbone))
+    if short not in backbones:
+        raise ExportInputError(
+            f'model.backbone of {name} is {btype!r}, not a pola_mm backbone; '
+            'this tool exports pola_mm backbones only: pass a config of '
+            'pola_mm (configs/*.py) or set model.backbone.type to one of '
+            f'{backbones}')
+    return config
+
+
 def build_backbone(config: Any,
                    checkpoint: Optional[str] = None,
                    cfg_options: Optional[dict] = None) -> nn.Module:
@@ -80,7 +165,8 @@ def build_backbone(config: Any,
 
     Args:
         config: a config file (classifier, detector or segmentor: anything
-            with ``model.backbone``) or an mmengine ``Config``.
+            with ``model.backbone``) or an mmengine ``Config`` (changed in
+            place by ``cfg_options``).
         checkpoint: optional weights, read through the backbone's strict
             pretrained loading (:func:`pola_mm.models.load_checkpoint_file`,
             which never runs code from the file): the authors' file, a
@@ -91,14 +177,33 @@ def build_backbone(config: Any,
             ``model.backbone.arch``).
 
     Raises:
-        ExportError: no ``model.backbone``, or not a pola_mm backbone.
+        ExportInputError: the config or checkpoint is missing, unreadable,
+            truncated or corrupt; no ``model.backbone`` or not a pola_mm
+            backbone; the backbone cannot be built from its settings; the
+            checkpoint does not fit the backbone. One line naming the
+            problem and the fix.
     """
+    from ..fileio import CheckpointFileError
     from ..models.from_config import backbone_from_config
+    cfg = _checked_config(config, cfg_options)
+    name = config if isinstance(config, str) else 'the config'
     try:
-        model, _ = backbone_from_config(config, checkpoint, cfg_options)
-    except ValueError as err:
-        raise ExportError(f'{err}; this tool exports pola_mm backbones '
-                          'only') from err
+        model, _ = backbone_from_config(cfg, checkpoint)
+    except CheckpointFileError as err:
+        raise ExportInputError(
+            f'{_first_line(err)}; pass an intact checkpoint (download or '
+            'save it again), or no CKPT to export the initialised '
+            'backbone') from err
+    except FileNotFoundError as err:
+        raise ExportInputError(f'{_first_line(err)}; check the path') from err
+    except (ValueError, TypeError, KeyError, AssertionError) as err:
+        what = f' with checkpoint {checkpoint}' if checkpoint else ''
+        fix = ('check model.backbone in the config and --cfg-options, and '
+               'that the checkpoint is of the same arch' if checkpoint else
+               'check model.backbone in the config and --cfg-options')
+        raise ExportInputError(
+            f'cannot build model.backbone of {name}{what}: '
+            f'{_first_line(err).rstrip(".")}; {fix}') from err
     return model
 
 
@@ -243,6 +348,109 @@ def verify_onnx(model: nn.Module, path: str, inputs: Sequence[Tensor],
     return checks
 
 
+def data_file_name(out: str) -> str:
+    """The name of the external weights of the ONNX file ``out``:
+    ``<basename of out>.data``, next to it (``swin_t.onnx`` ->
+    ``swin_t.onnx.data``)."""
+    return osp.basename(out) + '.data'
+
+
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    """Every ``TensorProto`` of an ONNX graph: initialisers and tensor
+    attributes of its nodes (``Constant`` values), subgraphs included."""
+    import onnx
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.TENSORS:
+                yield from attr.tensors
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graph_tensors(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graph_tensors(g)
+
+
+def external_data_files(path: str) -> List[str]:
+    """The external-data locations that the ONNX file ``path`` refers to,
+    as written in the file (paths relative to its folder), in order of first
+    use; empty when every weight is inside the file."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+    model = onnx.load(path, load_external_data=False)
+    locations: List[str] = []
+    for tensor in _graph_tensors(model.graph):
+        if uses_external_data(tensor):
+            for entry in tensor.external_data:
+                if entry.key == 'location' and \
+                        entry.value not in locations:
+                    locations.append(entry.value)
+    return locations
+
+
+def _one_data_file(path: str) -> List[str]:
+    """Make the ONNX file ``path`` keep its external weights (if any) in
+    the one file :func:`data_file_name` next to it, referred to by that
+    relative name; returns the data files it refers to afterwards (none or
+    that one).
+
+    The exporters name the data file after the file they write (the dynamo
+    exporter: ``<file>.data``; the TorchScript one, above 2 GB: one file
+    per tensor); anything else is rewritten here and the old data files are
+    removed.
+    """
+    locations = external_data_files(path)
+    wanted = data_file_name(path)
+    if not locations or locations == [wanted]:
+        return locations
+    import onnx
+    folder = osp.dirname(osp.abspath(path))
+    model = onnx.load(path, load_external_data=True)
+    for loc in locations:  # the exporter's files, in the folder of path
+        old = osp.abspath(osp.join(folder, loc))
+        if osp.dirname(old) == folder and osp.isfile(old):
+            os.remove(old)
+    onnx.save_model(model, path, save_as_external_data=True,
+                    all_tensors_to_one_file=True, location=wanted,
+                    size_threshold=1024)
+    return external_data_files(path)
+
+
+def _remove_stale_data_file(out: str) -> None:
+    """Remove ``<out>.data`` left by an earlier export to ``out`` once the
+    new ``out`` (which has no external weights) has replaced that file."""
+    stale = osp.join(osp.dirname(osp.abspath(out)), data_file_name(out))
+    if osp.isfile(stale):
+        os.remove(stale)
+        print_log(f'removed {stale}, the weights of the earlier {out}: the '
+                  'new file holds its weights itself', logger='current')
+
+
+def _private_dir(out: str) -> str:
+    """A new private folder next to ``out`` (same file system, so files
+    move into place atomically); the destination folder is created.
+
+    Raises:
+        ExportInputError: ``out`` is a folder, or its folder cannot be
+            created or written.
+    """
+    dest = osp.abspath(out)
+    if osp.isdir(dest):
+        raise ExportInputError(f'--out {out} is a folder; pass the path of '
+                               'the .onnx file to write')
+    try:
+        os.makedirs(osp.dirname(dest), exist_ok=True)
+        return tempfile.mkdtemp(prefix=f'.{osp.basename(dest)}.',
+                                suffix='.tmp', dir=osp.dirname(dest))
+    except OSError as err:
+        raise ExportInputError(
+            f'cannot write next to {out} ({type(err).__name__}: '
+            f'{err.strerror or _first_line(err)}); choose a writable '
+            'folder for --out') from err
+
+
 def export_and_verify(model: nn.Module,
                       shape: Size2,
                       out: str,
@@ -250,23 +458,37 @@ def export_and_verify(model: nn.Module,
                       opset: Optional[int] = None,
                       dynamic_batch: bool = False,
                       rtol: float = DEFAULT_RTOL) -> List[OutputCheck]:
-    """:func:`export_onnx` then :func:`verify_onnx`; the file reaches
-    ``out`` only when every output agrees.
+    """:func:`export_onnx` then :func:`verify_onnx`; files reach ``out``
+    only when every output agrees.
 
-    The file is written next to ``out`` first and checked on a seeded input
-    of batch 1 at ``shape`` (with ``dynamic_batch`` also at batch 3).
+    Writes ``out`` and, when the exporter stores the weights outside the
+    graph (the dynamo exporter does), ``<out>.data`` next to it
+    (:func:`data_file_name`), to which ``out`` refers by that relative name:
+    the two files can be moved or copied together to any folder. Both are
+    exported under these final names into a private folder next to ``out``,
+    checked there on a seeded input of batch 1 at ``shape`` (with
+    ``dynamic_batch`` also at batch 3), then moved into place, the data file
+    first and ``out`` last. A ``<out>.data`` of an earlier export is removed
+    when the new file has no external weights.
+
+    On any failure or interruption (``KeyboardInterrupt`` included) the
+    private folder is removed: nothing new is left, and files already at
+    ``out`` are untouched.
 
     Returns:
         The checks (all within tolerance).
 
     Raises:
+        ExportInputError: ``out`` cannot be written (a folder, no
+            permission).
         ExportError: the export failed, or an output differs beyond the
-            tolerance (the message lists every output; no file is left at
-            ``out``).
+            tolerance (the message lists every output).
     """
-    tmp = out + '.unverified'
+    tmp_dir = _private_dir(out)
     try:
+        tmp = osp.join(tmp_dir, osp.basename(osp.abspath(out)))
         export_onnx(model, shape, tmp, exporter, opset, dynamic_batch)
+        data_files = _one_data_file(tmp)
         inputs = [example_inputs(model, shape, batch=1, seed=1)]
         if dynamic_batch:
             inputs.append(example_inputs(model, shape, batch=3, seed=2))
@@ -277,9 +499,19 @@ def export_and_verify(model: nn.Module,
                 f'the {exporter} export differs from PyTorch beyond the '
                 f'tolerance ({rtol:g} of the output scale), so it was not '
                 'written:\n  ' + '\n  '.join(str(c) for c in checks))
-    except BaseException:
-        if osp.exists(tmp):
-            os.remove(tmp)
-        raise
-    os.replace(tmp, out)
+        folder = osp.dirname(osp.abspath(out))
+        moved: List[str] = []
+        try:
+            for name in data_files:  # the weights first, the graph last
+                os.replace(osp.join(tmp_dir, name), osp.join(folder, name))
+                moved.append(osp.join(folder, name))
+            os.replace(tmp, osp.abspath(out))
+        except BaseException:
+            for path in moved:  # no weights without their graph
+                os.remove(path)
+            raise
+        if not data_files:
+            _remove_stale_data_file(out)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
     return checks

@@ -1,10 +1,19 @@
 """ONNX export of the backbones (pola_mm.deployment, the pytorch2onnx tool):
 both exporters give files that onnxruntime runs to PyTorch's outputs, the
-fast paths step aside while a graph is captured, and a file that disagrees
-is refused."""
+fast paths step aside while a graph is captured, a file that disagrees is
+refused, the files written carry their final names (``FILE.onnx`` and its
+weights ``FILE.onnx.data``) and run from wherever they are copied, nothing
+is left behind by a failure, and the tool's exit codes and messages follow
+its contract."""
 import importlib
+import os
 import os.path as osp
+import shutil
+import subprocess
+import sys
+from typing import Callable, List, Optional, Tuple
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,10 +21,11 @@ from pola_mm.deployment import (ExportError, build_backbone,
                                 example_inputs, export_and_verify,
                                 export_onnx, verify_onnx)
 from pola_mm.deployment import onnx as onnx_mod
+from pola_mm.deployment.onnx import ExportInputError, external_data_files
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.ops import dispatch, polarity_kernel
 from helpers import (PVT_TINY, REPO, SWIN_TINY_DEPTH1, SWIN_TINY_DEPTH2,
-                     randomise, stage_grids)
+                     load_tool, randomise, stage_grids, subprocess_env)
 
 pytest.importorskip('onnxruntime')
 
@@ -88,7 +98,8 @@ def test_dynamo_export_matches_pytorch(tmp_path, name, shape, dynamic):
     out = str(tmp_path / 'm.onnx')
     checks = export_and_verify(model, shape, out, exporter='dynamo',
                                dynamic_batch=dynamic)
-    assert osp.isfile(out) and not osp.exists(out + '.unverified')
+    # the file and its weights, under their final names, nothing else
+    assert sorted(os.listdir(tmp_path)) == ['m.onnx', 'm.onnx.data']
     assert all(c.ok for c in checks)
     assert {c.batch for c in checks} == ({1, 3} if dynamic else {1})
 
@@ -117,19 +128,218 @@ def test_exporting_predicate():
     assert seen == [(False, False), (True, True)]
 
 
-def test_disagreeing_file_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize('exporter', ['torchscript', 'dynamo'])
+def test_disagreeing_file_is_refused(tmp_path, monkeypatch, exporter):
+    """Nothing is left: neither the graph nor (dynamo) its weights file,
+    nor the private folder they were verified in."""
     model = _model('pvt')
     other = _model('pvt', seed=5)
     real_export = onnx_mod.export_onnx
+    written = []
 
-    def export_other(m, *args, **kwargs):  # a wrong model in the file
-        return real_export(other, *args, **kwargs)
+    def export_other(m, shape, path, *args, **kwargs):  # a wrong model
+        real_export(other, shape, path, *args, **kwargs)
+        written.extend(os.listdir(osp.dirname(path)))
+        return path
 
     monkeypatch.setattr(onnx_mod, 'export_onnx', export_other)
     out = str(tmp_path / 'm.onnx')
     with pytest.raises(ExportError, match='differs from PyTorch'):
-        export_and_verify(model, (64, 64), out, exporter='torchscript')
-    assert not osp.exists(out) and not osp.exists(out + '.unverified')
+        export_and_verify(model, (64, 64), out, exporter=exporter)
+    # the exporter did write (the weights too, with dynamo) ...
+    assert 'm.onnx' in written
+    assert ('m.onnx.data' in written) == (exporter == 'dynamo')
+    # ... into a private folder that is gone
+    assert os.listdir(tmp_path) == []
+
+
+def _tiny_onnx(path: str, location: Optional[str] = None,
+               per_tensor: bool = False) -> np.ndarray:
+    """A hand-made ONNX file ``y = x + a + b`` (``a``, ``b``: 256 floats)
+    at ``path``; with ``location`` (or ``per_tensor``, one file per tensor,
+    as the TorchScript exporter writes above 2 GB) its weights outside it.
+    Returns ``a + b``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    a = np.linspace(-1, 1, 256, dtype=np.float32)
+    b = np.linspace(2, 3, 256, dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node('Add', ['x', 'a'], ['t']),
+         helper.make_node('Add', ['t', 'b'], ['y'])], 'tiny',
+        [helper.make_tensor_value_info('x', TensorProto.FLOAT, [256])],
+        [helper.make_tensor_value_info('y', TensorProto.FLOAT, [256])],
+        [numpy_helper.from_array(a, 'a'), numpy_helper.from_array(b, 'b')])
+    model = helper.make_model(graph,
+                              opset_imports=[helper.make_opsetid('', 17)])
+    model.ir_version = 8
+    if location or per_tensor:
+        onnx.save_model(model, path, save_as_external_data=True,
+                        all_tensors_to_one_file=not per_tensor,
+                        location=location, size_threshold=0)
+    else:
+        onnx.save_model(model, path)
+    return a + b
+
+
+def _run_tiny(path: str) -> np.ndarray:
+    """``y`` of the file of :func:`_tiny_onnx` at ``x = 0``."""
+    import onnxruntime as ort
+    sess = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+    return sess.run(None, {'x': np.zeros(256, np.float32)})[0]
+
+
+@pytest.mark.parametrize('kind', ['other_name', 'per_tensor'])
+def test_weights_go_to_one_data_file(tmp_path, kind):
+    """Weights an exporter put elsewhere (another name, one file per
+    tensor) end up in ``<file>.data``, referred to by that relative name."""
+    path = str(tmp_path / 'm.onnx')
+    expected = _tiny_onnx(path, location='weights.bin'
+                          if kind == 'other_name' else None,
+                          per_tensor=kind == 'per_tensor')
+    before = external_data_files(path)
+    assert before and before != ['m.onnx.data']
+    assert onnx_mod._one_data_file(path) == ['m.onnx.data']
+    assert external_data_files(path) == ['m.onnx.data']
+    assert sorted(os.listdir(tmp_path)) == ['m.onnx', 'm.onnx.data']
+    np.testing.assert_array_equal(_run_tiny(path), expected)
+    # a file without external weights is left as it is
+    inside = str(tmp_path / 'in' / 'n.onnx')
+    os.makedirs(osp.dirname(inside))
+    _tiny_onnx(inside)
+    assert onnx_mod._one_data_file(inside) == []
+    assert os.listdir(osp.dirname(inside)) == ['n.onnx']
+
+
+def test_exported_files_carry_final_names(tmp_path):
+    """The dynamo exporter's file and its weights carry their final names,
+    load from their final place (onnx with its external data,
+    onnxruntime) and still run when copied together elsewhere; a later
+    export without external weights to the same name removes the old
+    weights file."""
+    import onnx
+    from onnx import numpy_helper
+    model = _model('pvt', seed=4)
+    dest = tmp_path / 'dest'
+    out = str(dest / 'pvt.onnx')
+    export_and_verify(model, (64, 64), out, exporter='dynamo')
+    assert sorted(os.listdir(dest)) == ['pvt.onnx', 'pvt.onnx.data']
+    assert os.listdir(tmp_path) == ['dest']  # no private folder left
+    assert external_data_files(out) == ['pvt.onnx.data']  # relative
+    with open(out, 'rb') as f:
+        assert b'unverified' not in f.read()
+    assert osp.getsize(str(dest / 'pvt.onnx.data')) > osp.getsize(out)
+    # onnx loads the weights from the final data file
+    proto = onnx.load(out, load_external_data=True)
+    onnx.checker.check_model(proto)
+    own = model.state_dict()
+    kept = {t.name: numpy_helper.to_array(t)
+            for t in proto.graph.initializer if t.name in own}
+    assert len(kept) >= len(own) // 4  # the rest folded into other tensors
+    for name, value in kept.items():
+        np.testing.assert_array_equal(value, own[name].numpy(), err_msg=name)
+    # onnxruntime runs it there, to PyTorch's outputs
+    x = example_inputs(model, (64, 64), seed=7)
+    assert all(c.ok for c in verify_onnx(model, out, [x]))
+    # copied together (the graph under another name) to another folder,
+    # with the original gone: still runs
+    other = tmp_path / 'copy'
+    other.mkdir()
+    shutil.copy(str(dest / 'pvt.onnx.data'), str(other / 'pvt.onnx.data'))
+    shutil.copy(out, str(other / 'renamed.onnx'))
+    shutil.rmtree(str(dest))
+    assert all(c.ok for c in verify_onnx(model, str(other / 'renamed.onnx'),
+                                         [x]))
+    # the graph alone does not carry the weights
+    alone = tmp_path / 'alone'
+    alone.mkdir()
+    shutil.copy(str(other / 'renamed.onnx'), str(alone / 'renamed.onnx'))
+    with pytest.raises(ExportError, match='cannot load'):
+        verify_onnx(model, str(alone / 'renamed.onnx'), [x])
+    # re-exported in place by the TorchScript exporter (weights inside the
+    # file): the stale weights file goes
+    again = str(other / 'pvt.onnx')
+    shutil.copy(str(other / 'renamed.onnx'), again)
+    export_and_verify(model, (64, 64), again, exporter='torchscript')
+    assert external_data_files(again) == []
+    assert sorted(os.listdir(other)) == ['pvt.onnx', 'renamed.onnx']
+
+
+def _fake_export(data: bool) -> Callable[..., str]:
+    """An exporter that writes a (wrong, tiny) file, with its weights
+    outside it when ``data``."""
+    def export(m, shape, path, *args, **kwargs):
+        _tiny_onnx(path, location=osp.basename(path) + '.data'
+                   if data else None)
+        return path
+    return export
+
+
+@pytest.mark.parametrize('failure', ['export', 'verify', 'interrupt',
+                                     'move'])
+def test_failure_leaves_nothing(tmp_path, monkeypatch, failure):
+    """A failed export, a failed check, a Ctrl-C or a failed move leaves no
+    new file, no weights file and no private folder; the file already at
+    the destination is untouched."""
+    model = _model('pvt')
+    out = tmp_path / 'm.onnx'
+    out.write_bytes(b'an earlier export')
+    seen = []
+
+    def ok_checks(m, path, inputs, rtol=1e-4):
+        seen.extend(sorted(os.listdir(osp.dirname(path))))
+        return []
+
+    if failure == 'export':
+        def broken(m, shape, path, *args, **kwargs):
+            _tiny_onnx(path, location=osp.basename(path) + '.data')
+            seen.extend(sorted(os.listdir(osp.dirname(path))))
+            raise ExportError('the exporter gave up half-way')
+        monkeypatch.setattr(onnx_mod, 'export_onnx', broken)
+        expected = ExportError
+    elif failure == 'verify':  # an output differs
+        monkeypatch.setattr(onnx_mod, 'export_onnx', _fake_export(True))
+
+        def mismatch(m, path, inputs, rtol=1e-4):
+            seen.extend(sorted(os.listdir(osp.dirname(path))))
+            return [onnx_mod.OutputCheck('out0', 1, (1, ), 1.0, 1.0, 1e-4)]
+        monkeypatch.setattr(onnx_mod, 'verify_onnx', mismatch)
+        expected = ExportError
+    elif failure == 'interrupt':
+        monkeypatch.setattr(onnx_mod, 'export_onnx', _fake_export(True))
+
+        def interrupted(m, path, inputs, rtol=1e-4):
+            seen.extend(sorted(os.listdir(osp.dirname(path))))
+            raise KeyboardInterrupt
+        monkeypatch.setattr(onnx_mod, 'verify_onnx', interrupted)
+        expected = KeyboardInterrupt
+    else:  # the weights moved into place, then the graph cannot follow
+        monkeypatch.setattr(onnx_mod, 'export_onnx', _fake_export(True))
+        monkeypatch.setattr(onnx_mod, 'verify_onnx', ok_checks)
+        real_replace = os.replace
+
+        def replace(src, dst):
+            if dst.endswith('.onnx'):
+                assert osp.isfile(str(out) + '.data')  # data went first
+                raise PermissionError(13, 'Permission denied', dst)
+            real_replace(src, dst)
+        monkeypatch.setattr(onnx_mod.os, 'replace', replace)
+        expected = PermissionError
+    with pytest.raises(expected):
+        export_and_verify(model, (64, 64), str(out))
+    assert seen == ['m.onnx', 'm.onnx.data']  # both were written
+    assert os.listdir(tmp_path) == ['m.onnx']
+    assert out.read_bytes() == b'an earlier export'
+
+
+def test_unwritable_destination(tmp_path):
+    model = _model('pvt')
+    with pytest.raises(ExportInputError, match='is a folder'):
+        export_and_verify(model, (64, 64), str(tmp_path))
+    blocker = tmp_path / 'file'
+    blocker.write_text('not a folder')
+    with pytest.raises(ExportInputError, match='cannot write next to'):
+        export_and_verify(model, (64, 64), str(blocker / 'm.onnx'))
+    assert os.listdir(tmp_path) == ['file']
 
 
 def test_clear_errors(tmp_path):
@@ -165,33 +375,176 @@ def test_build_backbone_from_config_with_checkpoint(tmp_path):
         build_backbone(cfg, None, {'model.backbone.type': 'ResNet'})
 
 
-def test_cli_on_a_real_config(tmp_path, capsys):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        'pytorch2onnx', osp.join(REPO, 'tools', 'deployment',
-                                 'pytorch2onnx.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    cfg = osp.join(REPO, 'configs', 'mask_rcnn_pola_swin_t.py')
+CONFIG = osp.join(REPO, 'configs', 'mask_rcnn_pola_swin_t.py')
+#: ``--cfg-options`` of a tiny Pola-Swin in CONFIG
+TINY_SWIN = [
+    'model.backbone.arch._delete_=True',
+    f'model.backbone.arch.embed_dims={SWIN_TINY_DEPTH1["embed_dims"]}',
+    'model.backbone.arch.depths=[1,1,1,1]',
+    'model.backbone.arch.num_heads=[1,1,2,2]']
+
+
+@pytest.fixture(scope='module')
+def tool():
+    """tools/deployment/pytorch2onnx.py, loaded in this process."""
+    return load_tool('deployment', 'pytorch2onnx.py')
+
+
+def test_cli_writes_final_names(tmp_path, capsys, tool):
+    """Exit 0: the dynamo exporter's file and its weights under their final
+    names; the TorchScript one: the file alone. Exit 1 (a tolerance nothing
+    meets): refused, nothing new left."""
     out = str(tmp_path / 'swin.onnx')
-    tiny = ['model.backbone.arch._delete_=True',
-            f'model.backbone.arch.embed_dims={SWIN_TINY_DEPTH1["embed_dims"]}',
-            'model.backbone.arch.depths=[1,1,1,1]',
-            'model.backbone.arch.num_heads=[1,1,2,2]']
-    rc = tool.main([cfg, '--shape', '96', '160', '--out', out,
-                    '--exporter', 'torchscript', '--cfg-options', *tiny])
+    rc = tool.main([CONFIG, '--shape', '64', '96', '--out', out,
+                    '--cfg-options', *TINY_SWIN])
     printed = capsys.readouterr().out
-    assert rc == 0 and osp.isfile(out)
+    assert rc == 0, printed
+    assert sorted(os.listdir(tmp_path)) == ['swin.onnx', 'swin.onnx.data']
+    assert external_data_files(out) == ['swin.onnx.data']
     assert printed.count(' ok') == 4 and 'agrees with PyTorch' in printed
-    # a tolerance nothing meets: refused, exit 1, no file
-    out2 = str(tmp_path / 'refused.onnx')
-    rc = tool.main([cfg, '--shape', '96', '160', '--out', out2,
-                    '--exporter', 'torchscript', '--rtol', '1e-12',
-                    '--cfg-options', *tiny])
-    assert rc == 1 and not osp.exists(out2)
-    assert 'TOO LARGE' in capsys.readouterr().err
-    assert tool.main([str(tmp_path / 'none.py'), '--shape', '8', '8',
-                      '--out', out2]) == 2
+    assert 'swin.onnx.data: its weights' in printed
+    out2 = str(tmp_path / 'ts.onnx')
+    rc = tool.main([CONFIG, '--shape', '96', '160', '--out', out2,
+                    '--exporter', 'torchscript', '--cfg-options', *TINY_SWIN])
+    printed = capsys.readouterr().out
+    assert rc == 0 and 'its weights' not in printed
+    assert sorted(os.listdir(tmp_path)) == ['swin.onnx', 'swin.onnx.data',
+                                            'ts.onnx']
+    # a tolerance nothing meets: refused, exit 1, nothing new
+    for exporter in ['dynamo', 'torchscript']:
+        rc = tool.main([CONFIG, '--shape', '64', '96', '--out',
+                        str(tmp_path / 'refused.onnx'), '--exporter',
+                        exporter, '--rtol', '1e-12', '--cfg-options',
+                        *TINY_SWIN])
+        err = capsys.readouterr().err
+        assert rc == 1 and 'TOO LARGE' in err and 'Traceback' not in err
+        assert sorted(os.listdir(tmp_path)) == ['swin.onnx',
+                                                'swin.onnx.data', 'ts.onnx']
+
+
+def _bad_inputs(case: str, tmp_path) -> Tuple[List[str], List[str]]:
+    """The arguments of one bad-input case and the fragments its message
+    must hold (the problem and the fix)."""
+    ckpt = str(tmp_path / 'ckpt.pth')
+    out = ['--out', str(tmp_path / 'out' / 'm.onnx')]
+    tiny = ['--cfg-options', *TINY_SWIN]
+    if case == 'missing config':
+        return ([str(tmp_path / 'none.py'), '--shape', '64', '64', *out],
+                ['config file not found', 'none.py', 'check the path'])
+    if case == 'missing checkpoint':
+        return ([CONFIG, ckpt, '--shape', '64', '64', *out, *tiny],
+                ['checkpoint not found', 'ckpt.pth', 'leave out CKPT'])
+    if case == 'truncated checkpoint':
+        source = _model('swin1')
+        torch.save({'state_dict': source.state_dict()}, ckpt)
+        with open(ckpt, 'rb') as f:
+            head = f.read()
+        with open(ckpt, 'wb') as f:  # an interrupted download
+            f.write(head[:len(head) // 2])
+        return ([CONFIG, ckpt, '--shape', '64', '64', *out, *tiny],
+                ['ckpt.pth', 'truncated or corrupt',
+                 'pass an intact checkpoint'])
+    if case == 'garbage checkpoint':
+        with open(ckpt, 'wb') as f:
+            f.write(bytes(range(256)) * 4)
+        return ([CONFIG, ckpt, '--shape', '64', '64', *out, *tiny],
+                ['ckpt.pth', 'not a PyTorch checkpoint',
+                 'pass an intact checkpoint'])
+    if case == 'empty checkpoint':
+        open(ckpt, 'wb').close()
+        return ([CONFIG, ckpt, '--shape', '64', '64', *out, *tiny],
+                ['ckpt.pth', 'empty', 'pass an intact checkpoint'])
+    if case == 'checkpoint of another arch':
+        torch.save(_model('pvt').state_dict(), ckpt)
+        return ([CONFIG, ckpt, '--shape', '64', '64', *out, *tiny],
+                ['ckpt.pth', 'does not fit', 'same arch'])
+    if case == 'not a pola_mm backbone':
+        cfg = tmp_path / 'resnet.py'
+        cfg.write_text("model = dict(type='RetinaNet', "
+                       "backbone=dict(type='ResNet', depth=18))\n")
+        return ([str(cfg), '--shape', '64', '64', *out],
+                ["'ResNet', not a pola_mm backbone", 'PolaSwinTransformer',
+                 'configs/*.py'])
+    if case == 'no backbone':
+        cfg = tmp_path / 'nobackbone.py'
+        cfg.write_text("model = dict(type='ImageClassifier')\n")
+        return ([str(cfg), '--shape', '64', '64', *out],
+                ['nobackbone.py has no model.backbone', 'configs/*.py'])
+    if case == 'bad arch':
+        return ([CONFIG, '--shape', '64', '64', *out, '--cfg-options',
+                 'model.backbone.arch=huge'],
+                ["unknown arch 'huge'", 'check model.backbone'])
+    if case == 'out is a folder':
+        return ([CONFIG, '--shape', '64', '64', '--out', str(tmp_path),
+                 *tiny], ['is a folder', 'pass the path of the .onnx'])
+    assert case == 'dynamic torchscript'
+    return ([CONFIG, '--shape', '64', '64', *out, '--exporter',
+             'torchscript', '--dynamic', *tiny],
+            ['--dynamic needs --exporter dynamo'])
+
+
+BAD_INPUTS = ['missing config', 'missing checkpoint', 'truncated checkpoint',
+              'garbage checkpoint', 'empty checkpoint',
+              'checkpoint of another arch', 'not a pola_mm backbone',
+              'no backbone', 'bad arch', 'out is a folder',
+              'dynamic torchscript']
+
+
+@pytest.mark.parametrize('case', BAD_INPUTS)
+def test_cli_bad_inputs_exit_2(tmp_path, capsys, tool, case):
+    """Exit 2 with one line naming the problem and the fix, no traceback,
+    no file written."""
+    argv, fragments = _bad_inputs(case, tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    rc = tool.main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2, err
+    assert len(lines) == 1 and lines[0].startswith('error: '), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    if 'checkpoint' in case:  # the backbone is fine: not mentioned
+        assert 'pola_mm backbones only' not in err
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_cli_malformed_arguments_exit_2(tool, capsys):
+    with pytest.raises(SystemExit) as exc:  # argparse: --shape missing
+        tool.main([CONFIG, '--out', 'm.onnx'])
+    assert exc.value.code == 2
+    assert '--shape' in capsys.readouterr().err
+
+
+def test_cli_interrupted_leaves_nothing(tmp_path, capsys, tool, monkeypatch):
+    """Ctrl-C while the file is checked: exit 130, nothing written."""
+    monkeypatch.setattr(onnx_mod, 'export_onnx', _fake_export(True))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(onnx_mod, 'verify_onnx', interrupted)
+    rc = tool.main([CONFIG, '--shape', '64', '64', '--out',
+                    str(tmp_path / 'm.onnx'), '--cfg-options', *TINY_SWIN])
+    assert rc == 130 and 'nothing was written' in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_cli_corrupt_checkpoint_as_a_subprocess(tmp_path):
+    """The tool as a user runs it: a corrupt checkpoint exits 2 with one
+    line on stderr (warnings of other packages silenced), no traceback."""
+    ckpt = tmp_path / 'corrupt.pth'
+    ckpt.write_bytes(b'PK\x03\x04' + bytes(200))  # a zip cut short
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools', 'deployment',
+                                  'pytorch2onnx.py'), CONFIG, str(ckpt),
+         '--shape', '64', '64', '--out', str(tmp_path / 'm.onnx')],
+        env=subprocess_env(PYTHONWARNINGS='ignore'), capture_output=True,
+        text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert 'corrupt.pth' in lines[0] and 'truncated or corrupt' in lines[0]
+    assert 'pola_mm backbones only' not in proc.stderr
+    assert os.listdir(tmp_path) == ['corrupt.pth']
 
 
 POLAPP_TINY = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),

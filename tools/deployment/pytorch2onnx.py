@@ -10,14 +10,33 @@ config), loads CKPT if given (the authors' file, a converted classifier, a
 detector / segmentor checkpoint or a backbone state dict; never runs code
 from the file), exports it at H x W, runs the file in onnxruntime on the
 same input as PyTorch and prints the max abs difference of every output.
-The file is written to FILE only when every difference is within RTOL times
-the output's scale (its max abs value); otherwise the tool exits with 1 and
-says which outputs differ. ``--dynamic`` leaves the batch size free (dynamo
-exporter; checked at batch 1 and 3); the spatial size is fixed.
+``--dynamic`` leaves the batch size free (dynamo exporter; checked at batch
+1 and 3); the spatial size is fixed.
 
-Exit codes: 0 verified, 1 export failed or outputs differ, 2 bad arguments.
+What it writes, only when every difference is within RTOL times the
+output's scale (its max abs value):
+
+- FILE, the graph;
+- FILE.data next to it when the weights are stored outside the graph (the
+  dynamo exporter does this; the TorchScript one above 2 GB). FILE refers
+  to it by that relative name: keep the two together (they can be moved or
+  copied to any folder together). A FILE.data of an earlier export is
+  removed when the new FILE holds its weights itself.
+
+Both are exported under their final names into a private temporary folder
+next to FILE, verified there, then moved into place (FILE.data first, FILE
+last). When the outputs differ, the export fails or the run is interrupted,
+that folder is removed: nothing is left, and files already at FILE stay as
+they were.
+
+Exit codes: 0 verified (files written); 1 export failed or outputs differ
+(the message says which); 2 bad arguments or inputs: a missing, unreadable,
+truncated or corrupt config or checkpoint, a config without a pola_mm
+backbone, a checkpoint of another arch, an unwritable FILE (one line naming
+the problem and the fix); 130 interrupted (Ctrl-C).
 """
 import argparse
+import math
 import os.path as osp
 import sys
 from typing import List, Optional
@@ -27,6 +46,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line (``argv``, default ``sys.argv[1:]``)."""
     from mmengine.config import DictAction
     parser = argparse.ArgumentParser(
         description='Export the backbone of a pola_mm config to ONNX and '
@@ -38,7 +58,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         'backbone, the config\'s init_cfg is ignored)')
     parser.add_argument('--shape', type=int, nargs=2, required=True,
                         metavar=('H', 'W'), help='input height and width')
-    parser.add_argument('--out', required=True, help='the .onnx file')
+    parser.add_argument('--out', required=True,
+                        help='the .onnx file to write (external weights, if '
+                        'any, go to OUT.data next to it)')
     parser.add_argument('--exporter', choices=['dynamo', 'torchscript'],
                         default='dynamo',
                         help='torch.onnx.export(dynamo=True) (default) or '
@@ -58,38 +80,68 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = parse_args(argv)
+def check_args(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with the arguments, as one line naming the fix; None
+    when nothing is."""
     if not osp.isfile(args.config):
-        print(f'error: config file not found: {args.config}', file=sys.stderr)
+        return (f'config file not found: {args.config}; check the path '
+                '(e.g. configs/mask_rcnn_pola_swin_t.py)')
+    ckpt = args.checkpoint
+    if ckpt is not None and '://' not in ckpt and not osp.isfile(ckpt):
+        return (f'checkpoint not found: {ckpt}; check the path, or leave '
+                'out CKPT to export the initialised backbone')
+    if min(args.shape) < 1:
+        return f'--shape needs a positive H and W, got {args.shape}'
+    if not (args.rtol > 0 and math.isfinite(args.rtol)):
+        return f'--rtol needs a positive number, got {args.rtol:g}'
+    if args.opset is not None and args.opset < 1:
+        return f'--opset needs a positive version, got {args.opset}'
+    if args.dynamic and args.exporter != 'dynamo':
+        return ('--dynamic needs --exporter dynamo (the TorchScript tracer '
+                'fixes the batch size)')
+    if osp.isdir(args.out):
+        return (f'--out {args.out} is a folder; pass the path of the .onnx '
+                'file to write')
+    return None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the tool; returns the exit code (argparse exits with 2 itself on
+    malformed arguments)."""
+    args = parse_args(argv)
+    problem = check_args(args)
+    if problem is not None:
+        print(f'error: {problem}', file=sys.stderr)
         return 2
-    if args.checkpoint is not None and '://' not in args.checkpoint \
-            and not osp.isfile(args.checkpoint):
-        print(f'error: checkpoint not found: {args.checkpoint}',
-              file=sys.stderr)
-        return 2
-    if min(args.shape) < 1 or args.rtol <= 0:
-        print('error: --shape needs positive H W and --rtol a positive '
-              'number', file=sys.stderr)
-        return 2
-    from pola_mm.deployment import (ExportError, build_backbone,
-                                    export_and_verify)
+    from pola_mm.deployment.onnx import (ExportError, ExportInputError,
+                                         build_backbone, export_and_verify,
+                                         external_data_files)
     try:
         model = build_backbone(args.config, args.checkpoint,
                                args.cfg_options)
         checks = export_and_verify(model, tuple(args.shape), args.out,
                                    args.exporter, args.opset, args.dynamic,
                                    args.rtol)
-    except (ExportError, ValueError, KeyError, TypeError,
-            FileNotFoundError) as err:
+    except ExportInputError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    except ExportError as err:
         print(f'error: {err}', file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f'interrupted: nothing was written to {args.out}',
+              file=sys.stderr)
+        return 130
     for check in checks:
         print(check)
     print(f'{args.out}: {type(model).__name__} at {args.shape[0]}x'
           f'{args.shape[1]} ({args.exporter} exporter'
           f'{", dynamic batch" if args.dynamic else ""}) agrees with '
           f'PyTorch in onnxruntime')
+    folder = osp.dirname(args.out)
+    for name in external_data_files(args.out):
+        print(f'{osp.join(folder, name)}: its weights, referred to by name; '
+              'keep the two files together')
     return 0
 
 
