@@ -8,3 +8,10 @@
 
 Not imported by ``import pola_mm``.
 """
+import warnings
+
+# The tools' processes only: mmengine 0.10 and openmim import pkg_resources,
+# and the setuptools they need (< 81) warns on each import (4-6 lines per
+# command, nothing a user can act on). pola_mm itself does not use it.
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated',
+                        category=UserWarning)

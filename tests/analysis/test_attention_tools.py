@@ -4,6 +4,8 @@ import importlib.util
 import json
 import math
 import os.path as osp
+import subprocess
+import sys
 
 import matplotlib.image as mpimg
 import pytest
@@ -62,6 +64,29 @@ def test_attention_maps_tool_errors(tmp_path):
     with pytest.raises(SystemExit, match='shipped photo'):
         _tool('attention_maps').main([cfg, 'no_such.png', '--stage', '1',
                                       '--block', '1'])
+
+
+def test_attention_maps_tool_stage_out_of_range_is_one_line(tmp_path):
+    """Run as a user runs it: a stage the backbone lacks is answered in the
+    tool's own 1-based terms, in one line, without the stack's
+    pkg_resources warnings."""
+    cfg = _config(tmp_path, SWIN)
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools', 'analysis',
+                                  'attention_maps.py'),
+         cfg, 'skimage:astronaut', '--stage', '5', '--block', '1'],
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        'error: no block [(5, 1)] in this backbone; it has stages '
+        '[1, 2, 3, 4] with blocks 1: 1..2, 2: 1..2, 3: 1..2, 4: 1..2'], \
+        proc.stderr
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools', 'analysis',
+                                  'attention_maps.py'),
+         cfg, 'skimage:astronaut', '--stage', '0', '--block', '1'],
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and 'count from 1' in proc.stderr
 
 
 def test_plot_attention_map_draws_rows_that_sum_to_one(tmp_path):

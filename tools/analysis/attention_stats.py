@@ -25,6 +25,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
+import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
 
 from pola_mm.analysis.attention import (  # noqa: E402
     backbone_for_analysis, block_statistics, capture_blocks,

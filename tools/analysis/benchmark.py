@@ -49,6 +49,7 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
+import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
 
 from typing import Callable, List, Optional, Sequence, Tuple  # noqa: E402
 

@@ -17,6 +17,7 @@ import sys
 from typing import List
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
+import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
