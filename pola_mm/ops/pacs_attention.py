@@ -13,8 +13,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .dispatch import use_fast
+from .dispatch import capturing, use_fast
 from .pacs_kernel import pacs_attention_kernel, pacs_features
+from .polarity_attention import (check_broadcastable, check_head_inputs,
+                                 param_shape)
 from .precision import no_autocast
 from .rotary import theta_shift
 
@@ -27,14 +29,37 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
     """PaCS polarity attention of heads (the formula:
     :func:`pacs_attention_pytorch`).
 
+    The attention core of PolaFormer++ on tensors already split into heads:
+    no projections, no gate, no depth-wise conv. The feature maps are
+    ``exp(t * [relu(q), relu(-q)]) - 1`` with the per-channel temperatures
+    ``t = sigmoid(s1)`` (same-signed flow) and ``sigmoid(s2)``
+    (opposite-signed flow, halves swapped), the keys ``exp([relu(k),
+    relu(-k)]) - 1``; each flow is divided by its own ``q' . mean(k')``.
+    Unlike :func:`~.polarity_attention.polarity_attention` there is no
+    ``scale`` here: divide ``q`` and ``k`` by a temperature before, if
+    wanted. The fast kernel runs when ``n == N`` and the fast paths are on,
+    else the plain reference (``pola_mm.ops.plain_paths()`` forces it).
+
     Args:
-        q, k, v: ``(B, h, N, d)``, ``d`` even.
-        s1, s2: raw temperatures broadcastable to ``(1, h, 1, 2d)``.
-        sin, cos: optional ``(N, 2d)`` rotary tables of the products.
+        q: ``(B, h, N, d)`` queries, ``d`` even.
+        k, v: ``(B, h, n, d)`` keys and values (``n == N`` when the rotary
+            tables are given).
+        s1, s2: raw temperatures broadcastable to ``(1, h, 1, 2d)``
+            (zeros: ``t = 1/2``, the authors' init).
+        sin, cos: optional ``(N, 2d)`` rotary tables of the products
+            (both or neither; e.g.
+            :func:`~pola_mm.models.layers.rotary_tables`).
 
     Returns:
         ``(B, h, N, d)`` in the dtype of ``q``; computed in float32 at least.
+
+    Raises:
+        TypeError: when an input is not a tensor.
+        ValueError: on inputs of the wrong rank or mismatched shapes, with
+            the expected shape and the received ones.
     """
+    if not isinstance(q, torch.fx.Proxy):  # (nothing to check on a proxy)
+        _check_inputs(q, k, v, s1, s2, sin, cos)
     dt = torch.promote_types(q.dtype, torch.float32)
     with no_autocast(q.device.type):
         args = [t.to(dt) for t in (q, k, v, s1, s2)]
@@ -96,3 +121,26 @@ def pacs_attention_pytorch(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
     x_sim = q_sim @ (kt @ (v1 * N**-0.5)) * (1 / (z_sim + eps))
     x_opp = q_opp @ (kt @ (v2 * N**-0.5)) * (1 / (z_opp + eps))
     return torch.cat([x_sim, x_opp], dim=-1)
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
+                  sin: Optional[Tensor], cos: Optional[Tensor]) -> None:
+    """The shape checks of :func:`pacs_attention` (ValueError naming the
+    expected and the received shapes)."""
+    eager = not capturing()
+    rotary = sin is not None or cos is not None
+    check_head_inputs('pacs_attention', q, k, v,
+                      same_length='as many keys as queries with the rotary '
+                      'tables' if rotary else '', eager=eager)
+    target = param_shape(q, 2)
+    for name, t in (('s1', s1), ('s2', s2)):
+        check_broadcastable('pacs_attention', name, t, '(1, h, 1, 2d)',
+                            target, eager)
+    if rotary:
+        if sin is None or cos is None:
+            raise ValueError('pacs_attention: give both rotary tables sin '
+                             'and cos, or neither; got only '
+                             f"{'cos' if sin is None else 'sin'}")
+        for name, t in (('sin', sin), ('cos', cos)):
+            check_broadcastable('pacs_attention', name, t, '(N, 2d)',
+                                (q.shape[2], 2 * q.shape[3]), eager)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dispatch import use_fast
+from .dispatch import capturing, use_fast
 from .polarity_kernel import polarity_attention_kernel
 from .precision import no_autocast
 
@@ -38,20 +38,40 @@ def polarity_attention(q: Tensor,
     learned power, the same-signed and opposite-signed flows and their
     concatenation (the formula: :func:`polarity_attention_pytorch`).
 
+    The attention core only, on tensors already split into heads: no input
+    or output projection, no gate and no depth-wise conv (those are
+    :class:`~pola_mm.models.layers.PolarityAttention`'s). The normalisation
+    is inside: each flow is divided by its own ``q' . mean(k')``. It runs
+    the fast kernel or the plain reference by itself; ``POLA_MM_FAST_PATHS=0``
+    or ``with pola_mm.ops.plain_paths():`` forces the reference
+    (:mod:`~pola_mm.ops.dispatch`).
+
     Args:
         q: ``(B, h, N, d)`` queries, ``d`` even.
         k, v: ``(B, h, n, d)`` keys and values (``n`` may differ from
-            ``N``).
+            ``N``); the first half of each head's value channels feeds the
+            same-signed flow, the second half the opposite-signed one.
         scale: the raw ``scale`` parameter, broadcastable to
-            ``(1, h, 1, d)``.
-        power: the raw ``power`` parameter, ``(1, h, 1, d)``.
-        alpha: exponent range; ``p = 1 + alpha * sigmoid(power)``.
+            ``(1, h, 1, d)``; queries and keys are divided by
+            ``softplus(scale)`` (zeros: ``ln 2``).
+        power: the raw ``power`` parameter, ``(1, h, 1, d)``: the
+            exponent of the feature maps ``relu(+-t)^p`` is
+            ``p = 1 + alpha * sigmoid(power)``.
+        alpha: exponent range; ``p`` lies in ``(1, 1 + alpha)``.
         k_bias: optional table broadcastable to ``k``, added to the keys
             (PolaFormer's ``positional_encoding``).
 
     Returns:
         ``(B, h, N, d)`` in the dtype of ``q``; computed in float32 at least.
+
+    Raises:
+        TypeError: when an input is not a tensor.
+        ValueError: on inputs of the wrong rank or mismatched shapes, with
+            the expected shape and the received ones (sizes that are
+            symbolic while a graph is captured are not compared).
     """
+    if not isinstance(q, torch.fx.Proxy):  # (nothing to check on a proxy)
+        _check_inputs(q, k, v, scale, power, k_bias)
     with no_autocast(q.device.type):
         if use_fast(q):
             out = polarity_attention_kernel(q, k, v, scale, power, alpha,
@@ -173,3 +193,122 @@ def _signed_powers(t: Tensor, p: Tensor,
     a = torch.exp(p * torch.log(t.abs().clamp_min(tiny)))
     pos = a * (t > 0).to(a.dtype)  # exactly a or 0, so a - pos is too
     return pos, a - pos
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
+                  power: Tensor, k_bias: Optional[Tensor]) -> None:
+    """The shape checks of :func:`polarity_attention` (``ValueError``
+    naming the expected and the received shapes)."""
+    eager = not capturing()
+    op = 'polarity_attention'
+    check_head_inputs(op, q, k, v, eager=eager)
+    target = param_shape(q)
+    check_broadcastable(op, 'power', power, '(1, h, 1, d)', target, eager,
+                        exact=True)
+    check_broadcastable(op, 'scale', scale, '(1, h, 1, d)', target, eager)
+    if k_bias is not None:
+        check_broadcastable(op, 'k_bias', k_bias, 'k (B, h, n, d)',
+                            tuple(k.shape), eager)
+
+
+def _static(*sizes) -> bool:
+    """Whether every size is a plain int: sizes that are symbolic while a
+    graph is captured (``torch.compile``/``torch.export`` with dynamic
+    shapes, tensors under ``torch.jit.trace``) are not compared, so the
+    checks add no guard or node to the graph."""
+    return all(type(s) is int for s in sizes)
+
+
+def sizes_differ(a, b) -> bool:
+    """``a != b`` for plain ints; False when either is symbolic."""
+    return _static(a, b) and a != b
+
+
+def _shape(t: Tensor) -> Tuple:
+    return tuple(t.shape)
+
+
+def param_shape(q: Tensor, width: int = 1) -> Tuple:
+    """``(1, h, 1, width * d)`` for the queries ``q`` ``(B, h, N, d)``."""
+    return (1, q.shape[1], 1, width * q.shape[3])
+
+
+def check_head_inputs(op: str, q: Tensor, k: Tensor, v: Tensor,
+                      same_length: str = '', eager: bool = True) -> None:
+    """Check ``q`` ``(B, h, N, d)`` with ``d`` even and ``k``, ``v``
+    ``(B, h, n, d)`` (``n == N`` when ``same_length``, the reason, is
+    given); raise a ``ValueError`` naming the expected and the received
+    shapes.
+
+    Ranks are always checked; sizes only where they are plain ints (all of
+    them in eager mode; symbolic ones under graph capture, where ``eager``
+    is ``not capturing()``, are skipped). Nothing runs on a ``torch.fx``
+    proxy. In eager mode a valid call costs a few tuple comparisons."""
+    if isinstance(q, torch.fx.Proxy):
+        return
+    for name, t in (('q', q), ('k', k), ('v', v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f'{op}: {name} must be a tensor (B, h, '
+                            f"{'N' if name == 'q' or same_length else 'n'}, "
+                            f'd); got {type(t).__name__}')
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if eager and len(qs) == len(ks) == len(vs) == 4:
+        # eager: every size is an int; the common, valid case in one test
+        if (qs[3] % 2 == 0 and ks == vs and ks[0] == qs[0]
+                and ks[1] == qs[1] and ks[3] == qs[3]
+                and (not same_length or ks[2] == qs[2])):
+            return
+    _check_heads(op, q, k, v, same_length)
+
+
+def _check_heads(op: str, q: Tensor, k: Tensor, v: Tensor,
+                 same_length: str) -> None:
+    """The checks of :func:`check_head_inputs` one by one, for the
+    message (and under graph capture, on the static sizes only)."""
+    n = 'N' if same_length else 'n'
+    for name, t, length in (('q', q, 'N'), ('k', k, n), ('v', v, n)):
+        if t.dim() != 4:
+            raise ValueError(f'{op}: {name} must be 4-D (B, h, {length}, d) '
+                             f'(heads split off the channels); got '
+                             f'{_shape(t)}')
+    B, h, N, d = q.shape
+    if _static(d) and d % 2:
+        raise ValueError(f'{op}: the head width d must be even (v is split '
+                         f'into two halves per head); got q {_shape(q)}, '
+                         f'd = {d}')
+    want = (B, h, N if same_length else k.shape[2], d)
+    for t in (k, v):
+        if any(sizes_differ(a, b) for a, b in zip(t.shape, want)):
+            want_text = (f'({B}, {h}, {N}, {d})' if same_length else
+                         f'({B}, {h}, n, {d})')
+            raise ValueError(
+                f'{op}: k and v must be (B, h, {n}, d) = {want_text} for q '
+                f'{_shape(q)}' + (f' ({same_length})' if same_length else '')
+                + f'; got k {_shape(k)}, v {_shape(v)}')
+
+
+def check_broadcastable(op: str, name: str, t: Tensor, what: str,
+                        target: Tuple, eager: bool = True,
+                        exact: bool = False) -> None:
+    """Check that ``t`` broadcasts to ``target`` (described as ``what``)
+    without growing it (with ``exact``: that it is of shape ``target``);
+    raise a ``ValueError`` naming both shapes (sizes compared only where
+    they are plain ints, as :func:`check_head_inputs`)."""
+    if isinstance(t, torch.fx.Proxy):
+        return
+    if not isinstance(t, Tensor):
+        raise TypeError(f'{op}: {name} must be a tensor broadcastable to '
+                        f'{what} = {tuple(target)}; got {type(t).__name__}')
+    shape = t.shape
+    if eager and shape == target:  # the common case (ints only)
+        return
+    if exact:
+        if len(shape) != len(target) or any(
+                sizes_differ(a, b) for a, b in zip(shape, target)):
+            raise ValueError(f'{op}: {name} must be {what} = '
+                             f'{tuple(target)}; got {_shape(t)}')
+    elif len(shape) > len(target) or any(
+            sizes_differ(a, 1) and sizes_differ(a, b)
+            for a, b in zip(reversed(shape), reversed(target))):
+        raise ValueError(f'{op}: {name} must be broadcastable to {what} = '
+                         f'{tuple(target)}; got {_shape(t)}')

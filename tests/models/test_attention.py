@@ -278,3 +278,144 @@ def test_block_any_size(hw, attn_type):
     assert y.shape == x.shape
     y.sum().backward()
     assert all(p.grad is not None for p in blk.parameters())
+
+
+# -- shape errors: the expected shape and what was received ------------------
+def _raises(message, fn, *args, error=ValueError, **kwargs):
+    """``fn(*args, **kwargs)`` raises ``error`` with exactly ``message``."""
+    with pytest.raises(error) as info:
+        fn(*args, **kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize('feature_map', ['power', 'pacs'])
+def test_polarity_module_shape_errors(feature_map):
+    attn = PolarityAttention(64, 2, (14, 14), feature_map=feature_map)
+    want = 'PolarityAttention: x must be (B, H*W, C) = (B, 600, 64) for ' \
+        'hw=(20, 30); got '
+    # one token short (N != H*W): before, "unflatten"/"view" errors of torch
+    _raises(want + '(2, 599, 64)', attn, torch.randn(2, 599, 64), (20, 30))
+    # channels other than embed_dims
+    _raises(want + '(2, 600, 32)', attn, torch.randn(2, 600, 32), (20, 30))
+    # a map instead of tokens, and tokens without a batch
+    _raises(want + '(2, 20, 30, 64)', attn, torch.randn(2, 20, 30, 64),
+            (20, 30))
+    _raises(want + '(600, 64)', attn, torch.randn(600, 64), (20, 30))
+    _raises('PolarityAttention: hw must be (H, W), the grid of the tokens; '
+            'got 600', attn, torch.randn(2, 600, 64), 600)
+    _raises('PolarityAttention: x must be a tensor (B, H*W, C); got list',
+            attn, [[0.]], (1, 1), error=TypeError)
+    # the same module takes any grid and a 1-D sequence (1, N)
+    assert attn(torch.randn(2, 600, 64), (20, 30)).shape == (2, 600, 64)
+    assert attn(torch.randn(1, 50, 64), (1, 50)).shape == (1, 50, 64)
+
+
+def _heads(B=2, h=3, N=11, d=6, n=None):
+    n = N if n is None else n
+    return (torch.randn(B, h, N, d), torch.randn(B, h, n, d),
+            torch.randn(B, h, n, d))
+
+
+def test_polarity_op_shape_errors():
+    from pola_mm.ops import polarity_attention
+    q, k, v = _heads()
+    par = torch.zeros(1, 3, 1, 6)
+    op = 'polarity_attention: '
+    kv = op + 'k and v must be (B, h, n, d) = (2, 3, n, 6) for q ' \
+        '(2, 3, 11, 6); got '
+    _raises(kv + 'k (2, 3, 11, 6), v (2, 3, 7, 6)', polarity_attention, q,
+            k, v[:, :, :7], par, par, 4.)
+    _raises(kv + 'k (2, 2, 11, 6), v (2, 2, 11, 6)', polarity_attention, q,
+            k[:, :2], v[:, :2], par, par, 4.)
+    _raises(kv + 'k (2, 3, 11, 4), v (2, 3, 11, 6)', polarity_attention, q,
+            k[..., :4], v, par, par, 4.)
+    _raises(kv + 'k (1, 3, 11, 6), v (1, 3, 11, 6)', polarity_attention, q,
+            k[:1], v[:1], par, par, 4.)
+    _raises(op + 'q must be 4-D (B, h, N, d) (heads split off the channels); '
+            'got (2, 11, 18)', polarity_attention, torch.randn(2, 11, 18), k,
+            v, par, par, 4.)
+    _raises(op + 'k must be 4-D (B, h, n, d) (heads split off the channels); '
+            'got (3, 11, 6)', polarity_attention, q, k[0], v, par, par, 4.)
+    _raises(op + 'the head width d must be even (v is split into two halves '
+            'per head); got q (2, 3, 11, 5), d = 5', polarity_attention,
+            q[..., :5], k[..., :5], v[..., :5], par[..., :5], par[..., :5],
+            4.)
+    _raises(op + 'scale must be broadcastable to (1, h, 1, d) = (1, 3, 1, 6); '
+            'got (1, 3, 1, 5)', polarity_attention, q, k, v, par[..., :5],
+            par, 4.)
+    _raises(op + 'power must be (1, h, 1, d) = (1, 3, 1, 6); got (1, 1, 1, 6)',
+            polarity_attention, q, k, v, par, par[:, :1], 4.)
+    _raises(op + 'k_bias must be broadcastable to k (B, h, n, d) = '
+            '(2, 3, 11, 6); got (1, 3, 12, 6)', polarity_attention, q, k, v,
+            par, par, 4., k_bias=torch.zeros(1, 3, 12, 6))
+    _raises(op + 'q must be a tensor (B, h, N, d); got list',
+            polarity_attention, [0.], k, v, par, par, 4., error=TypeError)
+    # what the op accepts: fewer keys than queries, a scale shared by the
+    # heads, a positional table broadcast over the batch
+    out = polarity_attention(q, k[:, :, :4], v[:, :, :4], par[:, :1], par,
+                             4., k_bias=torch.zeros(1, 3, 4, 6))
+    assert out.shape == (2, 3, 11, 6)
+
+
+def test_pacs_op_shape_errors():
+    from pola_mm.models.layers import rotary_tables
+    from pola_mm.ops import pacs_attention
+    q, k, v = _heads(N=12)  # N = 3 x 4
+    s = torch.zeros(1, 3, 1, 12)
+    sin, cos = rotary_tables((3, 4), 12)
+    op = 'pacs_attention: '
+    _raises(op + 's1 must be broadcastable to (1, h, 1, 2d) = (1, 3, 1, 12); '
+            'got (1, 3, 1, 6)', pacs_attention, q, k, v, s[..., :6], s)
+    _raises(op + 's2 must be broadcastable to (1, h, 1, 2d) = (1, 3, 1, 12); '
+            'got (1, 4, 1, 12)', pacs_attention, q, k, v, s,
+            torch.zeros(1, 4, 1, 12))
+    _raises(op + 'k and v must be (B, h, n, d) = (2, 3, n, 6) for q '
+            '(2, 3, 12, 6); got k (2, 3, 12, 6), v (2, 3, 5, 6)',
+            pacs_attention, q, k, v[:, :, :5], s, s)
+    _raises(op + 'the head width d must be even (v is split into two halves '
+            'per head); got q (2, 3, 12, 3), d = 3', pacs_attention,
+            q[..., :3], k[..., :3], v[..., :3], s[..., :6], s[..., :6])
+    _raises(op + 'k and v must be (B, h, N, d) = (2, 3, 12, 6) for q '
+            '(2, 3, 12, 6) (as many keys as queries with the rotary tables); '
+            'got k (2, 3, 4, 6), v (2, 3, 4, 6)', pacs_attention, q,
+            k[:, :, :4], v[:, :, :4], s, s, sin, cos)
+    _raises(op + 'give both rotary tables sin and cos, or neither; got only '
+            'sin', pacs_attention, q, k, v, s, s, sin)
+    _raises(op + 'cos must be broadcastable to (N, 2d) = (12, 12); got '
+            '(20, 12)', pacs_attention, q, k, v, s, s, sin,
+            torch.zeros(20, 12))
+    # accepted: fewer keys without rotary tables, the full rotary call
+    assert pacs_attention(q, k[:, :, :4], v[:, :, :4], s, s).shape == q.shape
+    assert pacs_attention(q, k, v, s, s, sin, cos).shape == q.shape
+
+
+class _MapAttention(torch.nn.Module):
+    """PolarityAttention on a ``(B, C, H, W)`` map (the sizes come from the
+    input, symbolic under a dynamic export)."""
+
+    def __init__(self, feature_map: str) -> None:
+        super().__init__()
+        self.attn = PolarityAttention(16, 2, (4, 6), feature_map=feature_map)
+
+    def forward(self, x):
+        hw = (x.shape[2], x.shape[3])
+        return self.attn(x.flatten(2).transpose(1, 2), hw)
+
+
+@pytest.mark.parametrize('feature_map', ['power', 'pacs'])
+def test_shape_checks_export_with_dynamic_sizes(feature_map):
+    """The checks compare only plain ints: a ``torch.export`` with a
+    dynamic batch and map size captures no guard from them, and the program
+    runs at other sizes equal to eager."""
+    torch.manual_seed(0)
+    model = _MapAttention(feature_map).eval()
+    randomise(model, std=0.3)
+    dims = {0: torch.export.Dim('B', min=1, max=8),
+            2: torch.export.Dim('H', min=2, max=32),
+            3: torch.export.Dim('W', min=2, max=32)}
+    program = torch.export.export(model, (torch.randn(2, 16, 4, 6), ),
+                                  dynamic_shapes={'x': dims})
+    x = torch.randn(3, 16, 5, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), model(x), rtol=1e-4,
+                                   atol=1e-5)
