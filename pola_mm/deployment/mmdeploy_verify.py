@@ -35,6 +35,12 @@ Every image given is checked (at the input size its test pipeline makes).
 With a deploy config that frees the height/width (MMDeploy's stock
 ``*_dynamic.py``), the one file exported on the first image is checked on
 every image at its own size.
+
+A deploy config given as ``mmdeploy::<path>`` (``<path>`` relative to
+MMDeploy's ``configs/`` folder, e.g.
+``mmdeploy::mmdet/detection/detection_onnxruntime_dynamic.py``) is
+MMDeploy's stock file from the copy that ships with pola_mm
+(:func:`resolve_deploy_config`; the ``mmdeploy`` wheel ships none).
 """
 import copy
 import os
@@ -52,8 +58,10 @@ from torch import Tensor
 
 __all__ = [
     'DeployError', 'DeployInputError', 'Check', 'DeployReport',
-    'load_deploy_configs', 'is_dynamic_hw', 'export_with_mmdeploy',
-    'compare_on_image', 'deploy_and_verify', 'draw_results', 'TASKS'
+    'MMDEPLOY_SCOPE', 'stock_configs_dir', 'stock_deploy_configs',
+    'resolve_deploy_config', 'load_deploy_configs', 'is_dynamic_hw',
+    'export_with_mmdeploy', 'compare_on_image', 'deploy_and_verify',
+    'draw_results', 'TASKS'
 ]
 
 #: MMDeploy tasks this module can verify.
@@ -113,6 +121,57 @@ class DeployReport:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
 
+#: How a deploy config names one of MMDeploy's stock files shipped with
+#: pola_mm: ``mmdeploy::<path relative to MMDeploy's configs/>``.
+MMDEPLOY_SCOPE = 'mmdeploy::'
+
+
+def stock_configs_dir() -> str:
+    """The ``configs/`` folder of MMDeploy's stock deploy configs that ship
+    with pola_mm (``pola_mm/.mim/mmdeploy_configs``: MMDeploy v1.3.1's files
+    byte for byte in MMDeploy's layout, with its LICENSE, README.md for the
+    provenance and BLOBS.txt for their git blob ids)."""
+    return osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), '.mim',
+                    'mmdeploy_configs', 'configs')
+
+
+def stock_deploy_configs() -> List[str]:
+    """The shipped ONNX Runtime deploy configs, as the paths after
+    ``mmdeploy::`` (sorted; the ``_base_`` files and backend-less bases are
+    left out)."""
+    root = stock_configs_dir()
+    names = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != '_base_']
+        names += [
+            osp.relpath(osp.join(folder, f), root).replace(os.sep, '/')
+            for f in files if f.endswith('.py') and 'onnxruntime' in f
+        ]
+    return sorted(names)
+
+
+def resolve_deploy_config(deploy_cfg: str) -> str:
+    """The file of a deploy config: ``mmdeploy::<path>`` is the shipped
+    stock file ``<path>`` (:func:`stock_configs_dir`), any other string a
+    path, returned as given.
+
+    Raises:
+        DeployInputError: a ``mmdeploy::`` name with no shipped file (the
+            message lists :func:`stock_deploy_configs`).
+    """
+    deploy_cfg = str(deploy_cfg)
+    if not deploy_cfg.startswith(MMDEPLOY_SCOPE):
+        return deploy_cfg
+    root = stock_configs_dir()
+    rel = deploy_cfg[len(MMDEPLOY_SCOPE):]
+    path = osp.normpath(osp.join(root, rel))
+    if not (path.startswith(root + os.sep) and osp.isfile(path)):
+        names = ', '.join(MMDEPLOY_SCOPE + n for n in stock_deploy_configs())
+        raise DeployInputError(f'unknown MMDeploy deploy config {deploy_cfg}'
+                               f' (shipped with pola_mm: {names})')
+    return path
+
+
 def load_deploy_configs(deploy_cfg: Union[str, Config],
                         model_cfg: Union[str, Config],
                         cfg_options: Optional[Dict[str, Any]] = None
@@ -120,7 +179,8 @@ def load_deploy_configs(deploy_cfg: Union[str, Config],
     """The deploy and model configs as ``Config`` objects (copies).
 
     Args:
-        deploy_cfg: an MMDeploy deploy config file or ``Config``.
+        deploy_cfg: an MMDeploy deploy config file, ``mmdeploy::<path>``
+            (:func:`resolve_deploy_config`) or ``Config``.
         model_cfg: a model config file (mmdet / mmseg / mmpretrain) or
             ``Config``.
         cfg_options: overrides merged into the model config.
@@ -130,6 +190,8 @@ def load_deploy_configs(deploy_cfg: Union[str, Config],
             no ``codebase_config`` / ``onnx_config``.
     """
     cfgs = []
+    if not isinstance(deploy_cfg, Config):
+        deploy_cfg = resolve_deploy_config(deploy_cfg)
     for what, cfg in (('deploy config', deploy_cfg), ('model config',
                                                       model_cfg)):
         if isinstance(cfg, Config):
@@ -408,7 +470,8 @@ def deploy_and_verify(deploy_cfg: Union[str, Config],
     comparisons pass.
 
     Args:
-        deploy_cfg: an MMDeploy ONNX Runtime deploy config (file or Config).
+        deploy_cfg: an MMDeploy ONNX Runtime deploy config (file,
+            ``mmdeploy::<path>`` or Config).
         model_cfg: the model config (file or Config).
         checkpoint: the model's weights (None: its initialisation, without
             ``init_cfg`` weights).

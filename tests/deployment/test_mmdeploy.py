@@ -1,7 +1,8 @@
 """Whole models through MMDeploy 1.3.1 on torch 2.14, with MMDeploy's stock
-ONNX Runtime deploy configs, unchanged (tests/deployment/mmdeploy_configs,
-or a checkout named by $POLA_MM_MMDEPLOY_ROOT), compared with PyTorch on a
-shapes image and a real photo."""
+ONNX Runtime deploy configs, unchanged (the copy that ships with pola_mm,
+pola_mm/.mim/mmdeploy_configs, or a checkout named by
+$POLA_MM_MMDEPLOY_ROOT), compared with PyTorch on a shapes image and a real
+photo."""
 import glob
 import hashlib
 import inspect
@@ -19,15 +20,17 @@ mmdeploy = pytest.importorskip('mmdeploy')
 import pola_mm  # noqa: E402,F401
 from pola_mm.deployment import mmdeploy_fixes  # noqa: E402
 from pola_mm.deployment import mmdeploy_rewriters  # noqa: E402
-from pola_mm.deployment.mmdeploy_verify import (DeployError,  # noqa: E402
-                                                deploy_and_verify)
+from pola_mm.deployment.mmdeploy_verify import (  # noqa: E402
+    DeployError, DeployInputError, deploy_and_verify, load_deploy_configs,
+    resolve_deploy_config, stock_configs_dir, stock_deploy_configs)
 
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(osp.dirname(HERE))
 CONFIGS = osp.join(ROOT, 'configs')
-STOCK = osp.join(
-    os.environ.get('POLA_MM_MMDEPLOY_ROOT',
-                   osp.join(HERE, 'mmdeploy_configs')), 'configs')
+#: MMDeploy's stock deploy configs as this repository ships them (the one
+#: copy: package data of pola_mm, in the wheel and the sdist)
+SHIPPED = osp.join(ROOT, 'pola_mm', '.mim', 'mmdeploy_configs')
+STOCK = osp.join(os.environ.get('POLA_MM_MMDEPLOY_ROOT', SHIPPED), 'configs')
 DATA = osp.join(HERE, 'assets')
 
 PVT_TINY = dict(_delete_=True, embed_dims=[16, 32, 64, 64],
@@ -68,15 +71,93 @@ def _git_blob_id(path: str) -> str:
     return hashlib.sha1(b'blob %d\0' % len(data) + data).hexdigest()
 
 
+#: git blob id of MMDeploy's LICENSE at v1.3.1 (commit bc75c9d6)
+MMDEPLOY_LICENSE_BLOB = '261eeb9e9f8b2b4b0d119366dda99c6fd7d35c64'
+
+
+def _blobs() -> list:
+    with open(osp.join(SHIPPED, 'BLOBS.txt')) as f:
+        return [line.split() for line in f if line.strip()]
+
+
 def test_stock_configs_are_mmdeploy_v131_files():
-    """Each kept deploy config is byte for byte the file of MMDeploy's
-    v1.3.1 tag (git blob ids recorded in BLOBS.txt)."""
-    lines = open(osp.join(HERE, 'mmdeploy_configs', 'BLOBS.txt')).read()
-    entries = [line.split() for line in lines.splitlines() if line.strip()]
+    """Each shipped deploy config is byte for byte the file of MMDeploy's
+    v1.3.1 tag (git blob ids recorded in BLOBS.txt), the folder holds those
+    files and nothing else, with MMDeploy's LICENSE of the same tag."""
+    entries = _blobs()
     assert len(entries) == 18
     for blob, rel in entries:
-        path = osp.join(HERE, 'mmdeploy_configs', 'configs', rel)
+        path = osp.join(SHIPPED, 'configs', rel)
         assert _git_blob_id(path) == blob, rel
+    found = sorted(
+        osp.relpath(osp.join(d, f), osp.join(SHIPPED, 'configs'))
+        for d, _, files in os.walk(osp.join(SHIPPED, 'configs'))
+        for f in files if '__pycache__' not in d)
+    assert found == sorted(rel for _, rel in entries)
+    assert sorted(os.listdir(SHIPPED)) == ['BLOBS.txt', 'LICENSE',
+                                           'README.md', 'configs']
+    assert _git_blob_id(osp.join(SHIPPED, 'LICENSE')) == MMDEPLOY_LICENSE_BLOB
+
+
+def test_mmdeploy_names_resolve_to_the_shipped_copy():
+    """``mmdeploy::<path>`` is the shipped stock file (its relative
+    ``_base_`` chain read), a plain path is used as given, an unknown name
+    or one outside the tree is refused in one line listing the names."""
+    from mmengine.config import Config
+    assert stock_configs_dir() == osp.join(SHIPPED, 'configs')
+    rel = 'mmdet/detection/detection_onnxruntime_dynamic.py'
+    path = resolve_deploy_config('mmdeploy::' + rel)
+    assert path == osp.join(SHIPPED, 'configs', rel)
+    assert resolve_deploy_config(stock(rel)) == stock(rel)
+    deploy, _ = load_deploy_configs(
+        'mmdeploy::' + rel, osp.join(CONFIGS, 'retinanet_pola_pvt_t.py'))
+    # the three bases: base_dynamic -> base_static -> onnx_config, backend
+    assert deploy.backend_config.type == 'onnxruntime'
+    assert deploy.onnx_config.opset_version == 11
+    assert deploy.onnx_config.dynamic_axes['input'] == {
+        0: 'batch', 2: 'height', 3: 'width'}
+    assert deploy.codebase_config.post_processing.pre_top_k == 5000
+    assert Config.fromfile(path).to_dict() == deploy.to_dict()
+    # the names users can deploy with: every ONNX Runtime config shipped
+    names = stock_deploy_configs()
+    assert names == sorted(rel for _, rel in _blobs()
+                           if 'onnxruntime' in rel and '_base_' not in rel)
+    assert len(names) == 8 and rel in names
+    for bad in ('mmdeploy::mmdet/detection/detection_tensorrt.py',
+                'mmdeploy::../README.md', 'mmdeploy::'):
+        with pytest.raises(DeployInputError) as info:
+            resolve_deploy_config(bad)
+        msg = str(info.value)
+        assert '\n' not in msg
+        assert msg.startswith(f'unknown MMDeploy deploy config {bad} ')
+        assert all('mmdeploy::' + n in msg for n in names)
+
+
+def test_cli_refuses_an_unknown_mmdeploy_name(tmp_path, capsys):
+    """The tool (``python -m pola_mm.deployment.deploy``, which
+    tools/deployment/deploy.py runs) exits 2 with one line naming the
+    shipped configs, before any export."""
+    from pola_mm.deployment.deploy import main
+    img = tmp_path / 'x.png'
+    img.write_bytes(b'')
+    code = main(['mmdeploy::mmdet/detection/nope.py',
+                 osp.join(CONFIGS, 'retinanet_pola_pvt_t.py'), 'none',
+                 str(img), '--work-dir', str(tmp_path / 'out')])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1, err
+    assert err[0].startswith('error: unknown MMDeploy deploy config '
+                             'mmdeploy::mmdet/detection/nope.py (shipped '
+                             'with pola_mm: mmdeploy::')
+    assert 'mmdeploy::mmdet/detection/detection_onnxruntime_dynamic.py' \
+        in err[0]
+    assert not osp.exists(tmp_path / 'out')
+    # a model config by scope: pola_mm's own, found in the package
+    from pola_mm.deployment.deploy import resolve_model_config
+    assert resolve_model_config('pola_mm::retinanet_pola_pvt_t.py') == \
+        osp.join(ROOT, 'pola_mm', '.mim', 'configs',
+                 'retinanet_pola_pvt_t.py')
+    assert resolve_model_config('configs/x.py') == 'configs/x.py'
 
 
 def test_compat_fixes_are_in_place_and_narrow():
@@ -270,7 +351,8 @@ def test_upernet_static_matches_pytorch(tmp_path, photo):
 
 def test_classifier_cli_writes_only_a_verified_file(tmp_path, photo):
     """tools/deployment/deploy.py with the stock static classification
-    config: the file is written, the class scores printed."""
+    config by name (``mmdeploy::``, the shipped copy): the file is written,
+    the class scores printed."""
     out = tmp_path / 'cls'
     opts = [
         'model.backbone.arch._delete_=True',
@@ -284,13 +366,15 @@ def test_classifier_cli_writes_only_a_verified_file(tmp_path, photo):
     cmd = [
         sys.executable,
         osp.join(ROOT, 'tools', 'deployment', 'deploy.py'),
-        stock('mmpretrain/classification_onnxruntime_static.py'),
+        'mmdeploy::mmpretrain/classification_onnxruntime_static.py',
         osp.join(CONFIGS, 'pola_pvt_t_in1k.py'), 'none', photo,
         '--work-dir', str(out), '--cfg-options'
     ] + opts
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     assert 'class score max abs diff' in res.stdout
+    assert f"deploy config: {osp.join(SHIPPED, 'configs', 'mmpretrain')}" \
+        in res.stdout
     assert 'verified: ' in res.stdout
     assert (out / 'end2end.onnx').is_file()
     # a missing image: exit 2, one line, nothing written

@@ -6,100 +6,23 @@
         [--score-thr 0.3] [--box-rtol 1e-3] [--score-atol 1e-4] \\
         [--mask-iou 0.99] [--logit-rtol 1e-4]
 
-DEPLOY_CFG is an MMDeploy ONNX Runtime deploy config (e.g. MMDeploy's
-``configs/mmdet/instance-seg/instance-seg_onnxruntime_static.py``), MODEL_CFG
-a pola_mm detector / segmentor / classifier config, CKPT its weights
-(``none``: the initialised model) and IMG the image to export and compare on.
-The model is exported with MMDeploy's ``torch2onnx``, MMDeploy's ONNX Runtime
-backend model and PyTorch both run on IMG, and every difference (boxes,
-scores, labels, masks, segmentation labels or logits, class scores) is
-printed; ``end2end.onnx`` reaches DIR only when all agree
-(:func:`pola_mm.deployment.deploy_and_verify`). ``--show`` also draws both
-models' results into DIR (``output_pytorch.jpg``,
-``output_onnxruntime.jpg``).
+The checkout's entry to :mod:`pola_mm.deployment.deploy`, which an
+installed pola_mm runs as ``python -m pola_mm.deployment.deploy`` (same
+arguments, same exit codes). DEPLOY_CFG is a file or
+``mmdeploy::<path>``, MMDeploy's stock ``configs/<path>`` from the copy
+that ships with pola_mm (e.g.
+``mmdeploy::mmdet/detection/detection_onnxruntime_dynamic.py``).
 
 Exit codes: 0 verified, 1 export failed or the models differ, 2 bad
 arguments.
 """
-import argparse
 import os.path as osp
 import sys
-from typing import List, Optional
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
-
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    from mmengine.config import DictAction
-    parser = argparse.ArgumentParser(
-        description='Export a pola_mm model with MMDeploy to ONNX Runtime; '
-        'the file is written only if it agrees with PyTorch on IMG.')
-    parser.add_argument('deploy_cfg', help='MMDeploy ONNX Runtime deploy '
-                        'config')
-    parser.add_argument('model_cfg', help='pola_mm model config')
-    parser.add_argument('checkpoint', help="model weights ('none': the "
-                        'initialised model)')
-    parser.add_argument('img', help='image to export and compare on')
-    parser.add_argument('--work-dir', required=True,
-                        help='where end2end.onnx is written')
-    parser.add_argument('--device', default='cpu', choices=['cpu'],
-                        help='device (ONNX Runtime CPU provider)')
-    parser.add_argument('--show', action='store_true',
-                        help='draw both results into the work dir')
-    parser.add_argument('--score-thr', type=float, default=0.3,
-                        help='detections compared one to one (default 0.3)')
-    parser.add_argument('--box-rtol', type=float, default=1e-3,
-                        help='box tolerance relative to the image size')
-    parser.add_argument('--score-atol', type=float, default=1e-4,
-                        help='score / class score tolerance')
-    parser.add_argument('--mask-iou', type=float, default=0.99,
-                        help='least mask IoU of matched detections')
-    parser.add_argument('--logit-rtol', type=float, default=1e-4,
-                        help='segmentation logit tolerance (relative)')
-    parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
-        help='override model config settings')
-    return parser.parse_args(argv)
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run the tool; returns the exit code."""
-    args = parse_args(argv)
-    checkpoint = None if args.checkpoint.lower() == 'none' \
-        else args.checkpoint
-    for what, path in (('deploy config', args.deploy_cfg),
-                       ('model config', args.model_cfg),
-                       ('checkpoint', checkpoint), ('image', args.img)):
-        if path is not None and not osp.isfile(path):
-            print(f'error: {what} not found: {path}', file=sys.stderr)
-            return 2
-    import pola_mm  # noqa: F401  (models, MMDeploy fixes)
-    from pola_mm.deployment.mmdeploy_verify import (DeployError,
-                                                    DeployInputError,
-                                                    deploy_and_verify,
-                                                    draw_results)
-    try:
-        report = deploy_and_verify(
-            args.deploy_cfg, args.model_cfg, checkpoint, args.img,
-            args.work_dir, args.device, cfg_options=args.cfg_options,
-            score_thr=args.score_thr, box_rtol=args.box_rtol,
-            score_atol=args.score_atol, mask_iou=args.mask_iou,
-            logit_rtol=args.logit_rtol)
-    except DeployError as exc:
-        print(f'error: {exc}', file=sys.stderr)
-        return 2 if isinstance(exc, DeployInputError) else 1
-    for check in report.checks:
-        print(check)
-    sizes = ', '.join('x'.join(map(str, s[2:])) for s in report.input_shapes)
-    print(f'verified: {report.onnx_file} ({report.task}, input {sizes})')
-    if args.show:
-        for path in draw_results(args.deploy_cfg, args.model_cfg, checkpoint,
-                                 report.onnx_file, args.img, args.work_dir,
-                                 args.device, args.cfg_options):
-            print(f'drawn: {path}')
-    return 0
-
+from pola_mm.deployment.deploy import main, parse_args  # noqa: E402,F401
 
 if __name__ == '__main__':
     sys.exit(main())

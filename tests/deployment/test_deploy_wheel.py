@@ -1,0 +1,186 @@
+"""``deploy.py mmdeploy::...`` right after ``pip install``: MMDeploy's stock
+deploy configs ship in pola_mm's wheel and sdist (the ``mmdeploy`` wheel
+ships none), and the installed tool, ``python -m pola_mm.deployment.deploy``,
+finds them by name from the installed copy.
+
+The wheel is built from a copy of this checkout's files and installed into
+a fresh venv that sees this environment's packages after its own (as
+tests/tools/test_upstream_tools.py does); the tool then runs from a fresh
+folder with a clean environment, so the checkout is not importable there.
+"""
+import hashlib
+import os
+import os.path as osp
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import time
+import zipfile
+from typing import List
+
+import pytest
+from helpers import REPO
+
+pytest.importorskip('mmdeploy')
+
+SHIPPED = 'pola_mm/.mim/mmdeploy_configs'
+DETECTION = 'mmdet/detection/detection_onnxruntime_dynamic.py'
+ASSETS = osp.join(REPO, 'tests', 'deployment', 'assets')
+
+
+def _clean_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('PYTHONPATH', 'PYTHONSTARTUP', 'PYTHONHOME',
+                        'POLA_MM_STARTUP_HOOK', 'POLA_MM_MMDEPLOY_ROOT')}
+    env.update(OMP_NUM_THREADS='2', MKL_NUM_THREADS='2')
+    return env
+
+
+def _run(args: List[str], cwd, timeout: int = 300,
+         check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, cwd=str(cwd), env=_clean_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, f'{args} failed ({proc.returncode}):' \
+            '\n' + (proc.stdout + proc.stderr)[-4000:]
+    return proc
+
+
+def _blobs() -> List[List[str]]:
+    with open(osp.join(REPO, SHIPPED, 'BLOBS.txt')) as f:
+        return [line.split() for line in f if line.strip()]
+
+
+def _git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b'blob %d\0' % len(data) + data).hexdigest()
+
+
+def _shipped_files() -> List[str]:
+    return ([f'{SHIPPED}/{name}'
+             for name in ('BLOBS.txt', 'LICENSE', 'README.md')] +
+            [f'{SHIPPED}/configs/{rel}' for _, rel in _blobs()])
+
+
+@pytest.fixture(scope='module')
+def source(tmp_path_factory):
+    """This checkout's files (tracked and new, not ignored) without tests/
+    and docs/, so that building writes nothing into the checkout."""
+    src = tmp_path_factory.mktemp('src')
+    files = subprocess.run(
+        ['git', 'ls-files', '-z', '--cached', '--others',
+         '--exclude-standard'],
+        cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for rel in filter(None, files.split('\0')):
+        if rel.startswith(('tests/', 'docs/')) or not osp.lexists(
+                osp.join(REPO, rel)):
+            continue
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(osp.join(REPO, rel), src / rel, follow_symlinks=False)
+    return src
+
+
+def test_sdist_carries_the_stock_deploy_configs(source, tmp_path):
+    """The sdist holds the shipped folder, byte for byte."""
+    _run([sys.executable, '-c',
+          'import setuptools.build_meta as b, sys; '
+          'b.build_sdist(sys.argv[1])', str(tmp_path)], source)
+    sdist = next(tmp_path.glob('pola_mm-*.tar.gz'))
+    with tarfile.open(sdist) as tar:
+        top = tar.getnames()[0].split('/')[0]
+        for rel in _shipped_files():
+            member = tar.extractfile(f'{top}/{rel}')
+            assert member is not None, rel
+            with open(osp.join(REPO, rel), 'rb') as f:
+                assert member.read() == f.read(), rel
+
+
+def test_installed_wheel_deploys_with_a_shipped_config(source, tmp_path):
+    """``pip wheel`` of the checkout holds the stock configs with their
+    LICENSE; installed into a fresh venv, ``python -m
+    pola_mm.deployment.deploy mmdeploy::mmdet/detection/
+    detection_onnxruntime_dynamic.py ...`` run from a fresh folder resolves
+    the name to the installed copy and exports and verifies the tiny
+    trained RetinaNet (Pola-PVT) on a 128x128 shapes image."""
+    start = time.perf_counter()
+    _run([sys.executable, '-m', 'pip', 'wheel', '--no-deps',
+          '--no-build-isolation', '-q', '-w', str(tmp_path / 'dist'),
+          str(source)], tmp_path)
+    wheel = next((tmp_path / 'dist').glob('pola_mm-*.whl'))
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        for rel in _shipped_files():
+            assert rel in names, rel
+        for blob, rel in _blobs():
+            data = zf.read(f'{SHIPPED}/configs/{rel}')
+            assert _git_blob_id(data) == blob, rel
+    built = time.perf_counter()
+
+    venv = tmp_path / 'venv'
+    _run([sys.executable, '-m', 'venv', '--without-pip', str(venv)],
+         tmp_path)
+    python = str(venv / 'bin' / 'python')
+    site = _run([python, '-c', 'import sysconfig; '
+                 "print(sysconfig.get_paths()['purelib'])"],
+                tmp_path).stdout.strip()
+    # this environment's packages (mmdet, mmdeploy, ...), after the venv's
+    # own; its .pth files (the checkout's editable finder) are not run
+    with open(osp.join(site, '_stack.pth'), 'w') as f:
+        f.write(sysconfig.get_paths()['purelib'] + '\n')
+    _run([sys.executable, '-m', 'pip', '--python', python, 'install',
+          '--no-deps', '--no-index', '-q', str(wheel)], tmp_path)
+    installed = osp.join(site, SHIPPED)
+    assert sorted(os.listdir(installed)) == ['BLOBS.txt', 'LICENSE',
+                                             'README.md', 'configs']
+
+    from pola_mm.demo.shapes import make_shapes_dataset
+    work = tmp_path / 'fresh'
+    make_shapes_dataset(str(work / 'shapes'), num_train=1, num_val=1,
+                        img_size=128, seed=0)
+    img = str(next((work / 'shapes' / 'val').glob('*.png')))
+    installed_at = time.perf_counter()
+
+    # the child imports the installed pola_mm, whose pola_mm:: configs are
+    # the installed ones too
+    probe = _run([python, '-c', 'import pola_mm; print(pola_mm.__file__); '
+                  'from pola_mm.deployment.deploy import '
+                  'resolve_model_config as r; '
+                  "print(r('pola_mm::retinanet_pola_pvt_t.py'))"],
+                 work).stdout.strip().splitlines()
+    assert probe[-2] == osp.join(site, 'pola_mm', '__init__.py')
+    assert probe[-1] == osp.join(site, 'pola_mm', '.mim', 'configs',
+                                 'retinanet_pola_pvt_t.py')
+    assert osp.isfile(probe[-1])
+
+    cmd = [python, '-m', 'pola_mm.deployment.deploy',
+           'mmdeploy::' + DETECTION,
+           osp.join(ASSETS, 'retinanet_pola_pvt_shapes.py'),
+           osp.join(ASSETS, 'retinanet_pola_pvt_shapes.pth'), img,
+           '--work-dir', 'deploy']
+    res = _run(cmd, work)
+    deployed = time.perf_counter()
+    out = res.stdout
+    assert f'deploy config: {osp.join(installed, "configs", DETECTION)}' \
+        in out.splitlines(), out
+    assert 'verified: ' in out and '(ObjectDetection, input 128x128)' in out
+    # the trained detector's shapes are compared one to one, all matched
+    counted = re.search(r'^image 0 128x128: confident detections without a '
+                        r'counterpart: 0 \(needs <= 0\) \(PyTorch (\d+), '
+                        r'backend (\d+) with score >= 0.3\) ok$', out, re.M)
+    assert counted and int(counted[1]) == int(counted[2]) > 0, out
+    assert (work / 'deploy' / 'end2end.onnx').is_file()
+
+    # an unknown name: exit 2, one line listing the shipped names
+    bad = _run(cmd[:3] + ['mmdeploy::mmdet/detection/nope.py'] + cmd[4:],
+               work, check=False)
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith('error: unknown MMDeploy deploy config '
+                           'mmdeploy::mmdet/detection/nope.py')
+    assert 'mmdeploy::' + DETECTION in last
+    print(f'wheel built {built - start:.1f} s, installed '
+          f'{installed_at - built:.1f} s, probe + deploy '
+          f'{deployed - installed_at:.1f} s, total '
+          f'{time.perf_counter() - start:.1f} s')
