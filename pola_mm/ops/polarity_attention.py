@@ -224,6 +224,33 @@ def sizes_differ(a, b) -> bool:
     return _static(a, b) and a != b
 
 
+def check_token_grid(owner: str, x: Tensor, hw: Tuple[int, int],
+                     channels: int) -> None:
+    """``x`` must be ``(B, H*W, channels)`` for ``hw = (H, W)``; a
+    ``ValueError`` from ``owner`` names the expected and received shapes.
+
+    The rank is always checked; the sizes in eager mode (under graph
+    capture they may be symbolic and are not compared: no guard, no node);
+    nothing on a ``torch.fx`` proxy."""
+    if isinstance(x, torch.fx.Proxy):
+        return
+    try:
+        H, W = hw
+    except (TypeError, ValueError):
+        raise ValueError(f'{owner}: hw must be (H, W), the grid of the '
+                         f'tokens; got {hw!r}') from None
+    if not isinstance(x, Tensor):
+        raise TypeError(f'{owner}: x must be a tensor (B, H*W, C); got '
+                        f'{type(x).__name__}')
+    if x.dim() == 3 and (capturing() or not (
+            sizes_differ(x.shape[1], H * W)
+            or sizes_differ(x.shape[2], channels))):
+        return
+    raise ValueError(
+        f'{owner}: x must be (B, H*W, C) = (B, {H * W}, {channels}) for '
+        f'hw=({H}, {W}); got {tuple(x.shape)}')
+
+
 def _shape(t: Tensor) -> Tuple:
     return tuple(t.shape)
 

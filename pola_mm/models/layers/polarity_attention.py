@@ -14,8 +14,7 @@ from torch import Tensor
 
 from ...ops import (depthwise_conv2d, gate_linear, pacs_attention,
                     polarity_attention)
-from ...ops.dispatch import capturing
-from ...ops.polarity_attention import sizes_differ
+from ...ops.polarity_attention import check_token_grid
 from ...ops.position import check_resize_mode, resize_pos_table
 from ...type_aliases import Size2
 from .attention_args import polarity_head_dims
@@ -141,30 +140,6 @@ class PolarityAttention(BaseModule):
                  if self.feature_map != 'power' else '') +
                 (f', sr_ratio={self.sr_ratio}' if self.sr_ratio > 1 else ''))
 
-    def _check_input(self, x: Tensor, hw: Size2) -> None:
-        """``x`` must be ``(B, H*W, C)`` for ``hw = (H, W)``; a
-        ``ValueError`` names the expected and received shapes. The rank is
-        always checked; the sizes in eager mode (under graph capture they
-        may be symbolic, and are not compared: no guard, no node); nothing
-        on a ``torch.fx`` proxy."""
-        if isinstance(x, torch.fx.Proxy):
-            return
-        try:
-            H, W = hw
-        except (TypeError, ValueError):
-            raise ValueError('PolarityAttention: hw must be (H, W), the grid '
-                             f'of the tokens; got {hw!r}') from None
-        if not isinstance(x, Tensor):
-            raise TypeError('PolarityAttention: x must be a tensor (B, H*W, '
-                            f'C); got {type(x).__name__}')
-        if x.dim() == 3 and (capturing() or not (
-                sizes_differ(x.shape[1], H * W)
-                or sizes_differ(x.shape[2], self.embed_dims))):
-            return
-        raise ValueError(
-            f'PolarityAttention: x must be (B, H*W, C) = (B, {H * W}, '
-            f'{self.embed_dims}) for hw=({H}, {W}); got {tuple(x.shape)}')
-
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """Attention over all tokens of a stage map.
 
@@ -180,7 +155,7 @@ class PolarityAttention(BaseModule):
                 ``hw`` (the message names the expected and received
                 shapes).
         """
-        self._check_input(x, hw)
+        check_token_grid('PolarityAttention', x, hw, self.embed_dims)
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dims
 
