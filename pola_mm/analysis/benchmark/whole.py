@@ -84,8 +84,8 @@ WHOLE_MODELS: Dict[str, Dict[str, Any]] = {
 }
 
 #: MMDeploy's stock static ONNX Runtime deploy configs, relative to a
-#: MMDeploy checkout's ``configs`` (kept byte for byte in this repository
-#: under tests/deployment/mmdeploy_configs).
+#: MMDeploy checkout's ``configs`` (shipped byte for byte with pola_mm in
+#: pola_mm/.mim/mmdeploy_configs).
 STOCK_DEPLOY_CONFIGS = {
     'detection': 'mmdet/detection/detection_onnxruntime_static.py',
     'instance-seg': 'mmdet/instance-seg/instance-seg_onnxruntime_static.py',
@@ -123,13 +123,14 @@ def stock_deploy_config(kind: str) -> str:
     """The stock static ONNX Runtime deploy config of ``kind``
     (``'detection'`` or ``'instance-seg'``): under
     ``$POLA_MM_MMDEPLOY_ROOT/configs`` if that is set, else the copies
-    kept in tests/deployment/mmdeploy_configs.
+    that ship with pola_mm (pola_mm/.mim/mmdeploy_configs).
 
     Raises:
         FileNotFoundError: neither has the file (pass a deploy config).
     """
     root = os.environ.get('POLA_MM_MMDEPLOY_ROOT') or osp.join(
-        _repo_root(), 'tests', 'deployment', 'mmdeploy_configs')
+        osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
+        '.mim', 'mmdeploy_configs')
     path = osp.join(root, 'configs', STOCK_DEPLOY_CONFIGS[kind])
     if not osp.isfile(path):
         raise FileNotFoundError(
