@@ -34,9 +34,23 @@ included, for two reasons, both fixed here and nowhere else:
    tensor (mmdet's own PVT, in its last stage), so MMDeploy's stock configs
    (opset 11) failed for mmdet's PVT models. It is registered for opsets 11
    and 12 only (torch's own symbolic serves 13 on) as the same ``Reshape``
-   (:func:`provide_unflatten_below_opset13`).
+   (:func:`provide_unflatten_below_opset13`), on every torch whose registry
+   lacks it (:func:`unflatten_symbolic_missing`; torch 2.1 does too, where
+   MMDeploy's stock configs failed for pola_mm's models and mmdet's PVT).
 
-3. **What MMDeploy's rewrites compute** (not a torch matter, but it decides
+3. **torch.fx wraps made while MMDeploy exports.** MMDeploy's
+   ``FunctionRewriter`` counts ``torch.fx``'s registry of wrapped functions
+   when its context opens and ``pop(-1)``s what was added when it closes,
+   as from a list. torch keeps that registry in a dict (keyed by module and
+   name), so a module imported for the first time inside the context that
+   calls ``torch.fx.wrap`` (mmpretrain's metrics, torchvision's ops, which
+   the export can import lazily) ended the export with ``KeyError: -1``
+   after the file was written. On such a torch MMDeploy adds no wraps of
+   its own (its copy helper looks for list entries), so what was added
+   belongs to those modules and is kept: the count is taken again before
+   MMDeploy's restore runs (:func:`keep_fx_wraps_on_exit`).
+
+4. **What MMDeploy's rewrites compute** (not a torch matter, but it decides
    whether UperNet, Mask R-CNN and Cascade verify): for the ONNX Runtime
    backend, rewriters of ``adaptive_avg_pool2d`` and of mmdet's RPN and
    R-CNN box heads compute what mmseg and mmdet compute where MMDeploy's
@@ -62,14 +76,16 @@ from mmengine.logging import print_log
 
 __all__ = [
     'needs_torchscript_exporter', 'provide_removed_symbolics',
-    'provide_unflatten_below_opset13',
+    'unflatten_symbolic_missing', 'provide_unflatten_below_opset13', 'keep_fx_wraps_on_exit',
     'register_mmdeploy_rewriters', 'install_mmdeploy_fixes', 'applied'
 ]
 
 #: What has been applied: ``'symbolics'`` (the names added to torch's
 #: modules, and ``'aten::unflatten@11'`` once that symbolic is registered)
-#: and ``'rewriters'`` (True once the export rewriter is registered).
-applied: Dict[str, Any] = {'symbolics': [], 'rewriters': False}
+#: ``'rewriters'`` (True once the export rewriter is registered) and
+#: ``'fx_wraps'`` (True once MMDeploy's context exit keeps torch.fx wraps).
+applied: Dict[str, Any] = {'symbolics': [], 'rewriters': False,
+                           'fx_wraps': False}
 
 _lock = threading.Lock()
 
@@ -161,10 +177,39 @@ def _unflatten_symbolic(g: Any, x: Any, dim: Any, sizes: Any) -> Any:
     return g.op('Reshape', x, g.op('Concat', *parts, axis_i=0))
 
 
+def unflatten_symbolic_missing(opset: int = 11) -> bool:
+    """True when the running torch's TorchScript exporter has no
+    ``aten::unflatten`` symbolic for ``opset``.
+
+    Checked in torch's own symbolic registry after torch's symbolic modules
+    are imported (newer torch imports them lazily), not inferred from the
+    version: torch 2.1.2 and 2.14.1 both have it from opset 13 only, and
+    ``nn.MultiheadAttention`` calls ``unflatten`` in both. A torch whose
+    registry is in neither known place counts as missing it (the fix then
+    adds a symbolic for opsets 11 and 12 only).
+    """
+    import importlib
+    for module in ('torch.onnx.symbolic_opset9', 'torch.onnx.symbolic_opset11',
+                   'torch.onnx.symbolic_opset13'):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+    for name in ('torch.onnx._internal.torchscript_exporter.registration',
+                 'torch.onnx._internal.registration'):
+        try:
+            registry = importlib.import_module(name).registry
+        except (ImportError, AttributeError):
+            continue
+        return not registry.is_registered_op('aten::unflatten', opset)
+    return True
+
+
 def provide_unflatten_below_opset13() -> bool:
-    """Register :func:`_unflatten_symbolic` for opsets 11 and 12, where
-    torch has none (its own serves opset 13 on; the exporter picks the
-    highest registered opset not above the target). Idempotent.
+    """Register :func:`_unflatten_symbolic` for opsets 11 and 12 where the
+    running torch has none (:func:`unflatten_symbolic_missing`; torch's own
+    serves opset 13 on, and the exporter picks the highest registered opset
+    not above the target). Idempotent.
 
     Returns:
         True if it was registered by this call.
@@ -172,11 +217,44 @@ def provide_unflatten_below_opset13() -> bool:
     with _lock:
         if 'aten::unflatten@11' in applied['symbolics']:
             return False
+        if not unflatten_symbolic_missing(11):
+            return False
         from torch.onnx import register_custom_op_symbolic
         for opset in (11, 12):
             register_custom_op_symbolic('aten::unflatten',
                                         _unflatten_symbolic, opset)
         applied['symbolics'].append('aten::unflatten@11')
+    return True
+
+
+def keep_fx_wraps_on_exit() -> bool:
+    """Make MMDeploy's ``FunctionRewriter.exit`` keep the ``torch.fx``
+    wraps registered while its context was open, where torch keeps them in
+    a dict (MMDeploy pops them as from a list: ``KeyError: -1``). On a
+    torch with the list nothing changes. Idempotent.
+
+    Returns:
+        True if MMDeploy's ``exit`` was wrapped by this call.
+    """
+    from torch.fx import _symbolic_trace
+    wrapped = _symbolic_trace._wrapped_fns_to_patch
+    if not isinstance(wrapped, dict):
+        return False
+    with _lock:
+        if applied['fx_wraps']:
+            return False
+        from mmdeploy.core.rewriters.function_rewriter import \
+            FunctionRewriter
+        restore = FunctionRewriter.exit
+
+        def exit(self: Any) -> None:
+            # what was added is the imported modules' own (see above)
+            self._ori_fx_wrap_num = len(wrapped)
+            restore(self)
+
+        exit.__doc__ = restore.__doc__
+        FunctionRewriter.exit = exit
+        applied['fx_wraps'] = True
     return True
 
 
@@ -225,6 +303,7 @@ def _apply(core: ModuleType) -> None:
     """The fixes, once ``mmdeploy.core`` is importable."""
     provide_removed_symbolics()
     provide_unflatten_below_opset13()
+    keep_fx_wraps_on_exit()
     register_mmdeploy_rewriters(core)
 
 
@@ -285,15 +364,15 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 def install_mmdeploy_fixes() -> str:
     """Apply the fixes now if ``mmdeploy.core`` is imported, else when it
-    is. Does nothing on a torch whose ``torch.onnx.export`` still defaults
-    to the TorchScript exporter (torch < 2.9).
+    is. Each fix applies only where the running torch needs it: the
+    exporter rewriter where ``torch.onnx.export`` defaults to the dynamo
+    exporter (torch >= 2.9), the removed symbolic helpers where they are
+    missing, the opset-11/12 ``aten::unflatten`` where torch has none
+    (checked when MMDeploy is imported: torch 2.1 and 2.14 both lack it).
 
     Returns:
-        ``'applied'``, ``'deferred'`` (the import hook is installed) or
-        ``'not needed'``.
+        ``'applied'`` or ``'deferred'`` (the import hook is installed).
     """
-    if not needs_torchscript_exporter():
-        return 'not needed'
     core = sys.modules.get('mmdeploy.core')
     if core is not None:
         _apply(core)

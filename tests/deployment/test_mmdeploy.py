@@ -514,3 +514,28 @@ def test_polapp_backbone_exports_at_opset_11(tmp_path):
     for r, g in zip(ref, got):
         scale = float(r.abs().max())
         assert float(np.abs(r.numpy() - g).max()) <= 1e-4 * scale
+
+
+def test_fx_wraps_made_inside_mmdeploys_context_survive_its_exit(tmp_path,
+                                                                 monkeypatch):
+    """A module imported for the first time while MMDeploy's rewriter
+    context is open that calls ``torch.fx.wrap`` (as mmpretrain's metrics
+    and torchvision's ops do, imported lazily by an export) no longer ends
+    the export with ``KeyError: -1``; its wrap is kept."""
+    from mmdeploy.core import RewriterContext
+    from torch.fx import _symbolic_trace
+
+    from pola_mm.deployment import mmdeploy_fixes
+    assert mmdeploy_fixes.applied['fx_wraps'] == isinstance(
+        _symbolic_trace._wrapped_fns_to_patch, dict)
+    (tmp_path / 'wraps_on_import.py').write_text(
+        'import torch.fx\n\n\ndef helper(x):\n    return x\n\n\n'
+        "torch.fx.wrap('helper')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with RewriterContext(cfg={}, backend='onnxruntime'):
+        import wraps_on_import
+    sys.modules.pop('wraps_on_import', None)
+    wrapped = _symbolic_trace._wrapped_fns_to_patch
+    if isinstance(wrapped, dict):
+        assert (id(wraps_on_import.__dict__), 'helper') in wrapped
+        del wrapped[(id(wraps_on_import.__dict__), 'helper')]
