@@ -43,6 +43,13 @@ the published total (``total`` of the formulas). Every
 is charged :func:`softmax_attention_flops`: its two products, the same as
 the explicit ``q @ k^T`` and ``attn @ v`` of the plain reference.
 
+A two-stage detector's RoI heads are counted on the RoIs of its test pass,
+as the published numbers are (:func:`published_rois`): every box head
+stage on the RPN's ``max_per_img`` proposals (1000), every mask head the
+test pass runs (all three of a cascade) on the ``max_per_img`` detections
+(100). ``compute=False`` counts without computing the matrix products and
+convolutions (zeros of their shapes): the same count, about twice as fast.
+
 mmengine's counter (``get_model_complexity_info``, used by the upstream
 ``get_flops.py`` tools) traces the model with ``torch.jit.trace``: it cannot
 see into custom autograd functions or C++ loops and has no handler for
@@ -73,7 +80,7 @@ from ..ops.position import resize_pos_table
 __all__ = [
     'FlopReport', 'FORMULAS', 'register_formula', 'polarity_attention_flops',
     'pacs_attention_flops', 'softmax_attention_flops', 'count_flops',
-    'count_params', 'model_complexity', 'format_report'
+    'count_params', 'model_complexity', 'published_rois', 'format_report'
 ]
 
 aten = torch.ops.aten
@@ -344,6 +351,39 @@ def _handlers() -> Dict[Any, Callable[[tuple, Any], int]]:
             if hasattr(aten, name)}
 
 
+#: aten ops a count with ``compute=False`` does not run (the matrix products,
+#: convolutions and fused attention, nearly all the time of a forward):
+#: their outputs are zeros of the shape and strides their meta kernels give.
+_SHAPE_ONLY = (
+    'mm', 'addmm', 'bmm', 'baddbmm', 'convolution', '_convolution',
+    '_scaled_dot_product_flash_attention_for_cpu',
+    '_scaled_dot_product_flash_attention',
+    '_scaled_dot_product_efficient_attention',
+    '_scaled_dot_product_cudnn_attention',
+    '_scaled_dot_product_fused_attention_overrideable')
+
+
+def _zeros_of_shape(func: Any, args: tuple, kwargs: dict) -> Any:
+    """What ``func(*args, **kwargs)`` returns, as zeros: the op runs on meta
+    tensors (shapes only) and its outputs are made real on the inputs'
+    device."""
+    from torch.utils._pytree import tree_leaves, tree_map
+    device = next((t.device for t in tree_leaves((args, kwargs))
+                   if isinstance(t, Tensor)), torch.device('cpu'))
+
+    def meta(t: Any) -> Any:
+        return t.to('meta') if isinstance(t, Tensor) else t
+
+    def real(t: Any) -> Any:
+        if not isinstance(t, Tensor):
+            return t
+        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype,
+                                   device=device).zero_()
+
+    return tree_map(real, func(*tree_map(meta, args),
+                               **tree_map(meta, kwargs)))
+
+
 # -- the counter -----------------------------------------------------------
 @dataclass
 class FlopReport:
@@ -362,20 +402,29 @@ class FlopReport:
         params: parameters per module name, each including its submodules.
         uncounted: aten ops seen but not charged (elementwise and
             data-movement ops, by convention) with how often they ran.
+        rois: for a two-stage detector counted by :func:`model_complexity`,
+            the RoIs per image its heads ran on: ``proposals`` (each box
+            head stage) and ``detections`` (each mask head), see
+            :func:`published_rois`; empty otherwise.
     """
     total: int = 0
     by_module: Dict[str, int] = field(default_factory=dict)
     by_op: Dict[str, int] = field(default_factory=dict)
     params: Dict[str, int] = field(default_factory=dict)
     uncounted: Dict[str, int] = field(default_factory=dict)
+    rois: Dict[str, int] = field(default_factory=dict)
 
 
 class _Counter(TorchDispatchMode):
     """Charges each aten op to the modules on the current call stack, and
     the calls of :data:`FORMULAS` by their formulas."""
 
-    def __init__(self, report: FlopReport, model: nn.Module) -> None:
+    def __init__(self, report: FlopReport, model: nn.Module,
+                 compute: bool = True) -> None:
         super().__init__()
+        self.shape_only = set() if compute else {
+            getattr(aten, name) for name in _SHAPE_ONLY
+            if hasattr(aten, name)}
         self.report = report
         self.stack: List[str] = ['']  # the root, however it is called
         self.modules = dict(model.named_modules())
@@ -409,7 +458,10 @@ class _Counter(TorchDispatchMode):
         self.report.by_module = by_module
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in self.shape_only:
+            out = _zeros_of_shape(func, args, kwargs or {})
+        else:
+            out = func(*args, **(kwargs or {}))
         if self.suppress:
             return out
         handler = self.handlers.get(func.overloadpacket)
@@ -514,7 +566,8 @@ def count_params(model: nn.Module) -> Dict[str, int]:
 
 
 def count_flops(model: nn.Module, forward: Callable[[], Any],
-                fast_paths: bool = False) -> FlopReport:
+                fast_paths: bool = False, compute: bool = True
+                ) -> FlopReport:
     """Count the FLOPs of ``forward()``, a call that runs ``model`` (or a
     part of it) once; see the module docstring for the convention.
 
@@ -526,12 +579,19 @@ def count_flops(model: nn.Module, forward: Callable[[], Any],
             while counting, every op runs its reference). The ops of
             :data:`FORMULAS` are charged by formula either way: their fast
             implementations are registered beside their references.
+        compute: False: do not compute the matrix products, convolutions
+            and fused attention (their outputs are zeros of the right shape
+            and strides, from their meta kernels), which is nearly all the
+            time a forward takes. The count is the same as long as no shape
+            depends on the values, as in classifiers, segmentors and
+            detectors counted by :func:`model_complexity` (whose RoI counts
+            are fixed, :func:`published_rois`); the outputs are meaningless.
 
     Returns:
         a :class:`FlopReport` (``params`` filled from ``model``).
     """
     report = FlopReport(params=count_params(model))
-    counter = _Counter(report, model)
+    counter = _Counter(report, model, compute=compute)
     paths = contextlib.nullcontext() if fast_paths else plain_paths()
     with paths, _tracked(model, counter), _formulas(counter), counter:
         forward()
@@ -557,25 +617,148 @@ def _fake_sample(scope: str, shape: Tuple[int, int]) -> Any:
     return None
 
 
-def model_complexity(cfg: Any, shape: Tuple[int, int],
-                     batch: int = 1) -> Tuple[nn.Module, FlopReport, str]:
+def _max_per_img(test_cfg: Any) -> Optional[int]:
+    """``max_per_img`` (``max_num`` in old configs) of a head's test
+    settings, or None."""
+    if test_cfg is None:
+        return None
+    for key in ('max_per_img', 'max_num'):
+        value = test_cfg.get(key) if hasattr(test_cfg, 'get') else None
+        if value:
+            return int(value)
+    return None
+
+
+def _first_per_image(rois: Tensor, n: int) -> Tuple[Tensor, Tensor]:
+    """The first ``n`` RoIs ``(k, 5)`` (``[image, x1, y1, x2, y2]``) of
+    each image, in order, and for every RoI the index of a kept RoI of its
+    image (itself if kept), to give results back in the caller's shape."""
+    keep, back = [], torch.zeros(len(rois), dtype=torch.long,
+                                 device=rois.device)
+    offset = 0
+    for i in torch.unique(rois[:, 0], sorted=True):
+        rows = torch.nonzero(rois[:, 0] == i).flatten()
+        kept = rows[:n]
+        keep.append(kept)
+        back[rows] = offset + torch.arange(
+            len(rows), device=rois.device) % len(kept)
+        offset += len(kept)
+    if not keep:
+        return rois, back
+    return rois[torch.cat(keep)], back
+
+
+@contextlib.contextmanager
+def published_rois(model: nn.Module) -> Iterator[Dict[str, int]]:
+    """While active, a two-stage mmdet detector's ``_forward`` runs its RoI
+    heads on as many RoIs as its test pass does at most, the convention of
+    the published FLOPs (mmdet's ``get_flops.py``, the Swin paper;
+    docs/flops.md):
+
+    - the RPN's proposals are exactly ``test_cfg.rpn.max_per_img`` per image
+      (1000 in mmdet's configs; the RPN's own proposals, cut or repeated to
+      that number, so that random weights do not change the count), and
+      every box head stage runs on them (cascade: each stage on the boxes
+      the previous one refined, as in ``predict``);
+    - every mask head the test pass runs (cascade: the mask head of each
+      stage, whose predictions ``predict_mask`` averages) runs on
+      ``test_cfg.rcnn.max_per_img`` RoIs per image (100): the final
+      detections, here the first proposals.
+
+    Post-processing (NMS, box decoding) is not counted, as before; masks
+    are not pasted in ``_forward``. Yields a dict filled with ``proposals``
+    and ``detections`` (per image; not more detections than proposals)
+    where they apply; a model without ``rpn_head`` / ``roi_head`` runs
+    unchanged.
+    """
+    used: Dict[str, int] = {}
+    patched: List[Tuple[nn.Module, str]] = []
+    rpn_head = getattr(model, 'rpn_head', None)
+    roi_head = getattr(model, 'roi_head', None)
+    proposals = _max_per_img(getattr(rpn_head, 'test_cfg', None))
+    detections = _max_per_img(getattr(roi_head, 'test_cfg', None))
+    if rpn_head is not None and proposals and hasattr(rpn_head, 'predict'):
+        predict = rpn_head.predict
+
+        @functools.wraps(predict)
+        def fixed_proposals(*args: Any, **kwargs: Any) -> Any:
+            results = predict(*args, **kwargs)
+            out = []
+            for res in results:
+                n, device = len(res), res.bboxes.device
+                if n == 0:  # no box at all: one box of the whole image
+                    h, w = res.metainfo.get('img_shape', (1, 1))[:2]
+                    res = type(res)(
+                        metainfo=res.metainfo,
+                        bboxes=torch.tensor([[0., 0., float(w), float(h)]],
+                                            device=device),
+                        scores=torch.ones(1, device=device),
+                        labels=torch.zeros(1, dtype=torch.long,
+                                           device=device))
+                    n = 1
+                out.append(res[torch.arange(proposals, device=device) % n])
+            return out
+
+        rpn_head.predict = fixed_proposals
+        patched.append((rpn_head, 'predict'))
+        used['proposals'] = proposals
+    if roi_head is not None and detections and \
+            getattr(roi_head, 'with_mask', False):
+        mask_forward = roi_head._mask_forward
+        signature = inspect.signature(mask_forward)
+
+        @functools.wraps(mask_forward)
+        def on_detections(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            rois = bound.arguments.get('rois')
+            if rois is None:
+                return mask_forward(*args, **kwargs)
+            kept, back = _first_per_image(rois, detections)
+            bound.arguments['rois'] = kept
+            results = mask_forward(*bound.args, **bound.kwargs)
+            if len(kept) == len(rois) or not isinstance(results, dict):
+                return results
+            # the caller (cascade's forward) splits the results by its
+            # proposals: one row per RoI again (copies, not counted)
+            return {k: v[back] if isinstance(v, Tensor) and v.dim()
+                    and v.shape[0] == len(kept) else v
+                    for k, v in results.items()}
+
+        roi_head._mask_forward = on_detections
+        patched.append((roi_head, '_mask_forward'))
+        used['detections'] = min(detections, proposals or detections)
+    try:
+        yield used
+    finally:
+        for module, name in patched:
+            delattr(module, name)  # the class's method again
+
+
+def model_complexity(cfg: Any, shape: Tuple[int, int], batch: int = 1,
+                     compute: bool = True
+                     ) -> Tuple[nn.Module, FlopReport, str]:
     """Build the model of an mmdet / mmseg / mmpretrain config and count one
     forward on a synthetic ``(batch, 3, H, W)`` input (no dataset, no
     weights loaded, eval mode).
 
     What runs is what mmdet's, mmseg's and mmpretrain's ``get_flops.py``
     run: a classifier's ``mode='tensor'`` forward (backbone, neck, head
-    logits); a detector's ``_forward`` with a synthetic data sample (RPN
-    proposals, box and mask heads as in its test pass, without
-    post-processing); a segmentor's ``_forward`` (backbone, neck, decode
-    head; the auxiliary head, unused at test time, is not run). The input
-    is used as given, no padding by the data preprocessor.
+    logits); a detector's ``_forward`` with a synthetic data sample,
+    without post-processing; a two-stage detector's RoI heads on the
+    RoIs of its test pass, as the published numbers count them
+    (:func:`published_rois`: every box head stage on the RPN's 1000
+    proposals, every mask head the test pass runs on the 100 detections);
+    a segmentor's ``_forward`` (backbone, neck, decode head; the auxiliary
+    head, unused at test time, is not run). The input is used as given, no
+    padding by the data preprocessor.
 
     Args:
         cfg: an :class:`mmengine.config.Config` with ``model`` and
             ``default_scope``.
         shape: ``(H, W)``.
         batch: images in the synthetic batch.
+        compute: False: shapes only for the products and convolutions
+            (:func:`count_flops`), the same count in about half the time.
 
     Returns:
         the model, its :class:`FlopReport`, and the kind of forward run
@@ -610,8 +793,11 @@ def model_complexity(cfg: Any, shape: Tuple[int, int],
         def forward():
             return model(x)
 
-    with torch.no_grad():
-        report = count_flops(model, forward)
+    rois = published_rois(model) if kind == 'detector' else \
+        contextlib.nullcontext({})
+    with torch.no_grad(), rois as used:
+        report = count_flops(model, forward, compute=compute)
+    report.rois = dict(used)
     return model, report, kind
 
 
@@ -634,6 +820,12 @@ def format_report(report: FlopReport, kind: str, shape: Tuple[int, int],
         flops = _fmt(report.by_module.get(name, 0), 'G')
         params = _fmt(report.params.get(name, 0), 'M')
         lines.append(f'{label:<14} {flops:>11} {params:>10}')
+    if report.rois:
+        lines.append('RoI heads: each box head stage on '
+                     f'{report.rois.get("proposals", "its")} proposals, each '
+                     f'mask head on {report.rois.get("detections", "its")} '
+                     'detections per image (the test pass at most; '
+                     'docs/flops.md)')
     for op, label in (('polarity_attention', 'polarity attention'),
                       ('pacs_attention', 'PaCS attention')):
         if report.by_op.get(op):

@@ -1,8 +1,10 @@
 """FLOPs and parameters: the polarity attention's formula against
 ``torch.utils.flop_counter.FlopCounterMode`` on the plain path, softmax
-attention (explicit and ``scaled_dot_product_attention``), and
+attention (explicit and ``scaled_dot_product_attention``),
 ``tools/analysis/get_flops.py`` on tiny classifier, detector and segmentor
-configs."""
+configs, two-stage RoI heads on the test pass's RoIs, shapes-only counts,
+and mmdet's Swin-T Mask R-CNN and Cascade Mask R-CNN against the Swin
+paper."""
 import importlib
 import importlib.util
 import json
@@ -241,6 +243,11 @@ def test_get_flops_tool(tmp_path, capsys, config, opts, shape, kind,
     assert sum(by_module[p] for p in parts) <= res['flops']
     if kind == 'detector':
         assert by_module['roi_head'] > 0 and by_module['rpn_head'] > 0
+        # the mask head on no more RoIs than there are proposals
+        assert res['rois'] == {'proposals': 20, 'detections': 20}
+        assert 'on 20 proposals' in text
+    else:
+        assert res['rois'] == {}
     if kind == 'segmentor':
         assert by_module['decode_head'] > 0
     if backbone is not None:
@@ -363,3 +370,122 @@ def test_any_registered_function_is_charged_its_own_formula(monkeypatch):
     assert report.by_op == {'my_attention': 1234 * 2 * 5}
     assert report.by_module[''] == report.total == 1234 * 2 * 5
     assert globals()['my_attention'] is my_attention  # itself again
+
+
+# -- two-stage detectors: the RoIs of the test pass ---------------------------
+def _config(path, opts=()):
+    """A config (ours, or ``mmdet::...``) with ``--cfg-options`` applied, as
+    get_flops.py reads it."""
+    from pola_mm.tools.runner import load_config
+    tool = _get_flops_tool()
+    args = tool.parse_args([path, '--cfg-options', *opts] if opts else
+                           [path])
+    return load_config(tool.resolve_config(args.config), args.cfg_options)
+
+
+TINY_DET_OPTS = SWIN_OPTS + ['model.neck.in_channels=[16,32,64,128]',
+                             'model.test_cfg.rpn.max_per_img=20',
+                             'model.test_cfg.rcnn.max_per_img=5']
+
+
+def _per_roi(head, size: int) -> int:
+    """FLOPs of a box or mask head on one RoI feature (256 x size x size)."""
+    x = torch.randn(1, 256, size, size)
+    with torch.no_grad():
+        return count_flops(head, lambda: head(x)).total
+
+
+@pytest.mark.parametrize('config,stages,batch', [
+    ('mask_rcnn_pola_swin_t.py', 1, 1),
+    ('cascade_mask_rcnn_pola_swin_t.py', 3, 2)])
+def test_roi_heads_run_on_the_test_pass_rois(config, stages, batch):
+    """Every box head stage runs on the RPN's ``test_cfg.rpn.max_per_img``
+    proposals per image and every mask head (the three of a cascade, as
+    mmdet's ``predict_mask`` runs and averages them) on
+    ``test_cfg.rcnn.max_per_img`` detections per image, nothing more:
+    the RoI head costs exactly that many times its heads' cost per RoI."""
+    from pola_mm.analysis.flops import model_complexity
+    cfg = _config(osp.join(REPO, 'configs', config), TINY_DET_OPTS)
+    model, report, kind = model_complexity(cfg, (96, 128), batch=batch)
+    assert kind == 'detector'
+    assert report.rois == {'proposals': 20, 'detections': 5}
+    roi_head = model.roi_head
+    expected = 0
+    for i in range(stages):
+        box = roi_head.bbox_head[i] if stages > 1 else roi_head.bbox_head
+        mask = roi_head.mask_head[i] if stages > 1 else roi_head.mask_head
+        suffix = f'.{i}' if stages > 1 else ''
+        box_flops = batch * 20 * _per_roi(box, 7)
+        mask_flops = batch * 5 * _per_roi(mask, 14)
+        assert report.by_module['roi_head.bbox_head' + suffix] == box_flops
+        assert report.by_module['roi_head.mask_head' + suffix] == mask_flops
+        expected += box_flops + mask_flops
+    assert report.by_module['roi_head'] == expected  # RoIAlign: not counted
+    # the model's own methods again after the count
+    assert 'predict' not in vars(model.rpn_head)
+    assert '_mask_forward' not in vars(roi_head)
+
+
+@pytest.mark.parametrize('config,opts,shape', [
+    ('pola_pvt_t_in1k.py', PVT_OPTS + ['model.head.in_channels=64'],
+     (64, 96)),
+    ('cascade_mask_rcnn_pola_swin_t.py', TINY_DET_OPTS, (96, 128)),
+    ('sem_fpn_pola_pvt_t_ade20k.py',
+     PVT_OPTS + ['model.neck.in_channels=[16,32,32,64]'], (64, 64))])
+def test_shapes_only_count_is_the_computed_count(config, opts, shape):
+    """``compute=False`` (products and convs not computed, zeros of their
+    shape) counts exactly what the computed forward counts."""
+    from pola_mm.analysis.flops import model_complexity
+    cfg = _config(osp.join(REPO, 'configs', config), opts)
+    _, computed, _ = model_complexity(cfg, shape)
+    _, shapes_only, _ = model_complexity(cfg, shape, compute=False)
+    assert computed.total > 0
+    assert shapes_only.by_module == computed.by_module
+    assert shapes_only.by_op == computed.by_op
+    assert shapes_only.rois == computed.rois
+
+
+def _cascade_swin_t():
+    """Cascade Mask R-CNN Swin-T as the Swin paper counts it: mmdet's own
+    Cascade Mask R-CNN with mmdet's Swin-T backbone (as in mmdet's Mask
+    R-CNN Swin-T config) and the Swin detection recipe's box heads: 4
+    shared 3x3 convs (SyncBN) + 1 fc in each stage, class-specific GIoU
+    regression."""
+    cfg = _config('mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py')
+    swin = _config('mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py')
+    cfg.model.backbone = swin.model.backbone
+    cfg.model.neck.in_channels = swin.model.neck.in_channels
+    heads = []
+    for head in cfg.model.roi_head.bbox_head:
+        head = dict(head, type='Shared4Conv1FCBBoxHead',
+                    conv_out_channels=256,
+                    norm_cfg=dict(type='SyncBN', requires_grad=True),
+                    reg_class_agnostic=False, reg_decoded_bbox=True,
+                    loss_bbox=dict(type='GIoULoss', loss_weight=10.0))
+        heads.append(head)
+    cfg.model.roi_head.bbox_head = heads
+    return cfg
+
+
+#: The Swin paper's Swin-T detectors on COCO at 1280 x 800 (GFLOPs,
+#: M parameters): Mask R-CNN 264 G, 48 M; Cascade Mask R-CNN 745 G, 86 M.
+SWIN_PAPER = {'mask_rcnn': (264, 48), 'cascade_mask_rcnn': (745, 86)}
+
+
+def test_published_swin_t_detectors_reproduced():
+    """mmdet's own Mask R-CNN Swin-T config and Cascade Mask R-CNN Swin-T
+    at 1280 x 800 count within 3% of the Swin paper's FLOPs and parameters
+    (FLOPs without computing the products: see the test above)."""
+    from pola_mm.analysis.flops import model_complexity
+    configs = {
+        'mask_rcnn': _config(
+            'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'),
+        'cascade_mask_rcnn': _cascade_swin_t()}
+    for name, cfg in configs.items():
+        _, report, kind = model_complexity(cfg, (800, 1280), compute=False)
+        assert kind == 'detector'
+        assert report.rois == {'proposals': 1000, 'detections': 100}
+        flops, params = SWIN_PAPER[name]
+        assert report.total / 1e9 == pytest.approx(flops, rel=0.03), name
+        assert report.params[''] / 1e6 == pytest.approx(params, rel=0.03), \
+            name

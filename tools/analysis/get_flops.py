@@ -2,11 +2,13 @@
 """Parameters and FLOPs of the model of a config, on a synthetic input.
 
     python tools/analysis/get_flops.py CONFIG [--shape H W] \
-        [--cfg-options K=V ...] [--json FILE]
+        [--cfg-options K=V ...] [--json FILE] [--shapes-only]
 
 Works for mmpretrain classifiers, mmdet detectors and mmseg segmentors (no
 dataset, no checkpoint needed). 1 FLOP = 1 multiply-add; the polarity
-attention is counted by its formula (docs/flops.md). Examples::
+attention is counted by its formula; a two-stage detector's box heads on
+the RPN's test proposals (1000) and its mask heads on the test detections
+(100), as the published numbers (docs/flops.md). Examples::
 
     python tools/analysis/get_flops.py configs/pola_swin_t_in1k.py
     python tools/analysis/get_flops.py configs/mask_rcnn_pola_swin_t.py \
@@ -41,6 +43,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         'model.backbone.arch.embed_dims=16 ...')
     parser.add_argument('--json', metavar='FILE',
                         help='also write the counts (per module) here')
+    parser.add_argument('--shapes-only', action='store_true',
+                        help='do not compute the matrix products and convs '
+                        '(zeros of their shapes): the same count, several '
+                        'times faster')
     return parser.parse_args(argv)
 
 
@@ -78,7 +84,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     from pola_mm.tools.runner import ToolError, load_config
     try:
         cfg = load_config(resolve_config(args.config), args.cfg_options)
-        _, report, kind = model_complexity(cfg, shape)
+        _, report, kind = model_complexity(cfg, shape,
+                                           compute=not args.shapes_only)
     except (ToolError, ValueError) as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 2
@@ -87,7 +94,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open(args.json, 'w') as f:
             json.dump(dict(config=args.config, shape=list(shape), kind=kind,
                            flops=report.total, by_module=report.by_module,
-                           by_op=report.by_op, params=report.params), f,
+                           by_op=report.by_op, params=report.params,
+                           rois=report.rois), f,
                       indent=1)
     return 0
 

@@ -17,8 +17,11 @@ techniques (optimiser, gradient clipping, mixed precision, EMA) and
 architecture. FLOPs (1 FLOP = 1 multiply-add) and parameters are pola_mm's
 counter, ``tools/analysis/get_flops.py``, on one synthetic image of the
 size in ``FLOPs Input``: classifiers at their test crop, detectors at
-800 x 1280, segmentors at their crop size (docs/flops.md). Counting all
-configs takes several minutes on 2 CPU cores.
+800 x 1280 (two-stage RoI heads on the test pass's 1000 proposals and 100
+detections, as the published numbers), segmentors at their crop size
+(docs/flops.md). The counts skip computing the products and convs
+(``get_flops.py --shapes-only``, the same numbers); counting all configs
+takes a few minutes on 2 CPU cores.
 
 Results are the authors' reported numbers (:data:`AUTHORS_RESULTS`, with
 their sources), each marked by a ``Note``; pola_mm trained none of these
@@ -228,7 +231,8 @@ def architecture_of(cfg) -> List[str]:
 # -- counting ---------------------------------------------------------------
 def count(name: str, cfg=None) -> Dict[str, Any]:
     """FLOPs and parameters of ``configs/<name>.py`` by
-    ``tools/analysis/get_flops.py`` (its ``--json`` output)."""
+    ``tools/analysis/get_flops.py`` (its ``--json`` output; with
+    ``--shapes-only``, the same count without computing the products)."""
     import importlib.util
     if cfg is None:
         cfg = load(name)
@@ -241,7 +245,8 @@ def count(name: str, cfg=None) -> Dict[str, Any]:
         out = osp.join(tmp, 'counts.json')
         with contextlib.redirect_stdout(io.StringIO()):  # its report
             code = tool.main([osp.join(CONFIG_DIR, name + '.py'), '--shape',
-                              str(h), str(w), '--json', out])
+                              str(h), str(w), '--json', out,
+                              '--shapes-only'])
         if code != 0:
             raise RuntimeError(f'get_flops.py failed on {name} ({code})')
         with open(out) as f:
