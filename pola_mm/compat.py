@@ -54,7 +54,8 @@ from mmengine.registry import MODEL_WRAPPERS
 from mmengine.runner import Runner
 from torch.nn.parallel import DistributedDataParallel
 
-from .fileio.allow_list import runner_checkpoint_safe_globals
+from .fileio.allow_list import (runner_checkpoint_safe_globals,
+                                torch_takes_safe_globals)
 
 __all__ = [
     'allow_runner_checkpoints', 'runner_checkpoint_safe_globals',
@@ -68,15 +69,16 @@ def allow_runner_checkpoints() -> bool:
 
     Adds :func:`runner_checkpoint_safe_globals` to torch's allow-list; no-op
     on torch without ``add_safe_globals`` (< 2.4, where loading is not
-    weights-only by default). Idempotent.
+    weights-only by default, and where pola_mm's own loader,
+    :func:`pola_mm.fileio.load_checkpoint_file`, reads Runner checkpoints
+    with the same allow-list through its restricted unpickler). Idempotent.
 
     Returns:
         True if the allow-list was extended.
     """
-    serialization = torch.serialization
-    if not hasattr(serialization, 'add_safe_globals'):
+    if not torch_takes_safe_globals():
         return False
-    serialization.add_safe_globals(runner_checkpoint_safe_globals())
+    torch.serialization.add_safe_globals(runner_checkpoint_safe_globals())
     return True
 
 

@@ -139,22 +139,119 @@ class _ReachesAttr:
         return (getattr, (HistoryBuffer, '__init__'))
 
 
+def _runner_loads() -> list:
+    """The loaders that read Runner checkpoints with pola_mm's allow-list on
+    this torch: pola_mm's Runner unpickler (every torch; what
+    load_checkpoint_file uses below torch 2.4), and torch's weights-only
+    loader where it takes an allow-list (torch >= 2.4)."""
+    from pola_mm.fileio.allow_list import torch_takes_safe_globals
+    from pola_mm.fileio.unpickler import runner_pickle_module
+    loads = [lambda f: torch.load(f, map_location='cpu', weights_only=False,
+                                  pickle_module=runner_pickle_module())]
+    if torch_takes_safe_globals():
+        loads.append(lambda f: torch.load(f, map_location='cpu',
+                                          weights_only=True))
+    return loads
+
+
+#: how a pickled ``open`` is named (``io.open`` by CPython's pickler)
+OPEN = r'\b(io|builtins)\.open\b'
+
+
 def test_weights_only_still_refuses_pickled_code(tmp_path):
     import pola_mm.compat  # noqa: F401
     from mmengine.runner import load_checkpoint
+
+    from pola_mm.fileio import CheckpointFileError, load_checkpoint_file
     marker = tmp_path / 'pwned'
     evil = tmp_path / 'evil.pth'
     torch.save({'state_dict': {}, 'meta': _RunsCode(str(marker))}, evil)
-    with pytest.raises(pickle.UnpicklingError):
-        torch.load(evil)
-    with pytest.raises(pickle.UnpicklingError):
-        load_checkpoint(torch.nn.Linear(1, 1), str(evil))
+    for load in _runner_loads():
+        with pytest.raises(pickle.UnpicklingError, match=OPEN):
+            load(evil)
+    # the tools' loader (every torch)
+    with pytest.raises(CheckpointFileError, match='pickles ' + OPEN):
+        load_checkpoint_file(str(evil), allow_inert=False)
+    if TORCH_2_6:  # weights-only is torch's default, mmengine's loads too
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(evil)
+        with pytest.raises(pickle.UnpicklingError):
+            load_checkpoint(torch.nn.Linear(1, 1), str(evil))
     assert not marker.exists()
     # the getattr stand-in only hands out HistoryBuffer statistics methods
     sneaky = tmp_path / 'sneaky.pth'
     torch.save({'x': _ReachesAttr()}, sneaky)
-    with pytest.raises(pickle.UnpicklingError, match='refusing getattr'):
-        torch.load(sneaky)
+    for load in _runner_loads():
+        with pytest.raises(pickle.UnpicklingError, match='refusing getattr'):
+            load(sneaky)
+
+
+def _same(a, b) -> None:
+    """Two loaded checkpoints hold the same values (tensors, numpy values,
+    HistoryBuffers compared by their contents)."""
+    import numpy as np
+    from mmengine.logging import HistoryBuffer
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for key in a:
+            _same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, (np.ndarray, np.generic)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    elif isinstance(a, HistoryBuffer):
+        _same(a.__getstate__(), b.__getstate__())
+    else:
+        assert a == b, (a, b)
+
+
+def test_runner_unpickler_reads_what_torch_reads(trained):
+    """pola_mm's Runner unpickler (pola_mm.fileio.unpickler) reads a real
+    Runner checkpoint as torch's own loader does: the same tensors, numpy
+    values and HistoryBuffers; on torch >= 2.4 also as the weights-only
+    loader with pola_mm's allow-list."""
+    from mmengine.logging import HistoryBuffer
+    path = trained / 'iter_4.pth'
+    plain = torch.load(path, map_location='cpu', weights_only=False)
+    for load in _runner_loads():
+        got = load(path)
+        _same(got, plain)
+        buf = got['message_hub']['log_scalars']['train/loss']
+        assert isinstance(buf, HistoryBuffer) and buf.mean() > 0
+
+
+def test_tools_loader_without_torchs_allow_list(trained, monkeypatch):
+    """Where torch's weights-only loader takes no allow-list (torch < 2.4:
+    no add_safe_globals), the tools' loader reads Runner checkpoints with
+    pola_mm's Runner unpickler. Below torch 2.4 this is the real path; on a
+    newer torch it is made so by clearing torch's allow-list and hiding it
+    from pola_mm for this test."""
+    from pola_mm.fileio import load_checkpoint_file, safe_load
+    from pola_mm.fileio.allow_list import torch_takes_safe_globals
+    serialization = torch.serialization
+    assert torch_takes_safe_globals() == hasattr(serialization,
+                                                 'add_safe_globals')
+    saved = None
+    if torch_takes_safe_globals():
+        saved = serialization.get_safe_globals()
+        serialization.clear_safe_globals()
+        monkeypatch.setattr(safe_load, 'torch_takes_safe_globals',
+                            lambda: False)
+    try:
+        path = str(trained / 'iter_4.pth')
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(path, map_location='cpu', weights_only=True)
+        ckpt = load_checkpoint_file(path, allow_inert=False)
+    finally:
+        if saved is not None:
+            serialization.clear_safe_globals()
+            serialization.add_safe_globals(saved)
+    _same(ckpt, torch.load(path, map_location='cpu', weights_only=False))
 
 
 def test_setup_cpu_distributed_only_without_cuda():

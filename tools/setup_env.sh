@@ -19,13 +19,29 @@
 #
 # A stamp keyed by the hash of the requirement files and of this script makes a
 # second run return in seconds; delete .venv/ (or the stamp) to start over.
+#
+# Parameters (environment; the defaults build .venv as above):
+#   POLA_MM_VENV          the folder of the environment (default .venv)
+#   POLA_MM_TORCH         the torch/torchvision to install (step 3)
+#   POLA_MM_SELF_INSTALL  editable (default): step 8 as above; none: pola_mm
+#                         is not installed (tools/setup_compat_env.sh builds
+#                         the compatibility environments this way, and
+#                         installs pola_mm from a wheel before each run)
+#   PIP_CONSTRAINT        pip's own: a constraints file for every pip call
+#                         (the compatibility stacks pin torch and numpy so)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-VENV=.venv
+VENV=${POLA_MM_VENV:-.venv}
 PY="$VENV/bin/python"
 STAMP="$VENV/.pola_mm_setup_stamp"
 TORCH_SPEC=${POLA_MM_TORCH:-"torch==2.14.1 torchvision==0.29.1"}
+SELF_INSTALL=${POLA_MM_SELF_INSTALL:-editable}
+case "$SELF_INSTALL" in
+  editable|none) ;;
+  *) echo "[setup] ERROR: POLA_MM_SELF_INSTALL=$SELF_INSTALL (editable or none)" >&2
+     exit 2 ;;
+esac
 
 log() { echo "[setup $(date +%H:%M:%S)] $*"; }
 
@@ -34,17 +50,25 @@ hash_inputs() {
     tools/setup_env.sh tools/install_mmcv.py | sha256sum | cut -c1-16
 }
 want=$(hash_inputs)
+if [ "$VENV" != .venv ] || [ "$SELF_INSTALL" != editable ]; then
+  # another environment: its stamp also records what it was built with
+  want=$(printf '%s|%s|%s|%s' "$want" "$TORCH_SPEC" "$SELF_INSTALL" \
+         "${PIP_CONSTRAINT:-}" | sha256sum | cut -c1-16)
+fi
 
 # the fast path: a cheap check (no heavy imports) that the stamped packages
 # are still installed, that pola_mm is this checkout and that its start-up
 # hook ran
 installed() {
-  "$PY" -I - "$PWD" <<'EOF' 2>/dev/null
+  "$PY" -I - "$PWD" "$SELF_INSTALL" <<'EOF' 2>/dev/null
 import importlib.metadata as md, importlib.util, os, sys
 for name in ('torch', 'torchvision', 'mmengine', 'mmcv', 'mmdet',
              'mmsegmentation', 'mmpretrain', 'timm', 'pytest', 'mmdeploy',
-             'openmim', 'pola_mm'):
+             'openmim'):
     md.version(name)
+if sys.argv[2] == 'none':
+    sys.exit(0)
+md.version('pola_mm')
 spec = importlib.util.find_spec('pola_mm')
 assert spec is not None and os.path.realpath(spec.origin).startswith(
     os.path.realpath(sys.argv[1]) + os.sep)
@@ -53,7 +77,7 @@ EOF
 }
 if [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] &&
    installed; then
-  log ".venv is up to date (delete $STAMP to force a refresh)"
+  log "$VENV is up to date (delete $STAMP to force a refresh)"
   exit 0
 fi
 
@@ -113,6 +137,13 @@ pip_install --no-deps -r requirements/mmdeploy.txt
 log "openmim 0.3.9 without opendatalab (requirements/mim.txt)"
 pip_install --no-deps -r requirements/mim.txt
 
+if [ "$SELF_INSTALL" = none ]; then
+  log "pola_mm not installed here (POLA_MM_SELF_INSTALL=none)"
+  "$PY" -I -c "import mmcv.ops, mmdet, mmseg, mmpretrain, timm" || {
+    echo "[setup] ERROR: the environment was built but the imports above fail" >&2
+    exit 1
+  }
+else
 log "pola_mm (editable, with its start-up hook pola_mm_startup.pth)"
 if ! pip_install -e . --no-deps --no-build-isolation > "$VENV/pola_mm_install.log" 2>&1; then
   cat "$VENV/pola_mm_install.log" >&2
@@ -131,5 +162,6 @@ venv_python="$PWD/$PY"
   echo "[setup] ERROR: pola_mm_startup.pth did not run (see $VENV/pola_mm_install.log)" >&2
   exit 1
 }
+fi
 echo "$want" > "$STAMP"
 log "environment ready in $((SECONDS - start)) s"

@@ -8,14 +8,18 @@ Two loaders read it:
   checkpoint needs beyond torch's defaults);
 - pola_mm's restricted unpickler (:mod:`pola_mm.fileio.unpickler`), which
   takes :func:`numpy_globals` and wraps the two numpy functions in checks of
-  their arguments.
+  their arguments; on a torch whose weights-only loader takes no allow-list
+  (< 2.4, :func:`torch_takes_safe_globals`), its Runner mode
+  (``runner_pickle_module``) takes :func:`runner_checkpoint_safe_globals`
+  too and reads Runner checkpoints in torch's place.
 
 Both take numpy from :func:`numpy_globals`, the one list of numpy names.
 """
 import pickle
 from typing import Any, Callable, Dict, List, Tuple, Union
 
-__all__ = ['NUMPY_DTYPES', 'numpy_globals', 'runner_checkpoint_safe_globals']
+__all__ = ['NUMPY_DTYPES', 'numpy_globals', 'runner_checkpoint_safe_globals',
+           'torch_takes_safe_globals']
 
 #: numpy dtypes a checkpoint may hold as arrays or scalars (log values,
 #: counts, accuracies).
@@ -27,6 +31,20 @@ NUMPY_DTYPES: Tuple[str, ...] = (
 #: writes ``numpy._core.multiarray``, numpy 1 wrote ``numpy.core.multiarray``.
 NUMPY_MULTIARRAY_MODULES: Tuple[str, ...] = (
     'numpy._core.multiarray', 'numpy.core.multiarray')
+
+
+def torch_takes_safe_globals() -> bool:
+    """Whether torch's weights-only loader takes an allow-list
+    (``torch.serialization.add_safe_globals``, torch >= 2.4).
+
+    Where it does, :func:`pola_mm.compat.allow_runner_checkpoints` adds
+    :func:`runner_checkpoint_safe_globals` to it; where it does not,
+    :func:`pola_mm.fileio.load_checkpoint_file` reads the files torch's
+    loader refuses with :func:`pola_mm.fileio.unpickler.runner_pickle_module`
+    (the same allow-list). Checked on the running torch, not on its version.
+    """
+    import torch
+    return hasattr(torch.serialization, 'add_safe_globals')
 
 
 def numpy_globals() -> Dict[Tuple[str, str], Any]:

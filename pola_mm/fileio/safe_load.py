@@ -23,8 +23,9 @@ import torch
 from mmengine.logging import print_log
 from torch import Tensor
 
+from .allow_list import torch_takes_safe_globals
 from .unpickler import (InertObject, UnpicklingRefused, inert_names,
-                        inert_pickle_module)
+                        inert_pickle_module, runner_pickle_module)
 
 __all__ = ['CheckpointFileError', 'load_checkpoint_file', 'summarise_keys',
            'weights_key']
@@ -116,7 +117,11 @@ def load_checkpoint_file(filename: str,
                          allow_inert: bool = True) -> Dict[str, Any]:
     """Load a checkpoint file without ever running code from it.
 
-    First ``torch.load(weights_only=True)``. If torch refuses the file (e.g.
+    First ``torch.load(weights_only=True)``; on a torch whose weights-only
+    loader takes no allow-list (< 2.4), a file it refuses is read by
+    pola_mm's Runner unpickler instead, which reads exactly what torch >= 2.4
+    reads with pola_mm's allow-list (Runner checkpoints) and refuses the
+    rest. If the file is still refused (e.g.
     the authors' training checkpoints, which pickle their yacs ``CfgNode``
     under ``'config'``), it is read again by an unpickler that resolves only
     an allow-list (tensor rebuilding, storages, ``OrderedDict``, numpy
@@ -182,9 +187,25 @@ def _load_file(path: str, filename: str, map_location: Any,
         except CheckpointFileError:
             raise
         except Exception as err:  # refused by the weights-only unpickler
+            f.seek(0)
+            if isinstance(err, pickle.UnpicklingError) and \
+                    not torch_takes_safe_globals():
+                # torch < 2.4: its weights-only loader takes no allow-list
+                # (pola_mm.compat cannot extend it), so what it would read
+                # with the allow-list is read by pola_mm's Runner unpickler
+                try:
+                    return _checked(
+                        torch.load(f, map_location=map_location,
+                                   weights_only=False,
+                                   pickle_module=runner_pickle_module()),
+                        filename, None)
+                except CheckpointFileError:
+                    raise
+                except Exception as runner_err:
+                    err = runner_err
+                    f.seek(0)
             if not allow_inert:
                 _refuse_weights_only(filename, err)
-            f.seek(0)
         record: Dict[str, int] = {}
         try:
             checkpoint = torch.load(

@@ -13,17 +13,19 @@ import _compat_pickle
 import functools
 import pickle
 import types
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, NoReturn,
                     Optional, Tuple)
 
 import torch
 from torch import Tensor
 
-from .allow_list import NUMPY_MULTIARRAY_MODULES, numpy_globals
+from .allow_list import (NUMPY_MULTIARRAY_MODULES, numpy_globals,
+                         runner_checkpoint_safe_globals)
 
 __all__ = ['InertObject', 'UnpicklingRefused', 'allowed_globals',
-           'inert_pickle_module', 'inert_names']
+           'inert_pickle_module', 'inert_names', 'runner_checkpoint_globals',
+           'runner_pickle_module']
 
 
 class InertObject:
@@ -289,11 +291,11 @@ def allowed_globals() -> Dict[Tuple[str, str], Any]:
     return table
 
 
-def inert_pickle_module(record: Dict[str, int]) -> types.ModuleType:
-    """A ``pickle_module`` for ``torch.load`` whose unpickler resolves only
-    allow-listed globals; every other global becomes an :class:`InertObject`
-    subclass (counted in ``record``), so loading executes nothing."""
-    classes: Dict[str, type] = {}
+def _pickle_module(name: str, table: Mapping[Tuple[str, str], Any],
+                   other: Callable[[str], Any]) -> types.ModuleType:
+    """A ``pickle_module`` for ``torch.load`` whose unpickler resolves the
+    globals of ``table`` and hands every other ``'module.name'`` to
+    ``other`` (which returns a stand-in or raises)."""
 
     class Unpickler(pickle.Unpickler):
 
@@ -302,27 +304,81 @@ def inert_pickle_module(record: Dict[str, int]) -> types.ModuleType:
                 module, name = _compat_pickle.NAME_MAPPING[module, name]
             else:
                 module = _compat_pickle.IMPORT_MAPPING.get(module, module)
-            allowed = allowed_globals().get((module, name))
+            allowed = table.get((module, name))
             if allowed is not None:
                 return allowed
-            qualname = f'{module}.{name}'
-            record[qualname] = record.get(qualname, 0) + 1
-            if qualname not in classes:
-                classes[qualname] = type('InertObject', (InertObject, ), {
-                    'inert_global': qualname,
-                    '__module__': __name__,
-                    '__qualname__': 'InertObject'
-                })
-            return classes[qualname]
+            return other(f'{module}.{name}')
 
     def load(file: Any, **kwargs: Any) -> Any:
         return Unpickler(file, **kwargs).load()
 
-    module = types.ModuleType('pola_mm_inert_pickle')
+    module = types.ModuleType(name)
     module.Unpickler = Unpickler
     module.load = load
     module.UnpicklingError = pickle.UnpicklingError
     return module
+
+
+def inert_pickle_module(record: Dict[str, int]) -> types.ModuleType:
+    """A ``pickle_module`` for ``torch.load`` whose unpickler resolves only
+    allow-listed globals; every other global becomes an :class:`InertObject`
+    subclass (counted in ``record``), so loading executes nothing."""
+    classes: Dict[str, type] = {}
+
+    def stand_in(qualname: str) -> type:
+        record[qualname] = record.get(qualname, 0) + 1
+        if qualname not in classes:
+            classes[qualname] = type('InertObject', (InertObject, ), {
+                'inert_global': qualname,
+                '__module__': __name__,
+                '__qualname__': 'InertObject'
+            })
+        return classes[qualname]
+
+    return _pickle_module('pola_mm_inert_pickle', allowed_globals(),
+                          stand_in)
+
+
+@functools.lru_cache(maxsize=None)
+def runner_checkpoint_globals() -> Dict[Tuple[str, str], Any]:
+    """:func:`allowed_globals` plus what an mmengine Runner checkpoint needs
+    beyond it: ``collections.Counter`` (which torch's own weights-only list
+    holds from 2.4 on) and, from pola_mm's one allow-list
+    (:func:`~pola_mm.fileio.allow_list.runner_checkpoint_safe_globals`),
+    ``HistoryBuffer`` and the ``getattr`` stand-in that hands out its
+    statistics methods only. numpy keeps the checked constructors of
+    :func:`allowed_globals`."""
+    table = dict(allowed_globals())
+    # in torch's own weights-only list (>= 2.4), not in 2.1's: the
+    # milestones of mmengine's MultiStepParamScheduler
+    table['collections', 'Counter'] = Counter
+    for entry in runner_checkpoint_safe_globals():
+        obj, qualname = entry if isinstance(entry, tuple) else (
+            entry, f'{entry.__module__}.{entry.__qualname__}')
+        module, name = qualname.rsplit('.', 1)
+        if (module, name) not in table:
+            table[module, name] = obj if isinstance(obj, type) else \
+                _SafeCallable(obj, qualname)
+    return table
+
+
+def runner_pickle_module() -> types.ModuleType:
+    """A ``pickle_module`` for ``torch.load`` that reads what torch's
+    weights-only loader reads once :mod:`pola_mm.compat` has extended it
+    (:func:`runner_checkpoint_globals`) and refuses every other global
+    (:class:`UnpicklingRefused`, ``Unsupported global: GLOBAL module.name``,
+    as torch words it): nothing outside the allow-list is resolved or run.
+
+    For a torch whose weights-only loader takes no allow-list (< 2.4, no
+    ``torch.serialization.add_safe_globals``), where
+    :func:`pola_mm.fileio.load_checkpoint_file` reads Runner checkpoints
+    with it."""
+
+    def refuse(qualname: str) -> NoReturn:
+        _refuse(f'Unsupported global: GLOBAL {qualname}')
+
+    return _pickle_module('pola_mm_runner_pickle', runner_checkpoint_globals(),
+                          refuse)
 
 
 def inert_names(obj: Any, limit: int = 100000) -> List[str]:
