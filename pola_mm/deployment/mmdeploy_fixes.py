@@ -76,7 +76,8 @@ from mmengine.logging import print_log
 
 __all__ = [
     'needs_torchscript_exporter', 'provide_removed_symbolics',
-    'unflatten_symbolic_missing', 'provide_unflatten_below_opset13', 'keep_fx_wraps_on_exit',
+    'unflatten_symbolic_missing', 'provide_unflatten_below_opset13',
+    'keep_fx_wraps_on_exit',
     'register_mmdeploy_rewriters', 'install_mmdeploy_fixes', 'applied'
 ]
 
