@@ -103,19 +103,24 @@ def test_tools_report_missing_files(tmp_path):
     assert 'config file not found' in proc.stderr
 
 
-@pytest.mark.skipif(not TORCH_2_6, reason='weights_only is the default '
-                    'from torch 2.6')
 def test_runner_checkpoint_needs_compat(trained):
-    """Without pola_mm.compat torch refuses a Runner checkpoint; with it,
-    it loads."""
+    """Without pola_mm torch's weights-only loader (torch's default from
+    2.6) refuses a Runner checkpoint; with pola_mm.compat torch's loader
+    reads it where it takes an allow-list (torch >= 2.4), and pola_mm's
+    own loader (the tools') reads it on every torch."""
     ckpt = str(trained / 'iter_2.pth')
-    plain = run(['-c', f'import torch; torch.load({ckpt!r})'], cwd=trained,
-                check=False)
+    load = f'torch.load({ckpt!r})' if TORCH_2_6 else \
+        f'torch.load({ckpt!r}, weights_only=True)'
+    plain = run(['-c', f'import torch; {load}'], cwd=trained, check=False)
     assert plain.returncode != 0
     assert 'UnpicklingError' in plain.stderr
     with_compat = run([
-        '-c', 'import torch, pola_mm.compat; '
-        f'c = torch.load({ckpt!r}); '
+        '-c', 'import torch, pola_mm.compat\n'
+        'from pola_mm.fileio import load_checkpoint_file\n'
+        'if pola_mm.compat.allow_runner_checkpoints():\n'
+        f'    c = {load}\n'
+        'else:\n'
+        f'    c = load_checkpoint_file({ckpt!r}, allow_inert=False)\n'
         "print(c['message_hub']['log_scalars']['train/loss'].mean())"
     ], cwd=trained)
     assert float(with_compat.stdout.strip().splitlines()[-1]) > 0

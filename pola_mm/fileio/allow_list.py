@@ -15,6 +15,7 @@ Two loaders read it:
 
 Both take numpy from :func:`numpy_globals`, the one list of numpy names.
 """
+import importlib
 import pickle
 from typing import Any, Callable, Dict, List, Tuple, Union
 
@@ -64,8 +65,13 @@ def numpy_globals() -> Dict[Tuple[str, str], Any]:
         import numpy as np
     except ImportError:  # pragma: no cover - numpy comes with torch
         return {}
-    core = getattr(np, '_core', None) or np.core
-    multiarray = core.multiarray
+    # numpy 2: numpy._core; numpy 1.26: numpy._core.multiarray is a shim of
+    # numpy.core.multiarray, but the attribute np._core exists only once
+    # something imported it, without .multiarray; older numpy: numpy.core
+    try:
+        multiarray = importlib.import_module('numpy._core.multiarray')
+    except ImportError:
+        multiarray = importlib.import_module('numpy.core.multiarray')
     table: Dict[Tuple[str, str], Any] = {
         ('numpy', 'ndarray'): np.ndarray,
         ('numpy', 'dtype'): np.dtype,
