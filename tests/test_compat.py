@@ -14,10 +14,10 @@ from typing import List
 
 import pytest
 import torch
-
-import pola_mm  # noqa: F401  (applies pola_mm.compat, as the tools do)
 from helpers import REPO_PATH as REPO
 from helpers import free_port, subprocess_env
+
+import pola_mm  # noqa: F401  (applies pola_mm.compat, as the tools do)
 
 CFG = REPO / 'tests' / 'compat_tiny_cfg.py'
 TORCH_2_6 = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')
@@ -164,9 +164,9 @@ OPEN = r'\b(io|builtins)\.open\b'
 
 
 def test_weights_only_still_refuses_pickled_code(tmp_path):
-    import pola_mm.compat  # noqa: F401
     from mmengine.runner import load_checkpoint
 
+    import pola_mm.compat  # noqa: F401
     from pola_mm.fileio import CheckpointFileError, load_checkpoint_file
     marker = tmp_path / 'pwned'
     evil = tmp_path / 'evil.pth'

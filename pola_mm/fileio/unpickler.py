@@ -9,7 +9,6 @@ calls nothing. :func:`pola_mm.fileio.load_checkpoint_file` uses it for the
 files torch's weights-only loader refuses (e.g. the authors' training
 checkpoints, which pickle a yacs ``CfgNode``).
 """
-import _compat_pickle
 import functools
 import pickle
 import types
@@ -17,6 +16,7 @@ from collections import Counter, OrderedDict
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, NoReturn,
                     Optional, Tuple)
 
+import _compat_pickle
 import torch
 from torch import Tensor
 
