@@ -232,7 +232,8 @@ def export_onnx(model: nn.Module,
                 out: str,
                 exporter: str = 'dynamo',
                 opset: Optional[int] = None,
-                dynamic_batch: bool = False) -> str:
+                dynamic_batch: bool = False,
+                dynamic_hw: bool = False) -> str:
     """Export ``model`` (a backbone: images ``(B, C, H, W)`` to a tuple of
     maps) at the spatial size ``shape`` to ``out``.
 
@@ -246,6 +247,11 @@ def export_onnx(model: nn.Module,
         exporter: ``'dynamo'`` or ``'torchscript'`` (see :data:`EXPORTERS`).
         opset: ONNX opset (default: the exporter's).
         dynamic_batch: a free batch dimension (``'dynamo'`` only).
+        dynamic_hw: a free height and width (both exporters: the
+            TorchScript one with ``dynamic_axes``, the dynamo one with
+            ``dynamic_shapes``). Pola-Swin's shifted-window stages refuse
+            the dynamo exporter with a dynamic height/width
+            (:class:`~pola_mm.ops.DynamicShapeExportError`, quoted).
 
     Returns:
         ``out``.
@@ -253,7 +259,8 @@ def export_onnx(model: nn.Module,
     Raises:
         ExportError: an unknown exporter, ``dynamic_batch`` with
             ``'torchscript'``, or the exporter failed (its first line
-            quoted).
+            quoted; a refusal of a dynamic size by the model: its
+            message).
     """
     if exporter not in EXPORTERS:
         raise ExportError(f'unknown exporter {exporter!r}; use one of '
@@ -272,11 +279,18 @@ def export_onnx(model: nn.Module,
         kwargs['opset_version'] = int(opset)
     if exporter == 'dynamo':
         kwargs.update(dynamo=True, verbose=False)
+        dims = {}
         if dynamic_batch:
-            kwargs['dynamic_shapes'] = (
-                {0: torch.export.Dim('batch', min=1, max=1024)}, )
+            dims[0] = torch.export.Dim('batch', min=1, max=1024)
+        if dynamic_hw:
+            dims[2] = torch.export.Dim('height', min=16, max=8192)
+            dims[3] = torch.export.Dim('width', min=16, max=8192)
+        if dims:
+            kwargs['dynamic_shapes'] = (dims, )
     else:
         kwargs['dynamo'] = False
+        if dynamic_hw:
+            kwargs['dynamic_axes'] = {'input': {2: 'height', 3: 'width'}}
     d = osp.dirname(osp.abspath(out))
     os.makedirs(d, exist_ok=True)
     try:
@@ -285,13 +299,57 @@ def export_onnx(model: nn.Module,
             with torch.no_grad():
                 torch.onnx.export(model, (x, ), out, **kwargs)
     except Exception as exc:  # the exporters raise many kinds
+        refusal = _dynamic_shape_refusal(exc)
+        if refusal is not None:
+            raise ExportError(
+                f'the {exporter} exporter cannot export '
+                f'{type(model).__name__} with a dynamic height/width: '
+                f'{refusal}') from exc
         first = str(exc).strip().splitlines()
         other = 'torchscript' if exporter == 'dynamo' else 'dynamo'
         raise ExportError(
             f'the {exporter} exporter failed on {type(model).__name__} at '
             f'{shape[0]}x{shape[1]}: {type(exc).__name__}: '
             f'{first[0] if first else ""}; try --exporter {other}') from exc
+    if dynamic_hw and not _input_hw_is_dynamic(out):
+        # torch.onnx's dynamo path refines unsatisfiable dynamic shapes to
+        # the example's size: a file of one size is no dynamic export
+        for path in (out, osp.join(d, data_file_name(out))):
+            if osp.isfile(path):
+                os.remove(path)
+        raise ExportError(
+            f'the {exporter} exporter fixed the height/width of '
+            f'{type(model).__name__} at {shape[0]}x{shape[1]} (torch.export '
+            'turned its size-dependent parts into guards on the size; '
+            'Pola-Swin\'s shifted windows do), so no file was written; '
+            'export with --exporter torchscript (torch.onnx.export(..., '
+            'dynamo=False, dynamic_axes=...)) for a dynamic height/width, '
+            'or without --dynamic')
     return out
+
+
+def _input_hw_is_dynamic(path: str) -> bool:
+    """Whether the first input of the ONNX file ``path`` has a symbolic
+    height and width (dims 2 and 3)."""
+    import onnx
+    dims = onnx.load(path, load_external_data=False).graph.input[0].type
+    dims = dims.tensor_type.shape.dim
+    return len(dims) == 4 and all(
+        not dims[i].HasField('dim_value') for i in (2, 3))
+
+
+def _dynamic_shape_refusal(exc: BaseException) -> Optional[str]:
+    """The message of a :class:`~pola_mm.ops.DynamicShapeExportError`
+    in the chain of ``exc`` (the exporters wrap what the model raises);
+    None when there is none."""
+    from ..ops import DynamicShapeExportError
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DynamicShapeExportError):
+            return str(exc)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def verify_onnx(model: nn.Module, path: str, inputs: Sequence[Tensor],

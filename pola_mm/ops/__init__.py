@@ -15,19 +15,21 @@ pattern), behind one switch (``POLA_MM_FAST_PATHS=0`` or
 - :func:`resize_pos_table` (cached in inference).
 """
 from .depthwise_conv import depthwise_conv2d
-from .dispatch import (FAST_PATHS_ENV, fast_paths_enabled, plain_paths,
-                       set_fast_paths)
+from .dispatch import (FAST_PATHS_ENV, DynamicShapeExportError,
+                       fast_paths_enabled, plain_paths, set_fast_paths)
 from .gate_linear import gate_linear
 from .gelu_linear import gelu_linear, gelu_mlp
 from .pacs_attention import pacs_attention, pacs_attention_pytorch
 from .polarity_attention import polarity_attention, polarity_attention_pytorch
 from .position import check_resize_mode, resize_pos_table
-from .softmax_attention import softmax_attention, softmax_attention_pytorch
+from .softmax_attention import (check_window_export, softmax_attention,
+                                softmax_attention_pytorch)
 
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'plain_paths', 'set_fast_paths',
     'polarity_attention', 'polarity_attention_pytorch', 'pacs_attention',
     'pacs_attention_pytorch', 'softmax_attention',
     'softmax_attention_pytorch', 'depthwise_conv2d', 'gate_linear',
-    'gelu_linear', 'gelu_mlp', 'resize_pos_table', 'check_resize_mode'
+    'gelu_linear', 'gelu_mlp', 'resize_pos_table', 'check_resize_mode',
+    'check_window_export', 'DynamicShapeExportError'
 ]

@@ -25,7 +25,8 @@ from torch import Tensor
 
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'set_fast_paths', 'plain_paths',
-    'is_compiling', 'exporting', 'capturing', 'use_fast', 'records_grad'
+    'is_compiling', 'exporting', 'capturing', 'use_fast', 'records_grad',
+    'DynamicShapeExportError'
 ]
 
 #: Environment variable: ``0`` (or ``false``/``off``/``no``) turns every fast
@@ -41,6 +42,13 @@ def env_enabled(name: str) -> bool:
 
 
 _enabled = env_enabled(FAST_PATHS_ENV)
+
+
+class DynamicShapeExportError(RuntimeError):
+    """A part of a model that an exporter can only capture at one input
+    size was asked for a dynamic size: the export is refused (no file that
+    would compute something else at another size); the message names the
+    exporter settings that work."""
 
 
 def fast_paths_enabled() -> bool:

@@ -8,14 +8,44 @@ form is faster: docs/performance.md), else its plain reference
 written out (fast paths off, export, ``torch.compile``). The two agree up
 to float rounding.
 """
-from typing import Optional
+from typing import Optional, Sequence
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dispatch import records_grad, use_fast
+from .dispatch import (DynamicShapeExportError, exporting, records_grad,
+                       use_fast)
 
-__all__ = ['softmax_attention', 'softmax_attention_pytorch']
+__all__ = ['softmax_attention', 'softmax_attention_pytorch',
+           'check_window_export']
+
+
+def check_window_export(owner: str, hw: Sequence) -> None:
+    """Refuse ``torch.export`` (the dynamo ONNX exporter) of shifted-window
+    attention with a dynamic height/width.
+
+    With symbolic map sizes, ``torch.export`` turns the window counts,
+    padding and shift masks into guards that fix the input size: the
+    export fails with a long list of unsatisfied guards. This raises one
+    :class:`DynamicShapeExportError` instead, naming what works: the
+    TorchScript exporter (``dynamo=False`` with ``dynamic_axes``, whose
+    traced sizes stay graph values) or a static size. Costs nothing in
+    eager mode, under ``torch.compile`` (symbolic sizes allowed, guards
+    being re-compiles there) and for the tracer (0-d tensor sizes).
+    """
+    if not any(isinstance(s, torch.SymInt) for s in hw[:2]):
+        return
+    if exporting():
+        raise DynamicShapeExportError(
+            f'{owner}: shifted-window attention cannot be exported by '
+            'torch.export (the dynamo ONNX exporter) with a dynamic '
+            'height/width: its window counts, padding and shift masks '
+            'become guards that fix the input size. Export with the '
+            'TorchScript exporter (torch.onnx.export(..., dynamo=False, '
+            "dynamic_axes={'input': {2: 'H', 3: 'W'}}); pytorch2onnx.py "
+            '--exporter torchscript --dynamic), or with a static '
+            'height/width')
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,

@@ -90,11 +90,11 @@ class PaCSAttention(BaseModule):
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dims
         # 1. project: q, k, v, g
-        q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
+        q, k, v, g = self.qkvg(x).reshape(B, -1, 4, C).unbind(-2)
 
         # 2. PaCS attention of the heads, rotary encoding over the whole map
         def heads(t: Tensor) -> Tensor:  # (B, N, C) -> (B, h, N, d)
-            return t.unflatten(-1, (h, d)).transpose(1, 2)
+            return t.reshape(B, -1, h, d).transpose(1, 2)
 
         sin, cos = rotary_tables(hw, 2 * d, device=x.device,
                                  dtype=torch.promote_types(x.dtype,

@@ -162,9 +162,9 @@ class PolarityAttention(BaseModule):
         # 1. project: q, k, v, g (k, v from the reduced map with sr_ratio > 1)
         kv_hw = hw
         if self.fused_qkvg:
-            q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
+            q, k, v, g = self.qkvg(x).reshape(B, -1, 4, C).unbind(-2)
         else:
-            q, g = self.qg(x).unflatten(-1, (2, C)).unbind(-2)
+            q, g = self.qg(x).reshape(B, -1, 2, C).unbind(-2)
             kv_x = x
             if self.sr_ratio > 1:  # like the authors' conv; a side shorter
                 # than r is padded to r
@@ -173,12 +173,12 @@ class PolarityAttention(BaseModule):
                     self.sr_ratio, pad_input=False))
                 kv_hw = (m.shape[2], m.shape[3])
                 kv_x = self.norm(m.flatten(2).transpose(1, 2))
-            k, v = self.kv(kv_x).unflatten(-1, (2, C)).unbind(-2)
+            k, v = self.kv(kv_x).reshape(B, -1, 2, C).unbind(-2)
 
         # 2. polarity attention of the heads; the keys carry the positional
         # table (resized to the map)
         def heads(t: Tensor) -> Tensor:  # (B', L, C) -> (B', h, L, d)
-            return t.unflatten(-1, (h, d)).transpose(1, 2)
+            return t.reshape(t.shape[0], -1, h, d).transpose(1, 2)
 
         pos = heads(resize_pos_table(self.positional_encoding, self.ref_hw,
                                      kv_hw, self.interpolate_mode))

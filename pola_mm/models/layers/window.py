@@ -45,6 +45,27 @@ def effective_window(hw: Size2, window: Size2,
     return (wh, ww), (sh, sw)
 
 
+def exceeds(size, limit: int):
+    """``1`` where ``size > limit``, else ``0``, without a branch on
+    ``size``: a Python int for an int; a 0-d long tensor for the size of a
+    captured graph (a traced graph's 0-d tensor, or a symbolic int under
+    ``torch.export``, which becomes a graph value through ``torch.full``
+    instead of a symbolic comparison: a ``SymBool`` neither multiplies nor
+    becomes a tensor, and guards on it would fix the size)."""
+    if isinstance(size, int):
+        return int(size > limit)
+    if not isinstance(size, Tensor):  # a symbolic int
+        size = torch.full((), size, dtype=torch.long)
+    return (size - limit).clamp(0, 1)
+
+
+def either(a, b):
+    """``max(a, b)`` of two 0/1 flags from :func:`exceeds`."""
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    return torch.maximum(torch.as_tensor(a), torch.as_tensor(b))
+
+
 def grid_padding(hw: Size2, window: Size2) -> Pad4:
     """Bottom/right padding that makes a map a multiple of the window.
 
@@ -55,7 +76,11 @@ def grid_padding(hw: Size2, window: Size2) -> Pad4:
     Returns:
         ``(top, bottom, left, right)`` with ``top = left = 0``.
     """
-    return (0, -hw[0] % window[0], 0, -hw[1] % window[1])
+    # ceil(H / w) * w - H, not -H % w: the same numbers, and under
+    # torch.export a floor division that the symbolic sizes of the later
+    # reshapes simplify (nested Mod terms made its solver take minutes)
+    return (0, (hw[0] + window[0] - 1) // window[0] * window[0] - hw[0], 0,
+            (hw[1] + window[1] - 1) // window[1] * window[1] - hw[1])
 
 
 def pad_map(x: Tensor, pad: Pad4) -> Tensor:
@@ -220,7 +245,7 @@ def key_padding_logits(valid: Tensor,
 
 
 def window_masks(hw: Size2, window: Size2, shift: Size2,
-                 padded_keys_attended: Union[bool, Tensor],
+                 padded_keys_attended: Union[bool, int, Tensor],
                  device: Optional[torch.device] = None,
                  mask_value: float = MASK_VALUE) -> Tensor:
     """The additive masks of the windows of a map padded to a multiple of
@@ -231,9 +256,10 @@ def window_masks(hw: Size2, window: Size2, shift: Size2,
         hw: ``(H, W)`` before padding (ints or traced sizes).
         window: ``(wh, ww)``.
         shift: ``(sh, sw)`` the map was shifted by (ints or traced sizes).
-        padded_keys_attended: True (or a bool tensor) where padded tokens
-            are attended to like any other key (mmdet's Swin), False where
-            they are masked.
+        padded_keys_attended: True (or 1: an int, a 0-d tensor or a
+            symbolic int of a captured graph) where padded tokens are
+            attended to like any other key (mmdet's Swin), False (or 0)
+            where they are masked.
         device: where to build the masks.
         mask_value: additive logit of a masked pair.
 
@@ -243,7 +269,11 @@ def window_masks(hw: Size2, window: Size2, shift: Size2,
     pad = grid_padding(hw, window)
     padded_hw = (hw[0] + pad[1], hw[1] + pad[3])
     region = shift_region_mask(padded_hw, window, shift, device, mask_value)
+    if padded_keys_attended is True:  # (eager, one or more windows)
+        return region
     valid = cyclic_shift(valid_token_map(hw, pad, device), shift)
-    keys = key_valid_mask(valid, window).logical_or(  # (nW, N)
-        torch.as_tensor(padded_keys_attended, device=device))
-    return region + key_padding_logits(keys, mask_value)
+    keys = key_padding_logits(key_valid_mask(valid, window), mask_value)
+    if padded_keys_attended is False:
+        return region + keys
+    # a 0/1 flag (int, 0-d tensor or symbolic int): no branch on it
+    return region + keys * (1 - padded_keys_attended)

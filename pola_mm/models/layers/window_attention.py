@@ -7,10 +7,11 @@ import torch.nn as nn
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from ...ops import softmax_attention
+from ...ops import check_window_export, softmax_attention
 from ...type_aliases import Size2
-from .window import (crop_map, cyclic_shift, effective_window, grid_padding,
-                     pad_map, window_masks, window_partition, window_reverse)
+from .window import (crop_map, cyclic_shift, effective_window, either,
+                     exceeds, grid_padding, pad_map, window_masks,
+                     window_partition, window_reverse)
 
 
 def relative_position_index(window: Size2, table_window: Size2) -> Tensor:
@@ -129,10 +130,17 @@ class WindowMSA(BaseModule):
             ``((sh, sw), padded_keys_attended)``.
         """
         (wh, ww), (sh, sw) = self.window_size, self.shift_size
+        if not isinstance(hw[0], int) or not isinstance(hw[1], int):
+            # sizes of a captured graph: 0/1 flags, no comparison
+            larger_h, larger_w = exceeds(hw[0], wh), exceeds(hw[1], ww)
+            if self.mask_padding:  # per dimension: no shift where it fits
+                return (sh * larger_h, sw * larger_w), False
+            several = either(larger_h, larger_w)  # else one window: the map
+            return (sh * several, sw * several), several
         larger_h, larger_w = hw[0] > wh, hw[1] > ww
-        if self.mask_padding:  # per dimension: no shift where it fits
+        if self.mask_padding:
             return (sh * larger_h, sw * larger_w), False
-        several = larger_h | larger_w  # else one window: the map
+        several = larger_h or larger_w
         return (sh * several, sw * several), several
 
     def relative_bias(self, window: Size2) -> Tensor:
@@ -157,6 +165,7 @@ class WindowMSA(BaseModule):
         Returns:
             ``(B, N, C)``.
         """
+        check_window_export('WindowMSA', hw)
         B, L, C = x.shape
         h = self.num_heads
         win = self.window_size

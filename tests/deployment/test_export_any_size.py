@@ -1,0 +1,123 @@
+"""One exported file, any input size (issue 38, item 1): each backbone
+exported by torch's own exporters (no MMDeploy) with a dynamic height and
+width either computes what PyTorch computes at three other sizes (not
+multiples of 32, one larger than the export size) in ONNX Runtime and
+OpenVINO, also after a standard simplifier, or is refused at export with
+one clear error. No file may run and differ.
+
+Before the fix (torch 2.14.1, these tiny archs exported at 96x128): the
+TorchScript exporter wrote Pola-Swin and Pola-PVT files that ONNX Runtime
+refused at other sizes (a ``Reshape`` holding the export size's token
+count) and a PolaPP file that ran and differed by up to 0.28 of the
+output scale: ``unflatten``'s ONNX form has an output shape that the
+exporter cannot infer, so it took the traced tensor's static shape and
+folded every later size read from it into constants. The dynamo exporter
+failed on Pola-Swin with "Could not infer dtype of SymBool".
+"""
+import os.path as osp
+
+import numpy as np
+import pytest
+import torch
+
+from pola_mm.deployment import ExportError, export_onnx, verify_onnx
+from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
+from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise
+
+onnx = pytest.importorskip('onnx')
+pytest.importorskip('onnxruntime')
+
+#: PolaPP with one block a stage (PaCS stages 1-2, rotary softmax 3-4).
+POLAPP_TINY1 = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
+                    num_heads=(1, 2, 2, 4))
+BACKBONES = {'swin': (PolaSwinTransformer, SWIN_TINY_DEPTH2),
+             'pvt': (PolaPVT, PVT_TINY),
+             'polapp': (PolaPP, POLAPP_TINY1)}
+EXPORT_HW = (96, 128)
+#: not multiples of 32; the last two larger than the export size
+SIZES = [(77, 101), (150, 190), (118, 230)]
+
+
+def _model(name: str) -> torch.nn.Module:
+    cls, arch = BACKBONES[name]
+    model = cls(arch=arch, drop_path_rate=0.)
+    randomise(model, seed=0, std=0.3)  # tables, powers, scales non-zero
+    return model.eval()
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(5)
+    return [torch.randn(1, 3, h, w, generator=g) for h, w in SIZES]
+
+
+def _assert_equal_everywhere(model, path, inputs):
+    checks = verify_onnx(model, path, inputs)  # ONNX Runtime, rtol 1e-4
+    assert len(checks) == 4 * len(inputs)
+    bad = [str(c) for c in checks if not c.ok]
+    assert not bad, bad
+    assert max(c.max_abs_diff / c.scale for c in checks) < 1e-4
+
+
+def _run_openvino(path, inputs):
+    ov = pytest.importorskip('openvino')
+    # float32 as PyTorch (OpenVINO's CPU default may compute in bf16)
+    compiled = ov.Core().compile_model(path, 'CPU',
+                                       {'INFERENCE_PRECISION_HINT': 'f32'})
+    return [[np.asarray(o) for o in compiled(x.numpy()).values()]
+            for x in inputs]
+
+
+def _assert_openvino_equal(model, path, inputs):
+    for x, got in zip(inputs, _run_openvino(path, inputs)):
+        with torch.no_grad():
+            ref = [r.numpy() for r in model(x)]
+        assert [g.shape for g in got] == [r.shape for r in ref]
+        for r, g in zip(ref, got):
+            assert np.abs(r - g).max() <= 1e-4 * np.abs(r).max()
+
+
+@pytest.mark.parametrize('name', sorted(BACKBONES))
+def test_torchscript_dynamic_hw_equals_pytorch_at_other_sizes(tmp_path,
+                                                              name):
+    model = _model(name)
+    path = export_onnx(model, EXPORT_HW, str(tmp_path / 'm.onnx'),
+                       exporter='torchscript', dynamic_hw=True)
+    proto = onnx.load(path)
+    onnx.checker.check_model(proto, full_check=True)
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param for d in dims[2:]] == ['height', 'width']
+    inputs = _inputs()
+    _assert_equal_everywhere(model, path, inputs)
+    _assert_openvino_equal(model, path, inputs)
+    # a standard simplifier keeps it dynamic and equal
+    onnxslim = pytest.importorskip('onnxslim')
+    slim = str(tmp_path / 'slim.onnx')
+    onnx.save(onnxslim.slim(proto), slim)
+    _assert_equal_everywhere(model, slim, inputs)
+
+
+@pytest.mark.parametrize('name', ['pvt', 'polapp'])
+def test_dynamo_dynamic_hw_equals_pytorch_at_other_sizes(tmp_path, name):
+    model = _model(name)
+    path = export_onnx(model, EXPORT_HW, str(tmp_path / 'm.onnx'),
+                       exporter='dynamo', dynamic_hw=True)
+    onnx.checker.check_model(path, full_check=True)
+    inputs = _inputs()
+    _assert_equal_everywhere(model, path, inputs)
+    _assert_openvino_equal(model, path, inputs)
+
+
+def test_dynamo_dynamic_hw_swin_is_refused_clearly(tmp_path):
+    """torch.export turns the shifted windows' counts, padding and masks
+    into guards on the size, and torch.onnx then exports at the example's
+    size only: the tool refuses with one message naming what works (the
+    TorchScript exporter), and nothing is written."""
+    model = _model('swin')
+    out = tmp_path / 'm.onnx'
+    with pytest.raises(ExportError) as info:
+        export_onnx(model, EXPORT_HW, str(out), exporter='dynamo',
+                    dynamic_hw=True)
+    msg = str(info.value)
+    assert 'height/width' in msg and '--exporter torchscript' in msg
+    assert 'PolaSwinTransformer' in msg
+    assert list(tmp_path.iterdir()) == []
