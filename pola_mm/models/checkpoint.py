@@ -166,7 +166,8 @@ def where_to_get_weights(key: str = 'model.backbone.init_cfg') -> str:
     """
     return ('ImageNet weights are the authors\' released classifiers '
             f'(PolaFormer: {POLAFORMER_WEIGHTS}; PolaFormer++: '
-            f'{POLAPP_WEIGHTS}, extraction code atba); they load as downloaded (or convert with '
+            f'{POLAPP_WEIGHTS}, extraction code atba); they load as '
+            'downloaded (or convert with '
             'tools/model_converters/pola_official_to_mm.py). Save the file '
             'under that name, set $POLA_PRETRAINED to the folder holding '
             'it (the configs read $POLA_PRETRAINED/<name>), pass '

@@ -267,7 +267,7 @@ def test_retinanet_pola_pvt_compiled_as_eager(tmp_path):
             argv += ['--cfg-options', 'compile.backend=aot_eager']
         result = {}
 
-        def main(argv):
+        def main(argv, result=result):
             result.update(test_main(argv))
 
         assert run_tool(main, argv) == 0

@@ -218,7 +218,7 @@ def test_one_feature_map_and_one_temperature_init():
         got = pk.pacs_features(x, t, swap)  # autograd records: out of place
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         assert torch.autograd.gradcheck(
-            lambda a, b: pk.pacs_features(a, b, swap), (x, t))
+            lambda a, b, swap=swap: pk.pacs_features(a, b, swap), (x, t))
         with torch.no_grad():  # in place
             torch.testing.assert_close(pk.pacs_features(x, t, swap), want)
     torch.testing.assert_close(pk.pacs_features(x),

@@ -15,7 +15,7 @@ from pola_mm.ops import polarity_attention
 #: the op's module (``pola_mm.ops.polarity_attention`` is also the op)
 op_module = importlib.import_module('pola_mm.ops.polarity_attention')
 
-from helpers import randomise
+from helpers import randomise  # noqa: E402
 
 
 def _inputs(dtype, seed=0, B=2, h=2, N=13, d=8):

@@ -121,10 +121,12 @@ def main() -> None:
                 for i in range(4):
                     hooks.append(getattr(model, f'patch_embed{i + 1}')
                                  .register_forward_hook(
-                                     lambda m, a, o: seen.append(o[1])))
+                                     lambda m, a, o, seen=seen:
+                                     seen.append(o[1])))
                     hooks.append(getattr(model, f'block{i + 1}')[-1]
                                  .register_forward_hook(
-                                     lambda m, a, o: seen.append(o)))
+                                     lambda m, a, o, seen=seen:
+                                     seen.append(o)))
             with torch.no_grad():
                 if v['cls'] == 'POLA_b0':
                     out = {'logits': model(x)}

@@ -179,7 +179,8 @@ def test_mmdet_tools_train_and_test_a_pola_mm_config(tmp_path):
 # -- mmseg and mmpretrain: parse, build, one training iteration ---------------
 #: users' configs: a complete upstream config plus one snippet each
 SEG_UPERNET = """
-_base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',  # noqa
+_base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_'
+          '8xb2-160k_ade20k-512x512.py',
           'pola_mm::_base_/models/{snippet}']
 model = dict(
     backbone=dict(_base_.pola_backbone, init_cfg=None),  # no weights here

@@ -311,7 +311,8 @@ def run_benchmarks(cases: Sequence[BenchmarkCase],
         preload = ['mmdet.models'] if any(
             s['_scope_'] == 'mmdet' for s in specs.values()) else []
 
-        def measure_one(name: str) -> BenchmarkResult:
+        def measure_one(name: str, specs: dict = specs, case: Any = case,
+                        preload: List[str] = preload) -> BenchmarkResult:
             res = benchmark_model(specs[name], name=name,
                                   mode=case.mode, size=case.size,
                                   batch=case.batch, preload=preload,

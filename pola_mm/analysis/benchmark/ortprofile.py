@@ -162,7 +162,7 @@ def profile_lines(results: Sequence[Any], top: int = 6) -> List[str]:
         p = r.ort_profile
         total = p['kernel_ms'] or 1.
 
-        def share(d: Dict[str, float]) -> str:
+        def share(d: Dict[str, float], total: float = total) -> str:
             items = list(d.items())
             words = [f'{k} {ms:.0f} ({ms / total:.0%})'
                      for k, ms in items[:top]]

@@ -2,7 +2,6 @@
 stage contract with its one stage loop, the pre-norm block."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule

@@ -41,14 +41,16 @@ class PolaPVTBlock(PreNormBlock):
                  drop_rate: float = 0.,
                  attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.,
-                 act_cfg: dict = dict(type='GELU'),
-                 norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 act_cfg: Optional[dict] = None,
+                 norm_cfg: Optional[dict] = None,
                  with_cp: bool = False,
                  feature_map: str = 'power',
                  la_sr_ratio: int = 1,
                  interpolate_mode: str = 'bilinear',
                  pad_input: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
+        act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
+        norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         if attn_type not in ('L', 'S'):
             raise ValueError(
                 f"attn_type must be 'L' or 'S', got {attn_type!r}")
@@ -159,13 +161,15 @@ class PolaPVT(PolaBackbone):
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 norm_cfg: dict = dict(type='LN', eps=1e-6),
-                 act_cfg: dict = dict(type='GELU'),
+                 norm_cfg: Optional[dict] = None,
+                 act_cfg: Optional[dict] = None,
                  feature_map: str = 'power',
                  la_sr_ratios: Sequence[int] = (1, 1, 1, 1),
                  interpolate_mode: str = 'bilinear',
                  pad_input: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
+        norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
+        act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         super().__init__(init_cfg=init_cfg)
         self.in_channels = in_channels
         if isinstance(la_sr_ratios, str):  # the authors' '8421'

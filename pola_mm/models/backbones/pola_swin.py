@@ -1,7 +1,6 @@
 """Pola-Swin: Swin Transformer with polarity-aware linear attention."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 from torch import Tensor
@@ -59,11 +58,13 @@ class PolaSwinBlock(PreNormBlock):
                  drop_rate: float = 0.,
                  attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.,
-                 act_cfg: dict = dict(type='GELU'),
-                 norm_cfg: dict = dict(type='LN'),
+                 act_cfg: Optional[dict] = None,
+                 norm_cfg: Optional[dict] = None,
                  with_cp: bool = False,
                  feature_map: str = 'power',
                  init_cfg: Optional[dict] = None) -> None:
+        act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
+        norm_cfg = dict(type='LN') if norm_cfg is None else norm_cfg
         if attn_type not in ('L', 'S'):
             raise ValueError(
                 f"attn_type must be 'L' or 'S', got {attn_type!r}")
@@ -247,10 +248,12 @@ class PolaSwinTransformer(PolaBackbone):
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 norm_cfg: dict = dict(type='LN'),
-                 act_cfg: dict = dict(type='GELU'),
+                 norm_cfg: Optional[dict] = None,
+                 act_cfg: Optional[dict] = None,
                  feature_map: str = 'power',
                  init_cfg: Optional[dict] = None) -> None:
+        norm_cfg = dict(type='LN') if norm_cfg is None else norm_cfg
+        act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         super().__init__(init_cfg=init_cfg)
         self.in_channels = in_channels
         arch = resolve_arch(arch, self.arch_zoo, self._arch_keys, type(self))

@@ -26,7 +26,7 @@ from ...type_aliases import Size2
 from ..layers.conv_embed import ConvStem
 from ..layers.pacs_attention import PaCSAttention, reset_pacs_temperatures
 from ..layers.polapp_block import PolaPPStage, TokenLayerNorm
-from ..layers.token_map import to_map, to_tokens
+from ..layers.token_map import to_tokens
 from .base import (PolaBackbone, check_out_indices, freeze, linspace,
                    resolve_arch)
 

@@ -1,5 +1,6 @@
 """Patch embedding and Swin patch merging that accept any input size."""
-from typing import Optional, Tuple
+from types import MappingProxyType
+from typing import Mapping, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -57,7 +58,8 @@ class PatchEmbed(BaseModule):
                  in_channels: int,
                  embed_dims: int,
                  patch_size: int,
-                 norm_cfg: Optional[dict] = dict(type='LN'),
+                 norm_cfg: Optional[Mapping] = MappingProxyType(
+                     {'type': 'LN'}),
                  pad_input: bool = True,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
@@ -65,7 +67,7 @@ class PatchEmbed(BaseModule):
         self.pad_input = pad_input
         self.proj = nn.Conv2d(in_channels, embed_dims, patch_size,
                               stride=patch_size)
-        self.norm = (build_norm_layer(norm_cfg, embed_dims)[1]
+        self.norm = (build_norm_layer(dict(norm_cfg), embed_dims)[1]
                      if norm_cfg is not None else None)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Size2]:
@@ -97,8 +99,9 @@ class PatchMerging(BaseModule):
     def __init__(self,
                  in_channels: int,
                  out_channels: Optional[int] = None,
-                 norm_cfg: dict = dict(type='LN'),
+                 norm_cfg: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
+        norm_cfg = dict(type='LN') if norm_cfg is None else norm_cfg
         super().__init__(init_cfg=init_cfg)
         out_channels = out_channels or 2 * in_channels
         self.norm = build_norm_layer(norm_cfg, 4 * in_channels)[1]

@@ -26,9 +26,10 @@ class Mlp(BaseModule):
     def __init__(self,
                  in_features: int,
                  hidden_features: int,
-                 act_cfg: dict = dict(type='GELU'),
+                 act_cfg: Optional[dict] = None,
                  drop: float = 0.,
                  init_cfg: Optional[dict] = None) -> None:
+        act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         super().__init__(init_cfg=init_cfg)
         self.fc1 = nn.Linear(in_features, hidden_features)
         self.act = build_activation_layer(act_cfg)

@@ -38,9 +38,10 @@ class SpatialReductionAttention(BaseModule):
                  qkv_bias: bool = True,
                  attn_drop: float = 0.,
                  proj_drop: float = 0.,
-                 norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 norm_cfg: Optional[dict] = None,
                  pad_input: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
+        norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         super().__init__(init_cfg=init_cfg)
         self.num_heads = num_heads
         self.pad_input = pad_input

@@ -8,7 +8,6 @@ mmpretrain's ``LinearClsHead`` (``head.fc``).
 """
 from typing import Optional, Sequence, Tuple, Union
 
-import torch
 import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
