@@ -14,15 +14,14 @@ exporter cannot infer, so it took the traced tensor's static shape and
 folded every later size read from it into constants. The dynamo exporter
 failed on Pola-Swin with "Could not infer dtype of SymBool".
 """
-import os.path as osp
 
 import numpy as np
 import pytest
 import torch
+from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise
 
 from pola_mm.deployment import ExportError, export_onnx, verify_onnx
 from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
-from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise
 
 onnx = pytest.importorskip('onnx')
 pytest.importorskip('onnxruntime')

@@ -9,9 +9,9 @@ from torch import Tensor
 
 from ...ops import check_window_export, softmax_attention
 from ...type_aliases import Size2
-from .window import (crop_map, cyclic_shift, effective_window, either,
-                     exceeds, grid_padding, pad_map, window_masks,
-                     window_partition, window_reverse)
+from .window import (crop_map, cyclic_shift, effective_window, either, exceeds,
+                     grid_padding, pad_map, window_masks, window_partition,
+                     window_reverse)
 
 
 def relative_position_index(window: Size2, table_window: Size2) -> Tensor:
