@@ -272,26 +272,26 @@ def _onnx_export__torchscript(*args: Any, **kwargs: Any) -> Any:
 
 
 def register_mmdeploy_rewriters(core: Optional[ModuleType] = None) -> bool:
-    """Register the ``torch.onnx.export`` rewriter and the ONNX Runtime
-    rewriters of :mod:`pola_mm.deployment.mmdeploy_rewriters` in MMDeploy's
-    ``FUNCTION_REWRITER`` (only where torch defaults to the dynamo
-    exporter; idempotent).
+    """Register the ONNX Runtime rewriters of
+    :mod:`pola_mm.deployment.mmdeploy_rewriters` in MMDeploy's
+    ``FUNCTION_REWRITER`` (on every torch: they are about what MMDeploy's
+    own rewrites compute), and the ``torch.onnx.export`` rewriter where
+    torch defaults to the dynamo exporter. Idempotent.
 
     Args:
         core: the imported ``mmdeploy.core`` (imported here if None).
 
     Returns:
-        True if the rewriter is registered.
+        True once the rewriters are registered.
     """
-    if not needs_torchscript_exporter():
-        return False
     with _lock:
         if applied['rewriters']:
             return True
         if core is None:
             import mmdeploy.core as core
-        core.FUNCTION_REWRITER.register_rewriter(
-            func_name='torch.onnx.export')(_onnx_export__torchscript)
+        if needs_torchscript_exporter():
+            core.FUNCTION_REWRITER.register_rewriter(
+                func_name='torch.onnx.export')(_onnx_export__torchscript)
         from .mmdeploy_rewriters import ONNXRUNTIME_REWRITERS
         for func_name, rewriter in ONNXRUNTIME_REWRITERS.items():
             core.FUNCTION_REWRITER.register_rewriter(

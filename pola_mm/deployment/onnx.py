@@ -27,6 +27,7 @@ position tables resized to the stage maps, padding, Swin's windows and
 masks); ``dynamic_batch`` (``torch.export`` exporter only) leaves the batch
 size free.
 """
+import inspect
 import os
 import os.path as osp
 import shutil
@@ -288,7 +289,8 @@ def export_onnx(model: nn.Module,
         if dims:
             kwargs['dynamic_shapes'] = (dims, )
     else:
-        kwargs['dynamo'] = False
+        if 'dynamo' in inspect.signature(torch.onnx.export).parameters:
+            kwargs['dynamo'] = False  # torch < 2.5 has only this exporter
         if dynamic_hw:
             kwargs['dynamic_axes'] = {'input': {2: 'height', 3: 'width'}}
     d = osp.dirname(osp.abspath(out))

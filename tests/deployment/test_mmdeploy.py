@@ -155,7 +155,7 @@ def test_cli_refuses_an_unknown_mmdeploy_name(tmp_path, capsys):
     # a model config by scope: pola_mm's own, found in the package
     from pola_mm.deployment.deploy import resolve_model_config
     assert resolve_model_config('pola_mm::retinanet_pola_pvt_t.py') == \
-        osp.join(ROOT, 'pola_mm', '.mim', 'configs',
+        osp.join(osp.dirname(pola_mm.__file__), '.mim', 'configs',
                  'retinanet_pola_pvt_t.py')
     assert resolve_model_config('configs/x.py') == 'configs/x.py'
 
@@ -268,7 +268,7 @@ def test_retinanet_static_matches_pytorch(tmp_path, shapes_image, photo):
     assert not any(f.startswith('.unverified')
                    for f in os.listdir(tmp_path / 'ret'))
     # MMDeploy's context is left: torch's own export (dynamo default) again
-    assert torch.onnx.export.__module__ == 'torch.onnx'
+    assert torch.onnx.export.__module__.startswith('torch.onnx')
     assert not hasattr(torch.onnx.export, 'origin_func')
 
 
