@@ -27,9 +27,10 @@ from pola_mm.deployment.mmdeploy_verify import (  # noqa: E402
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(osp.dirname(HERE))
 CONFIGS = osp.join(ROOT, 'configs')
-#: MMDeploy's stock deploy configs as this repository ships them (the one
-#: copy: package data of pola_mm, in the wheel and the sdist)
-SHIPPED = osp.join(ROOT, 'pola_mm', '.mim', 'mmdeploy_configs')
+#: MMDeploy's stock deploy configs as pola_mm ships them (the one copy:
+#: package data of pola_mm, in the wheel and the sdist), where the imported
+#: pola_mm is (the checkout, or an installed wheel in the compat suite)
+SHIPPED = osp.join(osp.dirname(pola_mm.__file__), '.mim', 'mmdeploy_configs')
 STOCK = osp.join(os.environ.get('POLA_MM_MMDEPLOY_ROOT', SHIPPED), 'configs')
 DATA = osp.join(HERE, 'assets')
 
