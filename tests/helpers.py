@@ -4,7 +4,9 @@ tools as modules, randomisers and call counters (import as ``helpers``; the
 ``reference_dir`` fixture lives in conftest.py)."""
 import os
 import os.path as osp
+import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -72,6 +74,23 @@ def subprocess_env(launcher: bool = False, **overrides: str) -> Dict[str, str]:
         env.pop('LOCAL_RANK', None)
     env.update(overrides)
     return env
+
+
+def copy_source_tree(dst: Path) -> Path:
+    """This checkout's files (tracked and new, not ignored) without tests/
+    and docs/, copied to ``dst`` (links kept as links), so that building a
+    wheel or an sdist from ``dst`` writes nothing into the checkout."""
+    files = subprocess.run(
+        ['git', 'ls-files', '-z', '--cached', '--others',
+         '--exclude-standard'],
+        cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for rel in filter(None, files.split('\0')):
+        if rel.startswith(('tests/', 'docs/')) or not osp.lexists(
+                osp.join(REPO, rel)):
+            continue
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(osp.join(REPO, rel), dst / rel, follow_symlinks=False)
+    return dst
 
 
 def load_tool(*path: str) -> ModuleType:

@@ -12,7 +12,6 @@ import hashlib
 import os
 import os.path as osp
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -22,7 +21,7 @@ import zipfile
 from typing import List
 
 import pytest
-from helpers import REPO
+from helpers import REPO, copy_source_tree
 
 pytest.importorskip('mmdeploy')
 
@@ -68,18 +67,7 @@ def _shipped_files() -> List[str]:
 def source(tmp_path_factory):
     """This checkout's files (tracked and new, not ignored) without tests/
     and docs/, so that building writes nothing into the checkout."""
-    src = tmp_path_factory.mktemp('src')
-    files = subprocess.run(
-        ['git', 'ls-files', '-z', '--cached', '--others',
-         '--exclude-standard'],
-        cwd=REPO, capture_output=True, text=True, check=True).stdout
-    for rel in filter(None, files.split('\0')):
-        if rel.startswith(('tests/', 'docs/')) or not osp.lexists(
-                osp.join(REPO, rel)):
-            continue
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(osp.join(REPO, rel), src / rel, follow_symlinks=False)
-    return src
+    return copy_source_tree(tmp_path_factory.mktemp('src'))
 
 
 def test_sdist_carries_the_stock_deploy_configs(source, tmp_path):

@@ -14,7 +14,6 @@ import json
 import os
 import os.path as osp
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -22,7 +21,7 @@ import textwrap
 from typing import List
 
 import pytest
-from helpers import REPO
+from helpers import REPO, copy_source_tree
 
 import e2e_data
 
@@ -274,17 +273,7 @@ def test_wheel_install_carries_the_hook_configs_and_metadata(tmp_path):
     the OpenMMLab stack of this one: the wheel holds the hook, the configs
     (real files, not the repository's links) and the mim metadata, and
     mmengine and ``mim search`` work from it as from the editable install."""
-    src = tmp_path / 'src'
-    files = subprocess.run(
-        ['git', 'ls-files', '-z', '--cached', '--others',
-         '--exclude-standard'],
-        cwd=REPO, capture_output=True, text=True, check=True).stdout
-    for rel in filter(None, files.split('\0')):
-        if rel.startswith(('tests/', 'docs/')) or not osp.lexists(
-                osp.join(REPO, rel)):
-            continue
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(osp.join(REPO, rel), src / rel, follow_symlinks=False)
+    src = copy_source_tree(tmp_path / 'src')
     run([sys.executable, '-m', 'pip', 'wheel', '--no-deps',
          '--no-build-isolation', '-q', '-w', str(tmp_path / 'dist'),
          str(src)], tmp_path)
