@@ -8,7 +8,7 @@ there once; nothing here repeats a width, depth or head count):
   ``<family>_<key>`` for the first key of every arch of
   :class:`~pola_mm.models.PolaSwinTransformer`, :class:`~pola_mm.models.
   PolaPVT` and :class:`~pola_mm.models.PolaPP`, with the backbone's own
-  defaults (drop path included);
+  defaults (drop path: the arch's, from its ``arch_zoo``);
 - their softmax counterparts in mmdet (:func:`counterpart`):
   ``swin_<key>`` (``SwinTransformer``, window 7), ``pvt_<key>``
   (``PyramidVisionTransformer``) and ``pvt_v2_<key>``
@@ -41,6 +41,7 @@ from typing import (Any, Callable, ContextManager, Dict, List, Optional,
 import torch.nn as nn
 
 from .. import models  # noqa: F401  (registers the backbones)
+from ..models.backbones.base import arch_drop_path
 from ..models.from_config import (build_config_model, build_in_scope,
                                   load_config)
 from ..registry import MODELS
@@ -139,17 +140,6 @@ def _pola_arch(kind: str, bb: Dict[str, Any]) -> Dict[str, Any]:
     return dict(_backbone_class(kind).arch_zoo[str(arch).lower()])
 
 
-def _drop_path(kind: str, bb: Dict[str, Any], arch: Dict[str, Any]) -> float:
-    """The Pola model's drop path: its config's, else its arch's, else the
-    backbone's default."""
-    for value in (bb.get('drop_path_rate'), arch.get('drop_path_rate'),
-                  inspect.signature(_backbone_class(kind)).parameters[
-                      'drop_path_rate'].default):
-        if value is not None:
-            return float(value)
-    return 0.
-
-
 def _softmax_backbone(bb: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """mmdet's softmax backbone of the same shape as the Pola backbone
     config ``bb``, or None (not a Pola model, or no such shape)."""
@@ -159,7 +149,7 @@ def _softmax_backbone(bb: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     a = _pola_arch(kind, bb)
     common = dict(_scope_='mmdet',
                   out_indices=tuple(bb.get('out_indices', (0, 1, 2, 3))),
-                  drop_path_rate=_drop_path(kind, bb, a))
+                  drop_path_rate=arch_drop_path(a, bb.get('drop_path_rate')))
     dims = a['embed_dims']
     if kind == 'PolaSwinTransformer':
         return dict(common, type='SwinTransformer', embed_dims=int(dims),

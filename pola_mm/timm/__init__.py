@@ -18,10 +18,10 @@ Each model holds pola_mm's backbone (the same code the OpenMMLab configs
 build; its ``arch_zoo`` defines the archs) as ``backbone`` and timm's
 ``ClassifierHead`` as ``head`` (PolaPP also the authors' ``proj``/``norm``/
 Swish as ``neck``). :class:`~.base.PolaClassifier` runs the backbone's
-stage contract (``stem``, ``stage``, ``out_norm``) for every timm entry
-point. The state dict is mmpretrain's classifier layout (``backbone.*``,
-``neck.*``, ``head.fc.*``), and :func:`checkpoint_filter_fn` converts the
-authors' files (recognised by their sentinel key).
+one stage loop (``run_stages``) for every timm entry point. The state
+dict is mmpretrain's classifier layout (``backbone.*``, ``neck.*``,
+``head.fc.*``), and :func:`checkpoint_filter_fn` converts the authors'
+files (recognised by their sentinel key).
 
 torch.fx: the modules whose forward branches on sizes (patch embedding,
 patch merging, the blocks) are registered with timm's

@@ -67,11 +67,10 @@ def _remove(root: nn.Module, path: str) -> None:
 class PolaClassifier(nn.Module):
     """An ImageNet classifier over a Pola backbone, with timm's interface.
 
-    The model runs the backbone's stage contract
-    (:class:`~pola_mm.models.backbones.base.PolaBackbone`: ``stem``, then
-    ``stage(i)`` for every built stage, ``out_norm(i)``), the same loop as
-    the mm backbone's ``forward``; nothing of the computation is written
-    here. ``forward_features`` gives the last map ``(B, num_features,
+    The model runs the backbone's one stage loop
+    (:meth:`~pola_mm.models.backbones.base.PolaBackbone.run_stages`, which
+    the mm backbone's ``forward`` runs too); nothing of the computation is
+    written here. ``forward_features`` gives the last map ``(B, num_features,
     H / 32, W / 32)`` after the last stage's output norm (Pola-Swin's final
     ``norm3``) and the optional ``neck`` (PolaPP's ``proj``/``norm``/Swish);
     ``forward_head`` pools it (``global_pool``) and applies ``head.fc``.
@@ -92,7 +91,8 @@ class PolaClassifier(nn.Module):
             the backbone's ``pretrain_img_size`` where it has one).
         drop_rate: dropout before ``head.fc``.
         drop_path_rate: stochastic depth of the backbone (``None``: the
-            backbone's default; the model functions pass the authors').
+            arch's, the authors' ImageNet value in the backbone's
+            ``arch_zoo``).
         out_indices: ``None`` for the classifier (every stage, the output
             norm of the last one only); a ``features_only`` model passes the
             stages it returns (stages up to the last of them are built, each
@@ -202,24 +202,9 @@ class PolaClassifier(nn.Module):
         its output channels (PolaPP's classifier); none by default."""
         return None, None
 
-    # -- the stage loop ------------------------------------------------------
+    # -- the backbone's stage loop -------------------------------------------
     def _last_chs(self) -> int:
         return self.backbone.num_features[self.backbone.num_built - 1]
-
-    def _run(self, x: Tensor, stop: int, take: Sequence[int], norm: bool
-             ) -> Tuple[Tensor, Size2, List[Tuple[Tensor, Size2]]]:
-        """The backbone's stem and stages ``0..stop``: the raw output tokens
-        of stage ``stop`` with their grid, and the outputs of the stages in
-        ``take`` (through their output norms with ``norm``)."""
-        bb = self.backbone
-        x, hw = bb.stem(x)
-        out, out_hw = x, hw
-        taken: List[Tuple[Tensor, Size2]] = []
-        for i in range(stop + 1):
-            out, out_hw, x, hw = bb.stage(i, x, hw)
-            if i in take:
-                taken.append((bb.out_norm(i, out) if norm else out, out_hw))
-        return out, out_hw, taken
 
     def _final(self, tokens: Tensor, hw: Size2) -> Tensor:
         """The last stage's raw tokens -> :meth:`forward_features`' map:
@@ -233,7 +218,8 @@ class PolaClassifier(nn.Module):
         ``(B, num_features, H_last, W_last)`` (stride 32 for the default
         patch sizes)."""
         check_input(x, self.in_chans, type(self).__name__)
-        out, hw, _ = self._run(x, self.backbone.num_built - 1, (), False)
+        out, hw, _ = self.backbone.run_stages(x, self.backbone.num_built - 1,
+                                              (), norm=False)
         return self._final(out, hw)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -294,7 +280,7 @@ class PolaClassifier(nn.Module):
         check_input(x, self.in_chans, type(self).__name__)
         last = self.backbone.num_built - 1
         stop = max_index if (stop_early or intermediates_only) else last
-        out, hw, taken = self._run(x, stop, take, norm)
+        out, hw, taken = self.backbone.run_stages(x, stop, take, norm)
         inter = []
         for tokens, tokens_hw in taken:
             t = to_map(tokens, tokens_hw)

@@ -1,7 +1,7 @@
 """Pola-PVT as timm models: ``pola_pvt_{tiny,small,medium,large}`` and the
 short names ``pola_pvt_{t,s,m,l}``; archs from
-:attr:`PolaPVT.arch_zoo <pola_mm.models.PolaPVT>`, drop path as the
-authors' ImageNet configs."""
+:attr:`PolaPVT.arch_zoo <pola_mm.models.PolaPVT>`, drop path with them
+(the authors' ImageNet values)."""
 from typing import Any, Dict, List
 
 from timm.models import generate_default_cfgs, register_model
@@ -55,8 +55,8 @@ def _create_pola_pvt(variant: str, pretrained: bool = False,
 @register_model
 def pola_pvt_tiny(pretrained: bool = False,
                   **kwargs: Any) -> PolaPVTClassifier:
-    """Pola-PVT-T (arch ``'tiny'``), drop path 0.1 (the authors')."""
-    model_args = dict(arch='tiny', drop_path_rate=0.1)
+    """Pola-PVT-T (arch ``'tiny'``: drop path 0.1)."""
+    model_args = dict(arch='tiny')
     return _create_pola_pvt('pola_pvt_tiny', pretrained,
                             **dict(model_args, **kwargs))
 
@@ -64,8 +64,8 @@ def pola_pvt_tiny(pretrained: bool = False,
 @register_model
 def pola_pvt_small(pretrained: bool = False,
                    **kwargs: Any) -> PolaPVTClassifier:
-    """Pola-PVT-S (arch ``'small'``), drop path 0.1 (the authors')."""
-    model_args = dict(arch='small', drop_path_rate=0.1)
+    """Pola-PVT-S (arch ``'small'``: drop path 0.1)."""
+    model_args = dict(arch='small')
     return _create_pola_pvt('pola_pvt_small', pretrained,
                             **dict(model_args, **kwargs))
 
@@ -73,8 +73,8 @@ def pola_pvt_small(pretrained: bool = False,
 @register_model
 def pola_pvt_medium(pretrained: bool = False,
                     **kwargs: Any) -> PolaPVTClassifier:
-    """Pola-PVT-M (arch ``'medium'``), drop path 0.3 (the authors')."""
-    model_args = dict(arch='medium', drop_path_rate=0.3)
+    """Pola-PVT-M (arch ``'medium'``: drop path 0.3)."""
+    model_args = dict(arch='medium')
     return _create_pola_pvt('pola_pvt_medium', pretrained,
                             **dict(model_args, **kwargs))
 
@@ -82,8 +82,8 @@ def pola_pvt_medium(pretrained: bool = False,
 @register_model
 def pola_pvt_large(pretrained: bool = False,
                    **kwargs: Any) -> PolaPVTClassifier:
-    """Pola-PVT-L (arch ``'large'``), drop path 0.3 (the authors')."""
-    model_args = dict(arch='large', drop_path_rate=0.3)
+    """Pola-PVT-L (arch ``'large'``: drop path 0.3)."""
+    model_args = dict(arch='large')
     return _create_pola_pvt('pola_pvt_large', pretrained,
                             **dict(model_args, **kwargs))
 

@@ -2,7 +2,7 @@
 ``pola_swin_base_384`` (the authors' 384 fine-tune setting) and the short
 names ``pola_swin_{t,s,b}``; archs from
 :attr:`PolaSwinTransformer.arch_zoo <pola_mm.models.PolaSwinTransformer>`,
-drop path as the authors' ImageNet configs."""
+drop path with them (the authors' ImageNet values)."""
 from typing import Any, Dict, List
 
 from timm.models import generate_default_cfgs, register_model
@@ -53,24 +53,24 @@ def _create_pola_swin(variant: str, pretrained: bool = False,
 
 @register_model
 def pola_swin_tiny(pretrained: bool = False, **kwargs: Any) -> PolaSwin:
-    """Pola-Swin-T (arch ``'tiny'``), drop path 0.2 (the authors')."""
-    model_args = dict(arch='tiny', drop_path_rate=0.2)
+    """Pola-Swin-T (arch ``'tiny'``: drop path 0.2)."""
+    model_args = dict(arch='tiny')
     return _create_pola_swin('pola_swin_tiny', pretrained,
                              **dict(model_args, **kwargs))
 
 
 @register_model
 def pola_swin_small(pretrained: bool = False, **kwargs: Any) -> PolaSwin:
-    """Pola-Swin-S (arch ``'small'``), drop path 0.3 (the authors')."""
-    model_args = dict(arch='small', drop_path_rate=0.3)
+    """Pola-Swin-S (arch ``'small'``: drop path 0.3)."""
+    model_args = dict(arch='small')
     return _create_pola_swin('pola_swin_small', pretrained,
                              **dict(model_args, **kwargs))
 
 
 @register_model
 def pola_swin_base(pretrained: bool = False, **kwargs: Any) -> PolaSwin:
-    """Pola-Swin-B (arch ``'base'``), drop path 0.5 (the authors')."""
-    model_args = dict(arch='base', drop_path_rate=0.5)
+    """Pola-Swin-B (arch ``'base'``: drop path 0.5)."""
+    model_args = dict(arch='base')
     return _create_pola_swin('pola_swin_base', pretrained,
                              **dict(model_args, **kwargs))
 
@@ -78,9 +78,9 @@ def pola_swin_base(pretrained: bool = False, **kwargs: Any) -> PolaSwin:
 @register_model
 def pola_swin_base_384(pretrained: bool = False, **kwargs: Any) -> PolaSwin:
     """Pola-Swin-B at 384 (arch ``'base'``): polarity window 96 (the whole
-    stage-1 map), the authors' fine-tune setting; drop path 0.5."""
-    model_args = dict(arch='base', drop_path_rate=0.5, img_size=384,
-                      window_size=96)
+    stage-1 map), the authors' fine-tune setting; drop path 0.5 (the
+    arch's)."""
+    model_args = dict(arch='base', img_size=384, window_size=96)
     return _create_pola_swin('pola_swin_base_384', pretrained,
                              **dict(model_args, **kwargs))
 

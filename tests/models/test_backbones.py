@@ -335,3 +335,99 @@ def test_backbones_trace_without_graph_breaks():
             with torch.set_grad_enabled(train):
                 result = explain(model)(x)
             assert result.graph_break_count == 0, result.break_reasons
+
+
+#: One tiny model of each family, for the shared stage contract.
+def _families():
+    from helpers import POLAPP_TINY
+
+    from pola_mm.models import PolaPP
+    return [PolaSwinTransformer(arch=SWIN_TINY_DEPTH2),
+            PolaPVT(arch=PVT_TINY), PolaPP(arch=POLAPP_TINY)]
+
+
+@pytest.mark.parametrize('index', [0, 1, 2], ids=['swin', 'pvt', 'polapp'])
+def test_every_family_has_one_stage_contract(index):
+    """Each family's stages are modules with one forward: tokens on a grid
+    in, tokens of the same shape out; ``downsample`` leads to the next
+    stage; the one loop (``run_stages``) gives the backbone's outputs."""
+    from pola_mm.models.layers import to_map
+    torch.manual_seed(0)
+    model = _families()[index].eval()
+    model.init_weights()
+    assert len(model.stages) == model.num_built == 4
+    x = torch.randn(2, 3, 70, 90)
+    with torch.no_grad():
+        outs = model(x)
+        tokens, hw = model.stem(x)
+        for i, stage in enumerate(model.stages):
+            forwards = {n for k in type(stage).__mro__
+                        if k.__module__.startswith('pola_mm.')
+                        for n in vars(k) if n.startswith('forward')}
+            assert forwards == {'forward'}, type(stage)
+            if i > 0:
+                tokens, hw = model.downsample(i - 1, tokens, hw)
+            out = stage(tokens, hw)
+            assert isinstance(out, torch.Tensor)
+            assert out.shape == tokens.shape
+            tokens = out
+            assert torch.equal(
+                to_map(model.out_norm(i, tokens), hw), outs[i])
+        last, last_hw, taken = model.run_stages(x, 1, (0, 1), norm=False)
+    assert [t.shape[1] for t, _ in taken] == [
+        o.shape[2] * o.shape[3] for o in outs[:2]]
+    assert last_hw == tuple(outs[1].shape[2:])
+    assert torch.equal(last, taken[1][0])
+
+
+def test_pvt_stages_keep_the_authors_keys():
+    """Pola-PVT's stage modules are the authors' ``block{i}`` lists."""
+    model = PolaPVT(arch=PVT_TINY)
+    assert list(model.stages) == [model.block1, model.block2, model.block3,
+                                  model.block4]
+    assert 'block1.0.attn.qg.weight' in model.state_dict()
+
+
+@pytest.mark.parametrize('cls,arch,dpr', [
+    (PolaSwinTransformer, 'tiny', 0.2), (PolaSwinTransformer, 's', 0.3),
+    (PolaSwinTransformer, 'base', 0.5), (PolaPVT, 'tiny', 0.1),
+    (PolaPVT, 'small', 0.1), (PolaPVT, 'medium', 0.3),
+    (PolaPVT, 'l', 0.3)])
+def test_drop_path_comes_from_the_arch_table(cls, arch, dpr):
+    """The arch table holds the authors' ImageNet drop path: the backbone
+    builds with it unless told otherwise; the zoo's softmax counterpart
+    gets the same."""
+    from pola_mm.analysis.zoo import counterpart
+    assert cls.arch_zoo[arch]['drop_path_rate'] == dpr
+    with torch.device('meta'):
+        assert cls(arch=arch, out_indices=(0, )).drop_path_rate == dpr
+        assert cls(arch=arch, out_indices=(0, ),
+                   drop_path_rate=0.05).drop_path_rate == 0.05
+    soft = counterpart(dict(type=cls.__name__, arch=arch))
+    assert soft['drop_path_rate'] == dpr
+    tiny = SWIN_TINY_DEPTH2 if cls is PolaSwinTransformer else PVT_TINY
+    assert cls(arch=tiny).drop_path_rate == 0.1  # a dict without one
+
+
+def test_blocks_choose_attention_by_one_rule():
+    """Every family's block takes 'L' or 'S' and names both otherwise."""
+    from pola_mm.models.backbones.pola_pvt import PolaPVTBlock
+    from pola_mm.models.backbones.pola_swin import PolaSwinBlock
+    from pola_mm.models.layers import (PaCSAttention, PolaPPBlock,
+                                       PolarityAttention, RotarySelfAttention,
+                                       SpatialReductionAttention, WindowMSA)
+    builds = {
+        'swin': lambda t: PolaSwinBlock(16, 2, 7, attn_type=t),
+        'pvt': lambda t: PolaPVTBlock(16, 2, (8, 8), 2., attn_type=t,
+                                      sr_ratio=2),
+        'polapp': lambda t: PolaPPBlock(16, 2, t, 2.),
+    }
+    kinds = {'swin': (PolarityAttention, WindowMSA),
+             'pvt': (PolarityAttention, SpatialReductionAttention),
+             'polapp': (PaCSAttention, RotarySelfAttention)}
+    for name, build in builds.items():
+        assert type(build('L').attn) is kinds[name][0]
+        assert type(build('S').attn) is kinds[name][1]
+        with pytest.raises(ValueError,
+                           match=r"'L' \(polarity.*'S' \(softmax.*'M'"):
+            build('M')

@@ -532,3 +532,29 @@ def test_autocast_trains(dtype):
     assert outs[0].dtype == dtype  # autocast reached the stem and stage 1
     sum(o.float().square().mean() for o in outs).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_init_weights_reinitialises_every_layer():
+    """init_weights applies PolaPP's own rule once (no second rule undoing
+    a first): from a model whose parameters are all 1, convs are
+    trunc-normal with zero bias, Linear layers PyTorch's default, norms
+    ones and zeros, PaCS temperatures zero."""
+    import torch.nn as nn
+    torch.manual_seed(0)
+    model = PolaPP(arch=dict(TINY, embed_dims=(64, 64, 64, 64)))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(1.)
+    model.init_weights()
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Conv2d) and m.weight.numel() > 1000:
+            assert 0.015 < m.weight.std() < 0.025, name
+            assert m.bias is None or not m.bias.any(), name
+        elif isinstance(m, nn.Linear):
+            bound = 1 / m.in_features ** 0.5  # kaiming_uniform(a=sqrt(5))
+            assert m.weight.abs().max() <= bound, name
+            assert m.weight.std() > bound / 4, name
+        elif isinstance(m, nn.LayerNorm):
+            assert (m.weight == 1).all() and not m.bias.any(), name
+        elif isinstance(m, PaCSAttention):
+            assert not m.s1.any() and not m.s2.any(), name

@@ -1,5 +1,6 @@
-"""What the Pola backbones share: arch resolution, freezing, init, the
-stage contract with its one stage loop, the pre-norm block."""
+"""What the Pola backbones share: arch resolution (with drop path),
+freezing, init, the stage contract with its one stage loop, the pre-norm
+block."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
@@ -10,10 +11,13 @@ from torch import Tensor
 
 from ...type_aliases import Size2
 from ..checkpoint import load_pretrained
-from ..layers import Mlp, PolarityAttention, WindowMSA
+from ..layers import Mlp, PaCSAttention, PolarityAttention, WindowMSA
 from ..layers.bricks import DropPath, build_norm_layer
 from ..layers.pacs_attention import reset_pacs_temperatures
 from ..layers.token_map import to_map
+
+#: Drop path of an arch dict that names none (mmdet's Swin default).
+DEFAULT_DROP_PATH = 0.1
 
 
 def pair(x: Union[int, Sequence[int]]) -> Size2:
@@ -50,6 +54,16 @@ def resolve_arch(arch: Union[str, dict], zoo: Dict[str, dict],
     return dict(arch)
 
 
+def arch_drop_path(arch: dict, drop_path_rate: Optional[float]) -> float:
+    """The stochastic depth a backbone is built with: ``drop_path_rate``
+    when given, else its arch's ``drop_path_rate`` (every ``arch_zoo``
+    entry has the authors' ImageNet value), else
+    :data:`DEFAULT_DROP_PATH`."""
+    if drop_path_rate is not None:
+        return float(drop_path_rate)
+    return float(arch.get('drop_path_rate', DEFAULT_DROP_PATH))
+
+
 def check_out_indices(out_indices: Union[int, Sequence[int]],
                       num_stages: int) -> Tuple[int, ...]:
     if isinstance(out_indices, int):
@@ -72,7 +86,9 @@ def freeze(module: nn.Module) -> None:
         p.requires_grad = False
 
 
-def init_module(m: nn.Module) -> None:
+def init_linear_and_norm(m: nn.Module) -> None:
+    """The authors' Swin and PVT ``_init_weights``: trunc-normal (std .02)
+    ``Linear`` weights with zero biases, ``LayerNorm`` ones and zeros."""
     if isinstance(m, nn.Linear):
         trunc_normal_(m.weight, std=.02)
         if m.bias is not None:
@@ -82,13 +98,24 @@ def init_module(m: nn.Module) -> None:
             nn.init.ones_(m.weight)
         if m.bias is not None:
             nn.init.zeros_(m.bias)
-    elif isinstance(m, PolarityAttention):
+
+
+def reset_attention(m: nn.Module) -> None:
+    """An attention module's own parameters back to the authors' init:
+    polarity ``power`` (or PaCS ``s1``/``s2``), ``scale`` and
+    ``positional_encoding`` zero, as built; a softmax window's relative
+    position table trunc-normal (std .02). Other modules are left as they
+    are. (The one place that knows these parameters outside their
+    modules, until each attention carries its own ``init_weights``.)"""
+    if isinstance(m, PolarityAttention):
         if m.feature_map == 'pacs':
-            reset_pacs_temperatures(m)  # the one place s1 / s2 are zeroed
+            reset_pacs_temperatures(m)
         else:
             nn.init.zeros_(m.power)
         nn.init.zeros_(m.scale)
         nn.init.zeros_(m.positional_encoding)
+    elif isinstance(m, PaCSAttention):
+        reset_pacs_temperatures(m)
     elif isinstance(m, WindowMSA):
         trunc_normal_(m.relative_position_bias_table, std=.02)
 
@@ -119,30 +146,40 @@ def check_input(x: Tensor, in_channels: int, name: str) -> None:
 
 class PolaBackbone(BaseModule):
     """What Pola-Swin, Pola-PVT and PolaPP share: the stage contract and its
-    one stage loop (:meth:`forward`, also run by the timm models), default
-    init, strict pretrained loading through ``init_cfg``, frozen stages kept
-    in eval mode, and the input check.
+    one stage loop (:meth:`run_stages`, run by :meth:`forward` and by the
+    timm models), default init, strict pretrained loading through
+    ``init_cfg``, frozen stages kept in eval mode, and the input check.
 
     The stage contract, on tokens ``(B, H * W, C)`` row-major on a grid
     ``hw``:
 
     - :meth:`stem`: image -> the first stage's tokens and grid;
-    - :meth:`stage` ``i``: its blocks, then the step to stage ``i + 1``
-      (patch merging, downsampling or the next patch embedding; none after
-      the last built stage);
+    - :attr:`stages` ``[i]``: a module whose ``forward(x, hw)`` runs the
+      stage's blocks, tokens in, tokens of the same grid out;
+    - :meth:`downsample` ``i``: stage ``i``'s output -> stage ``i + 1``'s
+      tokens and grid (patch merging, strided conv or the next patch
+      embedding);
     - :meth:`out_norm` ``i``: the output norm of stage ``i`` (identity where
       the model has none).
 
     Subclasses set ``in_channels``, ``num_built``, ``out_indices`` and
     ``family`` (e.g. ``'Pola-Swin'``), implement the contract,
     :meth:`_freeze_stages` and :meth:`_expected_unexpected`; they may
-    override :meth:`_init_extra` and :meth:`_expected_missing`.
+    override :meth:`_init_layer`, :meth:`_init_extra` and
+    :meth:`_expected_missing`.
     """
 
     family: str = 'Pola'
 
+    def _init_layer(self, m: nn.Module) -> None:
+        """The family's init of one plain layer (Linear, norm, conv),
+        applied to every module: :func:`init_linear_and_norm`, the authors'
+        Swin and PVT rule."""
+        init_linear_and_norm(m)
+
     def _init_extra(self) -> None:
-        """Init beyond :func:`init_module` (e.g. learned position tables)."""
+        """Init of the backbone's own parameters (e.g. PVT's position
+        tables)."""
 
     def _expected_missing(self, key: str) -> bool:
         """Module keys a fitting checkpoint may lack."""
@@ -156,11 +193,12 @@ class PolaBackbone(BaseModule):
         raise NotImplementedError
 
     def init_weights(self) -> None:
-        """Default init (trunc-normal Linear, zero ``power``/``scale``/
-        ``positional_encoding`` as the authors, :meth:`_init_extra`), then
-        the pretrained checkpoint of ``init_cfg`` if any."""
+        """Default init (the family's :meth:`_init_layer` on every module,
+        :func:`reset_attention`, then :meth:`_init_extra`), then the
+        pretrained checkpoint of ``init_cfg`` if any."""
         cfg = self.init_cfg if isinstance(self.init_cfg, dict) else None
-        self.apply(init_module)
+        self.apply(self._init_layer)
+        self.apply(reset_attention)
         self._init_extra()
         if cfg is not None and cfg.get('type') == 'Pretrained':
             load_pretrained(
@@ -183,27 +221,52 @@ class PolaBackbone(BaseModule):
         """Image ``(B, Cin, H, W)`` -> tokens of stage 0 and their grid."""
         raise NotImplementedError
 
-    def stage(self, i: int, x: Tensor,
-              hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
-        """Stage ``i`` on tokens ``x`` of the grid ``hw``: its output with
-        its grid, and the tokens of stage ``i + 1`` with theirs (the output
-        itself after the last built stage)."""
+    @property
+    def stages(self) -> Sequence[nn.Module]:
+        """The built stage modules, in order."""
+        raise NotImplementedError
+
+    def downsample(self, i: int, x: Tensor, hw: Size2) -> Tuple[Tensor, Size2]:
+        """Stage ``i``'s output tokens on ``hw`` -> stage ``i + 1``'s tokens
+        and grid."""
         raise NotImplementedError
 
     def out_norm(self, i: int, x: Tensor) -> Tensor:
         """The output norm of stage ``i`` on its tokens (identity)."""
         return x
 
+    def run_stages(self, x: Tensor, last: int, take: Sequence[int],
+                   norm: bool = True
+                   ) -> Tuple[Tensor, Size2, List[Tuple[Tensor, Size2]]]:
+        """The one stage loop: :meth:`stem`, then stages ``0..last``, each
+        entered through :meth:`downsample` of the one before.
+
+        Args:
+            x: images ``(B, Cin, H, W)``.
+            last: the last stage to run (at most ``num_built - 1``).
+            take: the stages whose outputs are returned.
+            norm: return those outputs through :meth:`out_norm`.
+
+        Returns:
+            The raw tokens ``(B, H_last * W_last, C_last)`` of stage
+            ``last`` with their grid, and ``(tokens, hw)`` of every stage
+            in ``take``, in order.
+        """
+        x, hw = self.stem(x)
+        taken: List[Tuple[Tensor, Size2]] = []
+        for i in range(last + 1):
+            if i > 0:
+                x, hw = self.downsample(i - 1, x, hw)
+            x = self.stages[i](x, hw)
+            if i in take:
+                taken.append((self.out_norm(i, x) if norm else x, hw))
+        return x, hw, taken
+
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
         check_input(x, self.in_channels, type(self).__name__)
-        x, hw = self.stem(x)
-        outs = []
-        for i in range(self.num_built):
-            out, out_hw, x, hw = self.stage(i, x, hw)
-            if i in self.out_indices:
-                outs.append(to_map(self.out_norm(i, out), out_hw).contiguous())
-        return tuple(outs)
+        _, _, outs = self.run_stages(x, self.num_built - 1, self.out_indices)
+        return tuple(to_map(t, hw).contiguous() for t, hw in outs)
 
 
 class PreNormBlock(BaseModule):

@@ -1,5 +1,6 @@
 """Pola-PVT: Pyramid Vision Transformer, polarity-aware linear attention."""
-from typing import Dict, Optional, Sequence, Tuple, Union
+from functools import partial
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -11,12 +12,27 @@ from ...registry import register_model
 from ...type_aliases import Size2
 from ..layers import (PatchEmbed, PolarityAttention, SpatialReductionAttention,
                       to_map)
-from .base import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
-                   linspace, pair, resolve_arch)
+from ..layers.bricks import build_attention
+from .base import (PolaBackbone, PreNormBlock, arch_drop_path,
+                   check_out_indices, freeze, linspace, pair, resolve_arch)
 
 # torch.fx: the table resize (it branches on the grid) is one node of a
 # traced graph; PolaPVT.embed, which calls it, is traced through
 torch.fx.wrap('resize_pos_table')
+
+
+class PolaPVTStage(nn.ModuleList):
+    """The blocks of one stage (the authors' ``block{i}`` list, so its keys
+    are theirs: ``block1.0.attn...``); :meth:`forward` runs them. The
+    stage's entry (``patch_embed{i}``, ``pos_embed{i}``) is the backbone's
+    (:meth:`PolaPVT.embed`)."""
+
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """Tokens ``(B, H * W, C)`` on ``hw`` -> the blocks' output, same
+        shape."""
+        for block in self:
+            x = block(x, hw)
+        return x
 
 
 class PolaPVTBlock(PreNormBlock):
@@ -51,24 +67,20 @@ class PolaPVTBlock(PreNormBlock):
                  init_cfg: Optional[dict] = None) -> None:
         act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
-        if attn_type not in ('L', 'S'):
-            raise ValueError(
-                f"attn_type must be 'L' or 'S', got {attn_type!r}")
-        if attn_type == 'L':
-            attn = PolarityAttention(
-                embed_dims, num_heads,
-                (ref_hw[0] // la_sr_ratio, ref_hw[1] // la_sr_ratio),
-                fused_qkvg=False, qkv_bias=qkv_bias, alpha=alpha,
-                kernel_size=kernel_size, attn_drop=attn_drop_rate,
-                proj_drop=drop_rate, feature_map=feature_map,
-                sr_ratio=la_sr_ratio, interpolate_mode=interpolate_mode)
-        else:
-            # the norm after ``sr`` is the authors' nn.LayerNorm(dim)
-            # (default eps), not the blocks' eps 1e-6
-            attn = SpatialReductionAttention(
-                embed_dims, num_heads, sr_ratio, qkv_bias=qkv_bias,
-                attn_drop=attn_drop_rate, proj_drop=drop_rate,
-                norm_cfg=dict(type='LN'), pad_input=pad_input)
+        # the norm after ``sr`` of 'S' is the authors' nn.LayerNorm(dim)
+        # (default eps), not the blocks' eps 1e-6
+        attn = build_attention(attn_type, {
+            'L': partial(PolarityAttention, embed_dims, num_heads,
+                         (ref_hw[0] // la_sr_ratio, ref_hw[1] // la_sr_ratio),
+                         fused_qkvg=False, qkv_bias=qkv_bias, alpha=alpha,
+                         kernel_size=kernel_size, attn_drop=attn_drop_rate,
+                         proj_drop=drop_rate, feature_map=feature_map,
+                         sr_ratio=la_sr_ratio,
+                         interpolate_mode=interpolate_mode),
+            'S': partial(SpatialReductionAttention, embed_dims, num_heads,
+                         sr_ratio, qkv_bias=qkv_bias,
+                         attn_drop=attn_drop_rate, proj_drop=drop_rate,
+                         norm_cfg=dict(type='LN'), pad_input=pad_input)})
         super().__init__(embed_dims, attn, mlp_ratio, drop_rate,
                          drop_path_rate, act_cfg, norm_cfg, with_cp,
                          init_cfg=init_cfg)
@@ -91,7 +103,8 @@ class PolaPVT(PolaBackbone):
     Args:
         arch: ``'tiny'``/``'small'``/``'medium'``/``'large'`` (``'t'``/``'s'``/
             ``'m'``/``'l'``) or a dict with ``embed_dims``, ``depths``,
-            ``num_heads``, ``mlp_ratios`` (one entry per stage).
+            ``num_heads``, ``mlp_ratios`` (one entry per stage) and
+            optionally ``drop_path_rate``.
         pretrain_img_size: pre-training image size (grid of the tables).
         in_channels: input channels.
         patch_sizes: patch size per stage.
@@ -99,7 +112,9 @@ class PolaPVT(PolaBackbone):
         sr_ratios: spatial reduction of ``'S'`` stages.
         qkv_bias, alpha, kernel_size: attention options.
         drop_rate, attn_drop_rate: dropout rates.
-        drop_path_rate: stochastic depth, linearly spaced over all blocks.
+        drop_path_rate: stochastic depth, linearly spaced over all blocks;
+            None: the arch's (the authors' ImageNet value: 0.1 for T and S,
+            0.3 for M and L; 0.1 for an arch dict without one).
         out_indices: stages returned (0-based); only stages up to
             ``max(out_indices)`` are built.
         frozen_stages: mmdet's meaning: -1 nothing; 0 ``patch_embed1`` and
@@ -134,13 +149,18 @@ class PolaPVT(PolaBackbone):
     floor(H_i / 2)`` (at least 1), likewise ``W``; with ``pad_input``,
     ``ceil`` instead of ``floor``.
     """
+    # drop_path_rate: the authors' ImageNet value (their configs)
     _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8),
                    mlp_ratios=(8, 8, 4, 4))
     arch_zoo: Dict[str, dict] = {
-        **dict.fromkeys(['t', 'tiny'], dict(_common, depths=(2, 2, 2, 2))),
-        **dict.fromkeys(['s', 'small'], dict(_common, depths=(3, 4, 6, 3))),
-        **dict.fromkeys(['m', 'medium'], dict(_common, depths=(3, 4, 18, 3))),
-        **dict.fromkeys(['l', 'large'], dict(_common, depths=(3, 8, 27, 3))),
+        **dict.fromkeys(['t', 'tiny'], dict(_common, depths=(2, 2, 2, 2),
+                                            drop_path_rate=0.1)),
+        **dict.fromkeys(['s', 'small'], dict(_common, depths=(3, 4, 6, 3),
+                                             drop_path_rate=0.1)),
+        **dict.fromkeys(['m', 'medium'], dict(_common, depths=(3, 4, 18, 3),
+                                              drop_path_rate=0.3)),
+        **dict.fromkeys(['l', 'large'], dict(_common, depths=(3, 8, 27, 3),
+                                             drop_path_rate=0.3)),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
     family = 'Pola-PVT'
@@ -157,7 +177,7 @@ class PolaPVT(PolaBackbone):
                  kernel_size: int = 5,
                  drop_rate: float = 0.,
                  attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1,
+                 drop_path_rate: Optional[float] = None,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  with_cp: bool = False,
@@ -198,7 +218,8 @@ class PolaPVT(PolaBackbone):
         self.num_built = max(self.out_indices) + 1
         self.num_features = list(embed_dims)
         img_hw = pair(pretrain_img_size)
-        dpr = linspace(drop_path_rate, sum(depths))
+        self.drop_path_rate = arch_drop_path(arch, drop_path_rate)
+        dpr = linspace(self.drop_path_rate, sum(depths))
         self.ref_grids = []
         stride = 1
         # Parameters first so the state dict follows the authors' order.
@@ -216,7 +237,7 @@ class PolaPVT(PolaBackbone):
                 pad_input=pad_input))
             self.add_module(f'pos_drop{i + 1}', nn.Dropout(drop_rate))
             start = sum(depths[:i])
-            self.add_module(f'block{i + 1}', nn.ModuleList([
+            self.add_module(f'block{i + 1}', PolaPVTStage([
                 PolaPVTBlock(
                     embed_dims[i], num_heads[i], self.ref_grids[i],
                     mlp_ratios[i], attn_type=attn_layout[i],
@@ -267,12 +288,13 @@ class PolaPVT(PolaBackbone):
         """Stage 0's entry (:meth:`embed`) of the image."""
         return self.embed(0, x)
 
-    def stage(self, i: int, x: Tensor,
-              hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
-        """The blocks ``block{i+1}``, then the next stage's entry
-        (:meth:`embed`) of their output laid out as NCHW."""
-        for block in getattr(self, f'block{i + 1}'):
-            x = block(x, hw)
-        if i + 1 == self.num_built:
-            return x, hw, x, hw
-        return (x, hw) + self.embed(i + 1, to_map(x, hw))
+    @property
+    def stages(self) -> List[PolaPVTStage]:
+        """``block1``, ``block2``, ...: the built stages
+        (:class:`PolaPVTStage`)."""
+        return [getattr(self, f'block{i + 1}') for i in range(self.num_built)]
+
+    def downsample(self, i: int, x: Tensor, hw: Size2) -> Tuple[Tensor, Size2]:
+        """Stage ``i + 1``'s entry (:meth:`embed`) of stage ``i``'s output
+        laid out as NCHW."""
+        return self.embed(i + 1, to_map(x, hw))

@@ -1,4 +1,5 @@
 """Pola-Swin: Swin Transformer with polarity-aware linear attention."""
+from functools import partial
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
@@ -8,9 +9,9 @@ from torch import Tensor
 from ...registry import register_model
 from ...type_aliases import Size2
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, WindowMSA
-from ..layers.bricks import build_norm_layer
-from .base import (PolaBackbone, PreNormBlock, check_out_indices, freeze,
-                   linspace, pair, resolve_arch)
+from ..layers.bricks import build_attention, build_norm_layer
+from .base import (PolaBackbone, PreNormBlock, arch_drop_path,
+                   check_out_indices, freeze, linspace, pair, resolve_arch)
 
 
 class PolaSwinBlock(PreNormBlock):
@@ -65,21 +66,17 @@ class PolaSwinBlock(PreNormBlock):
                  init_cfg: Optional[dict] = None) -> None:
         act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         norm_cfg = dict(type='LN') if norm_cfg is None else norm_cfg
-        if attn_type not in ('L', 'S'):
-            raise ValueError(
-                f"attn_type must be 'L' or 'S', got {attn_type!r}")
         window_size = pair(window_size)
-        if attn_type == 'L':
-            attn = PolarityAttention(
-                embed_dims, num_heads, window_size, fused_qkvg=True,
-                qkv_bias=qkv_bias, alpha=alpha, kernel_size=kernel_size,
-                attn_drop=attn_drop_rate, proj_drop=drop_rate,
-                feature_map=feature_map)
-        else:
-            attn = WindowMSA(
-                embed_dims, num_heads, window_size, shift=shift,
-                mask_padding=mask_padding, qkv_bias=qkv_bias,
-                attn_drop=attn_drop_rate, proj_drop=drop_rate)
+        attn = build_attention(attn_type, {
+            'L': partial(PolarityAttention, embed_dims, num_heads,
+                         window_size, fused_qkvg=True, qkv_bias=qkv_bias,
+                         alpha=alpha, kernel_size=kernel_size,
+                         attn_drop=attn_drop_rate, proj_drop=drop_rate,
+                         feature_map=feature_map),
+            'S': partial(WindowMSA, embed_dims, num_heads, window_size,
+                         shift=shift, mask_padding=mask_padding,
+                         qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
+                         proj_drop=drop_rate)})
         super().__init__(embed_dims, attn, mlp_ratio, drop_rate,
                          drop_path_rate, act_cfg, norm_cfg, with_cp,
                          init_cfg=init_cfg)
@@ -90,7 +87,9 @@ class PolaSwinBlock(PreNormBlock):
 class PolaSwinStage(BaseModule):
     """Blocks of one stage (``blocks``) and the optional patch merging at its
     end (``downsample``), the authors' ``BasicLayer``; block ``j`` has the
-    attention ``attn_types[j]`` and the window ``window_sizes[j]``."""
+    attention ``attn_types[j]`` and the window ``window_sizes[j]``.
+    :meth:`forward` runs the blocks; the backbone applies ``downsample``
+    between stages (as mmpretrain's Swin)."""
 
     def __init__(self,
                  embed_dims: int,
@@ -113,17 +112,12 @@ class PolaSwinStage(BaseModule):
         self.downsample = (PatchMerging(embed_dims, norm_cfg=norm_cfg)
                            if downsample else None)
 
-    def forward(self, x: Tensor,
-                hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
-        """Returns the stage output ``(B, H * W, C)`` with its ``hw`` and the
-        downsampled tokens with theirs (the same when there is no
-        downsample)."""
+    def forward(self, x: Tensor, hw: Size2) -> Tensor:
+        """Tokens ``(B, H * W, C)`` on ``hw`` -> the blocks' output, same
+        shape."""
         for block in self.blocks:
             x = block(x, hw)
-        if self.downsample is None:
-            return x, hw, x, hw
-        down, down_hw = self.downsample(x, hw)
-        return x, hw, down, down_hw
+        return x
 
 
 def block_layout(attn_layout: str, depths: Sequence[int]) -> List[str]:
@@ -177,7 +171,8 @@ class PolaSwinTransformer(PolaBackbone):
 
     Args:
         arch: ``'tiny'``/``'small'``/``'base'`` (``'t'``/``'s'``/``'b'``) or a
-            dict with ``embed_dims``, ``depths``, ``num_heads``.
+            dict with ``embed_dims``, ``depths``, ``num_heads`` and
+            optionally ``drop_path_rate``.
         pretrain_img_size: image size of pre-training (int or pair).
         patch_size: patch size of the patch embedding.
         in_channels: input channels.
@@ -199,7 +194,9 @@ class PolaSwinTransformer(PolaBackbone):
         alpha: exponent range of the learned power.
         kernel_size: depth-wise conv kernel on v.
         drop_rate, attn_drop_rate: dropout rates.
-        drop_path_rate: stochastic depth, linearly spaced over all blocks.
+        drop_path_rate: stochastic depth, linearly spaced over all blocks;
+            None: the arch's (the authors' ImageNet value: 0.2, 0.3, 0.5 for
+            T, S, B; 0.1 for an arch dict without one).
         out_indices: stages whose (normalised) outputs are returned; only
             stages up to ``max(out_indices)`` are built.
         frozen_stages: mmdet's meaning: -1 nothing; 0 the patch embedding;
@@ -218,13 +215,17 @@ class PolaSwinTransformer(PolaBackbone):
     Output: tuple of ``(B, embed_dims * 2**i, ceil(H / (4 * 2**i)),
     ceil(W / (4 * 2**i)))`` maps for ``i`` in ``out_indices``.
     """
+    # drop_path_rate: the authors' ImageNet value (their cfgs/*.yaml)
     arch_zoo: Dict[str, dict] = {
         **dict.fromkeys(['t', 'tiny'], dict(
-            embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))),
+            embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
+            drop_path_rate=0.2)),
         **dict.fromkeys(['s', 'small'], dict(
-            embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))),
+            embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24),
+            drop_path_rate=0.3)),
         **dict.fromkeys(['b', 'base'], dict(
-            embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))),
+            embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32),
+            drop_path_rate=0.5)),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     family = 'Pola-Swin'
@@ -244,7 +245,7 @@ class PolaSwinTransformer(PolaBackbone):
                  kernel_size: int = 5,
                  drop_rate: float = 0.,
                  attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1,
+                 drop_path_rate: Optional[float] = None,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  with_cp: bool = False,
@@ -282,7 +283,8 @@ class PolaSwinTransformer(PolaBackbone):
                                       norm_cfg=norm_cfg)
         self.drop_after_pos = nn.Dropout(drop_rate)
         img_hw = pair(pretrain_img_size)
-        dpr = linspace(drop_path_rate, sum(depths))
+        self.drop_path_rate = arch_drop_path(arch, drop_path_rate)
+        dpr = linspace(self.drop_path_rate, sum(depths))
         block_cfg = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, alpha=alpha,
                          kernel_size=kernel_size, drop_rate=drop_rate,
                          attn_drop_rate=attn_drop_rate, act_cfg=act_cfg,
@@ -340,10 +342,14 @@ class PolaSwinTransformer(PolaBackbone):
         x, hw = self.patch_embed(x)
         return self.drop_after_pos(x), hw
 
-    def stage(self, i: int, x: Tensor,
-              hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
-        """The blocks of ``layers[i]``, then its patch merging."""
-        return self.layers[i](x, hw)
+    @property
+    def stages(self) -> nn.ModuleList:
+        """``layers``: the stages (:class:`PolaSwinStage`)."""
+        return self.layers
+
+    def downsample(self, i: int, x: Tensor, hw: Size2) -> Tuple[Tensor, Size2]:
+        """The patch merging of ``layers[i]``."""
+        return self.layers[i].downsample(x, hw)
 
     def out_norm(self, i: int, x: Tensor) -> Tensor:
         """``norm{i}`` where stage ``i`` is an output (the classifier's

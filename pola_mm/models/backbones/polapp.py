@@ -24,11 +24,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ...registry import register_model
 from ...type_aliases import Size2
 from ..layers.conv_embed import ConvStem
-from ..layers.pacs_attention import PaCSAttention, reset_pacs_temperatures
 from ..layers.polapp_block import PolaPPStage, TokenLayerNorm
-from ..layers.token_map import to_tokens
-from .base import (PolaBackbone, check_out_indices, freeze, linspace,
-                   resolve_arch)
+from ..layers.token_map import to_map, to_tokens
+from .base import (PolaBackbone, arch_drop_path, check_out_indices, freeze,
+                   linspace, resolve_arch)
 
 
 @register_model
@@ -136,8 +135,6 @@ class PolaPP(PolaBackbone):
                 f'{heads}, mlp_ratios {mlp_ratios}, layer_scale_init '
                 f'{ls_init} and attn_layout {layout!r} need one entry per '
                 'stage')
-        if drop_path_rate is None:
-            drop_path_rate = float(arch.get('drop_path_rate', 0.1))
         self.out_indices = check_out_indices(out_indices, n)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
@@ -147,10 +144,10 @@ class PolaPP(PolaBackbone):
         self.arch = dict(embed_dims=dims, depths=depths, num_heads=heads,
                          mlp_ratios=mlp_ratios, layer_scale_init=ls_init,
                          attn_layout=layout)
-        self.drop_path_rate = drop_path_rate
+        self.drop_path_rate = arch_drop_path(arch, drop_path_rate)
 
         self.patch_embed = ConvStem(in_channels, dims[0])
-        dpr = linspace(drop_path_rate, sum(depths))
+        dpr = linspace(self.drop_path_rate, sum(depths))
         self.layers = nn.ModuleList()
         for i in range(self.num_built):
             start = sum(depths[:i])
@@ -165,20 +162,16 @@ class PolaPP(PolaBackbone):
         self._freeze_stages()
 
     # ------------------------------------------------------------------
-    def _init_extra(self) -> None:
-        """The authors' init: trunc-normal (std .02) conv weights, zero
-        conv biases; Linear layers keep PyTorch's default, temperatures
-        ``s1``/``s2`` start at zero (``gamma`` keeps its layer-scale
-        value)."""
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                m.reset_parameters()
-            elif isinstance(m, PaCSAttention):
-                reset_pacs_temperatures(m)
+    def _init_layer(self, m: nn.Module) -> None:
+        """The authors' init: trunc-normal (std .02) conv weights with zero
+        biases; Linear and LayerNorm layers PyTorch's default
+        (``reset_parameters``). ``gamma`` keeps its layer-scale value."""
+        if isinstance(m, nn.Conv2d):
+            trunc_normal_(m.weight, std=.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.Linear, nn.LayerNorm)):
+            m.reset_parameters()
 
     def _expected_missing(self, key: str) -> bool:
         # An ImageNet classifier file (the authors' or pola_mm's) has no
@@ -240,10 +233,15 @@ class PolaPP(PolaBackbone):
         x = self.patch_embed(x)
         return to_tokens(x), (x.shape[2], x.shape[3])
 
-    def stage(self, i: int, x: Tensor,
-              hw: Size2) -> Tuple[Tensor, Size2, Tensor, Size2]:
-        """The blocks of ``layers[i]``, then its downsampling."""
-        return self.layers[i].forward_and_downsample(x, hw)
+    @property
+    def stages(self) -> nn.ModuleList:
+        """``layers``: the stages (:class:`PolaPPStage`)."""
+        return self.layers
+
+    def downsample(self, i: int, x: Tensor, hw: Size2) -> Tuple[Tensor, Size2]:
+        """The downsampling of ``layers[i]``, on the stage's map."""
+        x = self.layers[i].downsample(to_map(x, hw))
+        return to_tokens(x), (x.shape[2], x.shape[3])
 
     def out_norm(self, i: int, x: Tensor) -> Tensor:
         """``extra_norms[i]`` with ``with_extra_norms``."""

@@ -1,5 +1,5 @@
 """Norm, activation and stochastic depth built from config dicts, in plain
-torch (no mmcv).
+torch (no mmcv), and a block's attention chosen by its letter.
 
 The backbones take OpenMMLab-style configs (``dict(type='LN', eps=1e-6)``,
 ``dict(type='GELU')``); these builders accept the same dicts, with the same
@@ -9,7 +9,7 @@ unchanged. A type outside the tables below is looked up in MMEngine's
 ``MODELS`` registry (where mmcv, once imported, registers its own layers);
 a type found nowhere raises a ``ValueError`` listing the supported ones.
 """
-from typing import Dict, Tuple, Type, Union
+from typing import Callable, Dict, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
@@ -169,3 +169,30 @@ class DropPath(nn.Module):
 
     def extra_repr(self) -> str:
         return f'drop_prob={self.drop_prob:.3f}'
+
+
+#: What the letters of an ``attn_layout`` name.
+ATTENTION_LETTERS = {'L': 'polarity (linear)', 'S': 'softmax'}
+
+
+def build_attention(attn_type: str,
+                    choices: Dict[str, Callable[[], nn.Module]]
+                    ) -> nn.Module:
+    """A block's attention by its letter: ``choices[attn_type]()``.
+
+    Every block chooses its attention this way, from a table of the
+    family's two constructors (``'L'``: polarity, ``'S'``: softmax).
+
+    Args:
+        attn_type: ``'L'`` or ``'S'``.
+        choices: letter -> a callable building that attention.
+
+    Raises:
+        ValueError: a letter the table does not have.
+    """
+    if attn_type not in choices:
+        names = ', '.join(f'{k!r} ({ATTENTION_LETTERS.get(k, k)})'
+                          for k in choices)
+        raise ValueError(f'attn_type must be one of {names}, got '
+                         f'{attn_type!r}')
+    return choices[attn_type]()

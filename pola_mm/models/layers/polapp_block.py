@@ -2,7 +2,8 @@
 pre-norm attention (PaCS linear or rotary softmax) and a conv FFN, each with
 optional layer scale and stochastic depth (the authors' ``Block`` and
 ``BasicLayer``)."""
-from typing import List, Optional, Tuple
+from functools import partial
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
@@ -11,7 +12,7 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...type_aliases import Size2
-from .bricks import DropPath
+from .bricks import DropPath, build_attention
 from .conv_embed import ConvDownsample
 from .conv_ffn import ConvFFN
 from .pacs_attention import PaCSAttention
@@ -19,10 +20,6 @@ from .rotary_attention import RotarySelfAttention
 from .token_map import to_map, to_tokens
 
 __all__ = ['TokenLayerNorm', 'PolaPPBlock', 'PolaPPStage', 'layer_scale']
-
-#: Attention of a block by its letter in an ``attn_layout``.
-ATTENTIONS = {'L': PaCSAttention, 'S': RotarySelfAttention}
-
 
 class TokenLayerNorm(nn.Module):
     """LayerNorm over channels of tokens ``(B, N, C)``; the authors'
@@ -67,13 +64,12 @@ class PolaPPBlock(BaseModule):
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
-        if attn_type not in ATTENTIONS:
-            raise ValueError(
-                f"attn_type must be 'L' or 'S', got {attn_type!r}")
         self.with_cp = with_cp
         self.layer_scale = layer_scale_init is not None
         self.norm1 = TokenLayerNorm(embed_dims)
-        self.attn: nn.Module = ATTENTIONS[attn_type](embed_dims, num_heads)
+        self.attn = build_attention(attn_type, {
+            'L': partial(PaCSAttention, embed_dims, num_heads),
+            'S': partial(RotarySelfAttention, embed_dims, num_heads)})
         self.drop_path = (DropPath(drop_path_rate)
                           if drop_path_rate > 0 else nn.Identity())
         self.norm2 = TokenLayerNorm(embed_dims)
@@ -104,9 +100,10 @@ class PolaPPBlock(BaseModule):
 
 
 class PolaPPStage(BaseModule):
-    """The blocks of one stage, then (unless last) the downsampling
-    (:class:`~.conv_embed.ConvDownsample`, applied by the backbone to the
-    stage's map). The authors' ``BasicLayer``.
+    """The blocks of one stage (:meth:`forward`) and, unless last, the
+    downsampling (:class:`~.conv_embed.ConvDownsample`, applied by the
+    backbone to the stage's map between stages). The authors'
+    ``BasicLayer``.
 
     Args:
         embed_dims, num_heads, attn_type, mlp_ratio, layer_scale_init,
@@ -132,18 +129,8 @@ class PolaPPStage(BaseModule):
                            if out_dims is not None else None)
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
-        """Tokens ``(B, H * W, C)`` -> tokens after the blocks."""
+        """Tokens ``(B, H * W, C)`` on ``hw`` -> the blocks' output, same
+        shape."""
         for block in self.blocks:
             x = block(x, hw)
         return x
-
-    def forward_and_downsample(self, x: Tensor, hw: Size2
-                               ) -> Tuple[Tensor, Size2, Tensor, Size2]:
-        """Tokens ``(B, H * W, C)`` -> the stage output with its ``hw`` and
-        the downsampled tokens with theirs (the same when there is no
-        downsampling)."""
-        out = self.forward(x, hw)
-        if self.downsample is None:
-            return out, hw, out, hw
-        down = self.downsample(to_map(out, hw))
-        return out, hw, to_tokens(down), (down.shape[2], down.shape[3])
