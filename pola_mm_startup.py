@@ -24,6 +24,11 @@ completes:
   ``pola_mm/.mim/model-index.yml`` after an editable install, where mim's
   guess (``<site-packages>/pola_mm``) does not exist.
 
+The finder is pola_mm's one post-import mechanism: ``import pola_mm``
+adds its own completions through :func:`after_import` (the MMDeploy fixes
+wait for ``mmdeploy.core`` there, :mod:`pola_mm.deployment.mmdeploy_fixes`),
+which puts the finder on ``sys.meta_path`` only if it is not there yet.
+
 Neither torch nor mmengine nor pola_mm is imported at start-up; a program
 that never imports mmengine pays for reading this file and one dictionary
 look-up per import. ``POLA_MM_STARTUP_HOOK=0`` in the environment turns the
@@ -32,8 +37,8 @@ hook off. Why a startup hook: docs/install.md.
 import os
 import sys
 
-__all__ = ['PATCHES', 'PostImportFinder', 'install', 'package_dir',
-           'register_config_scope', 'wrap_installed_path']
+__all__ = ['PATCHES', 'PostImportFinder', 'after_import', 'install',
+           'package_dir', 'register_config_scope', 'wrap_installed_path']
 
 #: the scope and package name
 SCOPE = 'pola_mm'
@@ -107,14 +112,19 @@ PATCHES = {
 }
 
 
+#: the start-up hook's own entries of :data:`PATCHES`
+_CONFIG_PATCHES = tuple(PATCHES)
+
+
 def _run_patch(name: str, module) -> None:
     try:
         PATCHES[name](module)
     except Exception as exc:  # never break the user's import
         import warnings
+        hint = ('; import pola_mm before reading configs with pola_mm:: '
+                'bases') if name in _CONFIG_PATCHES else ''
         warnings.warn(f'pola_mm_startup: could not complete {name} '
-                      f'({type(exc).__name__}: {exc}); import pola_mm '
-                      'before reading configs with pola_mm:: bases')
+                      f'({type(exc).__name__}: {exc}){hint}')
 
 
 class PostImportFinder:
@@ -146,6 +156,29 @@ class PostImportFinder:
         # on the loader object, not its class: other modules are untouched
         loader.exec_module = exec_then_patch
         return spec
+
+
+def after_import(name: str, patch) -> str:
+    """Run ``patch(module)`` right after module ``name`` is first imported,
+    through :class:`PostImportFinder` (or now, if it already is).
+
+    Adds ``name`` to :data:`PATCHES` (a name it holds already keeps its
+    patch) and puts the finder first on ``sys.meta_path`` if it is not on
+    it yet (the start-up hook has put it there in every installed pola_mm,
+    unless ``POLA_MM_STARTUP_HOOK=0``).
+
+    Returns:
+        ``'applied'`` (the module was imported: patched now) or
+        ``'deferred'``.
+    """
+    PATCHES.setdefault(name, patch)
+    module = sys.modules.get(name)
+    if module is not None:
+        _run_patch(name, module)
+        return 'applied'
+    if PostImportFinder not in sys.meta_path:
+        sys.meta_path.insert(0, PostImportFinder)
+    return 'deferred'
 
 
 def install() -> None:

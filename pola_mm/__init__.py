@@ -1,18 +1,36 @@
 """pola_mm: PolaFormer (polarity-aware linear attention) for OpenMMLab.
 
 Importing the package registers every model in MMEngine's registries, lets
-configs use ``pola_mm::`` bases (:mod:`pola_mm.mim_scope`) and applies the
-narrow fixes of :mod:`pola_mm.compat` (and, once MMDeploy is imported,
-:mod:`pola_mm.deployment.mmdeploy_fixes`) and registers the training hooks of
-:mod:`pola_mm.engine`, so
-``custom_imports=dict(imports=['pola_mm'])`` is all a config needs.
+configs use ``pola_mm::`` bases (:mod:`pola_mm.mim_scope`), registers the
+training hooks of :mod:`pola_mm.engine`, and applies the fixes of
+:mod:`pola_mm.compat` that the running stack needs (and, where MMDeploy is
+installed, those of :mod:`pola_mm.deployment.mmdeploy_fixes` once it is
+imported), so ``custom_imports=dict(imports=['pola_mm'])`` is all a config
+needs. :func:`applied_fixes` names what was applied; docs/compat.md lists
+every fix with its gate.
 """
+from typing import List
+
 __version__ = '0.1.0'
 
-from . import compat  # noqa: F401,E402  (narrow fixes for the modern stack)
-from .deployment import mmdeploy_fixes  # noqa: F401,E402  (MMDeploy fixes)
+from . import compat  # noqa: E402  (narrow fixes for the modern stack)
 from . import engine  # noqa: F401,E402  (checkpoint / divergence hooks)
 from . import mim_scope  # noqa: F401,E402  (pola_mm:: config bases)
 from . import models  # noqa: F401,E402  (registers the backbones)
+from .deployment import mmdeploy_fixes  # noqa: E402  (MMDeploy fixes)
 
-__all__ = ['__version__']
+compat.apply_needed_fixes()
+mmdeploy_fixes.install_mmdeploy_fixes()
+
+
+def applied_fixes() -> List[str]:
+    """The fixes ``import pola_mm`` applied on this stack: the names of
+    :data:`pola_mm.compat.applied`, and ``'mmdeploy'`` where the MMDeploy
+    fixes wait for (or ran on) ``mmdeploy.core``."""
+    names = list(compat.applied)
+    if mmdeploy_fixes.applied['hook']:
+        names.append('mmdeploy')
+    return names
+
+
+__all__ = ['__version__', 'applied_fixes']

@@ -230,13 +230,14 @@ def test_runner_unpickler_reads_what_torch_reads(trained):
         assert isinstance(buf, HistoryBuffer) and buf.mean() > 0
 
 
-def test_tools_loader_without_torchs_allow_list(trained, monkeypatch):
-    """Where torch's weights-only loader takes no allow-list (torch < 2.4:
-    no add_safe_globals), the tools' loader reads Runner checkpoints with
-    pola_mm's Runner unpickler. Below torch 2.4 this is the real path; on a
-    newer torch it is made so by clearing torch's allow-list and hiding it
-    from pola_mm for this test."""
-    from pola_mm.fileio import load_checkpoint_file, safe_load
+def test_tools_loader_without_torchs_allow_list(trained):
+    """Where torch's weights-only allow-list lacks pola_mm's (torch < 2.4
+    has none; pola_mm.compat leaves it alone where torch does not load
+    weights-only by default), the tools' loader reads Runner checkpoints
+    with pola_mm's Runner unpickler. Below torch 2.4 this is the real path;
+    on a newer torch it is made so by clearing torch's allow-list for this
+    test."""
+    from pola_mm.fileio import load_checkpoint_file
     from pola_mm.fileio.allow_list import torch_takes_safe_globals
     serialization = torch.serialization
     assert torch_takes_safe_globals() == hasattr(serialization,
@@ -245,8 +246,6 @@ def test_tools_loader_without_torchs_allow_list(trained, monkeypatch):
     if torch_takes_safe_globals():
         saved = serialization.get_safe_globals()
         serialization.clear_safe_globals()
-        monkeypatch.setattr(safe_load, 'torch_takes_safe_globals',
-                            lambda: False)
     try:
         path = str(trained / 'iter_4.pth')
         with pytest.raises(pickle.UnpicklingError):

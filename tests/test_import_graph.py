@@ -1,8 +1,10 @@
 """The package's import graph: every module imports, no two modules import
 each other through any chain (imports inside functions included: a circle
-of lazy imports is still a circle), and the layers only look down
-(``models/`` and ``ops/`` import nothing from ``analysis/`` or
-``deployment/``; ``ops/`` nothing from ``models/``)."""
+of lazy imports is still a circle; imports of a package, the root
+``pola_mm`` included, count), and the layers only look down (``models/``
+and ``ops/`` import nothing from ``analysis/`` or ``deployment/``;
+``ops/`` nothing from ``models/``; no module imports a package that holds
+it: ``import pola_mm`` has run before any of its modules does)."""
 import ast
 import importlib
 import os
@@ -65,15 +67,19 @@ def _imports(name: str, path: str, known: Set[str]) -> Set[str]:
             continue
         for t in targets:
             # the longest known module the name starts with, and the
-            # packages above it that the import runs first (those that
-            # do not hold ``name`` itself)
+            # packages above it that the import runs first; a package that
+            # holds ``name`` is already running when ``name`` runs, so it
+            # counts only where it is the module imported itself (``import
+            # pola_mm`` or ``from .. import obj`` below the root): that
+            # import runs back up into its own package
             parts = t.split('.')
             while parts and '.'.join(parts) not in known:
                 parts.pop()
             for i in range(1, len(parts) + 1):
                 mod = '.'.join(parts[:i])
-                if mod in known and mod != name and not name.startswith(
-                        mod + '.'):
+                if mod not in known or mod == name:
+                    continue
+                if i == len(parts) or not name.startswith(mod + '.'):
                     found.add(mod)
     return found
 
@@ -125,6 +131,53 @@ def test_graph_reader_sees_relative_and_lazy_imports():
     assert 'pola_mm.registry' in graph['pola_mm.models.from_config']
 
 
+def _graph_of(files: Dict[str, str], tmp_path) -> Dict[str, Set[str]]:
+    """The graph of a made-up package ``pola_mm`` of ``files``
+    (module name -> source)."""
+    mods = {}
+    for name, text in files.items():
+        parts = name.split('.')
+        is_pkg = any(m.startswith(name + '.') for m in files)
+        rel = osp.join(*parts, '__init__.py') if is_pkg else \
+            osp.join(*parts[:-1], parts[-1] + '.py')
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        mods[name] = str(path)
+    return {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def test_graph_reader_sees_package_root_imports(tmp_path):
+    """An import of the package root (or of any package holding the
+    importer) from below is an edge: the circle ``pola_mm ->
+    pola_mm.deployment.verify -> pola_mm`` (what ``mmdeploy_verify`` had)
+    is found, while the packages an import passes through on its way down
+    are not."""
+    graph = _graph_of({
+        'pola_mm': 'from .deployment import verify\n',
+        'pola_mm.deployment': 'from .verify import f\n',
+        'pola_mm.deployment.verify': 'def f():\n    import pola_mm\n',
+        'pola_mm.deployment.other': 'from .. import deployment\n'
+                                    'from ..deployment.verify import f\n'
+                                    'from .. import __version__\n',
+    }, tmp_path)
+    assert graph['pola_mm.deployment.verify'] == {'pola_mm'}
+    assert graph['pola_mm.deployment.other'] == {
+        'pola_mm', 'pola_mm.deployment', 'pola_mm.deployment.verify'}
+    assert _cycles(graph) == [['pola_mm', 'pola_mm.deployment',
+                               'pola_mm.deployment.verify']]
+    assert _imports_up(graph) == [
+        'pola_mm.deployment.other imports pola_mm',
+        'pola_mm.deployment.other imports pola_mm.deployment',
+        'pola_mm.deployment.verify imports pola_mm']
+
+
+def _imports_up(graph: Dict[str, Set[str]]) -> List[str]:
+    """Imports of a package that holds the importer."""
+    return [f'{m} imports {t}' for m, targets in sorted(graph.items())
+            for t in sorted(targets) if m.startswith(t + '.')]
+
+
 def test_no_import_circle():
     cycles = _cycles(_graph())
     assert not cycles, 'modules that import each other: ' + '; '.join(
@@ -132,9 +185,11 @@ def test_no_import_circle():
 
 
 def test_layers_only_look_down():
-    bad = [f'{m} imports {t}' for m, targets in _graph().items()
+    graph = _graph()
+    bad = [f'{m} imports {t}' for m, targets in graph.items()
            for low, high in FORBIDDEN if m == low or m.startswith(low + '.')
            for t in sorted(targets) if t.startswith(high)]
+    bad += _imports_up(graph)
     assert not bad, bad
 
 

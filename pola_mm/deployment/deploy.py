@@ -96,7 +96,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     checkpoint = None if args.checkpoint.lower() == 'none' \
         else args.checkpoint
-    import pola_mm  # noqa: F401  (models, MMDeploy fixes)
     from pola_mm.deployment.mmdeploy_verify import (DeployError,
                                                     DeployInputError,
                                                     deploy_and_verify,

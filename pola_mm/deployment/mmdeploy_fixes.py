@@ -57,36 +57,39 @@ included, for two reasons, both fixed here and nowhere else:
    own rewrites do not (:mod:`pola_mm.deployment.mmdeploy_rewriters`);
    they are registered here with the others.
 
-All are applied when MMDeploy is imported (an import hook waits for
-``mmdeploy.core``; nothing of MMDeploy is imported by ``import pola_mm``),
-or at once if it already was. Nothing here runs the models: what mmdet's,
+All are applied when MMDeploy is imported (``import pola_mm`` calls
+:func:`install_mmdeploy_fixes`, which waits for ``mmdeploy.core`` through
+the start-up hook's post-import finder, :func:`pola_mm_startup.
+after_import`; nothing of MMDeploy is imported by ``import pola_mm``, and
+nothing is done where MMDeploy is not installed), or at once if it already
+was. Nothing here runs the models: what mmdet's,
 mmseg's and pola_mm's models compute is unchanged (the export runs their
 code as MMDeploy patches it).
 """
-import importlib.abc
-import importlib.machinery
 import inspect
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import torch
-from mmengine.logging import print_log
 
 __all__ = [
     'needs_torchscript_exporter', 'provide_removed_symbolics',
     'unflatten_symbolic_missing', 'provide_unflatten_below_opset13',
     'keep_fx_wraps_on_exit',
-    'register_mmdeploy_rewriters', 'install_mmdeploy_fixes', 'applied'
+    'register_mmdeploy_rewriters', 'install_mmdeploy_fixes',
+    'mmdeploy_installed', 'applied'
 ]
 
 #: What has been applied: ``'symbolics'`` (the names added to torch's
 #: modules, and ``'aten::unflatten@11'`` once that symbolic is registered)
 #: ``'rewriters'`` (True once the export rewriter is registered) and
-#: ``'fx_wraps'`` (True once MMDeploy's context exit keeps torch.fx wraps).
+#: ``'fx_wraps'`` (True once MMDeploy's context exit keeps torch.fx wraps)
+#: and ``'hook'`` (True once :func:`install_mmdeploy_fixes` registered
+#: them to run when ``mmdeploy.core`` is imported).
 applied: Dict[str, Any] = {'symbolics': [], 'rewriters': False,
-                           'fx_wraps': False}
+                           'fx_wraps': False, 'hook': False}
 
 _lock = threading.Lock()
 
@@ -308,79 +311,35 @@ def _apply(core: ModuleType) -> None:
     register_mmdeploy_rewriters(core)
 
 
-class _CallbackLoader(importlib.abc.Loader):
-    """A loader that runs ``callback(module)`` after the wrapped loader has
-    executed the module; everything else is the wrapped loader's."""
-
-    def __init__(self, loader: importlib.abc.Loader,
-                 callback: Callable[[ModuleType], None]) -> None:
-        self._loader = loader
-        self._callback = callback
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        try:
-            self._callback(module)
-        except Exception as exc:  # never break the user's import
-            print_log(
-                f'pola_mm: could not apply the MMDeploy fixes '
-                f'({type(exc).__name__}: {exc}); exports with torch '
-                f'{torch.__version__} may fail', logger='current',
-                level=30)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, is_package, ...
-        return getattr(self._loader, name)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback right after one module is first imported (then
-    removes itself from ``sys.meta_path``)."""
-
-    def __init__(self, name: str, callback: Callable[[ModuleType],
-                                                     None]) -> None:
-        self.name = name
-        self.callback = callback
-
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
-                  target: Optional[ModuleType] = None
-                  ) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname != self.name:
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, 'find_spec', None)
-            spec = find(fullname, path, target) if find else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None:
-            spec.loader = _CallbackLoader(spec.loader, self.callback)
-        return spec
-
-
 def install_mmdeploy_fixes() -> str:
     """Apply the fixes now if ``mmdeploy.core`` is imported, else when it
-    is. Each fix applies only where the running torch needs it: the
-    exporter rewriter where ``torch.onnx.export`` defaults to the dynamo
-    exporter (torch >= 2.9), the removed symbolic helpers where they are
-    missing, the opset-11/12 ``aten::unflatten`` where torch has none
-    (checked when MMDeploy is imported: torch 2.1 and 2.14 both lack it).
+    is, through pola_mm's one post-import mechanism
+    (:func:`pola_mm_startup.after_import`). Where MMDeploy is not installed
+    nothing is done (``sys.meta_path`` is left as it is). Each fix applies
+    only where the running torch needs it: the exporter rewriter where
+    ``torch.onnx.export`` defaults to the dynamo exporter (torch >= 2.9),
+    the removed symbolic helpers where they are missing, the opset-11/12
+    ``aten::unflatten`` where torch has none (checked when MMDeploy is
+    imported: torch 2.1 and 2.14 both lack it), the torch.fx wraps where
+    torch keeps them in a dict. ``import pola_mm`` calls this.
 
     Returns:
-        ``'applied'`` or ``'deferred'`` (the import hook is installed).
+        ``'applied'``, ``'deferred'`` (waiting for ``mmdeploy.core``) or
+        ``'not installed'``.
     """
-    core = sys.modules.get('mmdeploy.core')
-    if core is not None:
-        _apply(core)
-        return 'applied'
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport('mmdeploy.core', _apply))
-    return 'deferred'
+    if 'mmdeploy.core' not in sys.modules and not mmdeploy_installed():
+        return 'not installed'
+    from pola_mm_startup import after_import
+    state = after_import('mmdeploy.core', _apply)
+    applied['hook'] = True
+    return state
 
 
-install_mmdeploy_fixes()
+def mmdeploy_installed() -> bool:
+    """Whether ``import mmdeploy`` would find a package (without importing
+    it)."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec('mmdeploy') is not None
+    except (ImportError, ValueError):  # e.g. sys.modules['mmdeploy'] = None
+        return False

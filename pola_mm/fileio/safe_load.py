@@ -4,8 +4,9 @@
 for weights (pretrained loading, the converter, the tools' resume and test
 paths through :func:`pola_mm.engine.install_checked_loader`):
 ``torch.load(weights_only=True)`` first (extended for mmengine Runner
-checkpoints by :mod:`pola_mm.compat`), and for files torch refuses the
-restricted unpickler of :mod:`pola_mm.fileio.unpickler`. Files that are not
+checkpoints by :mod:`pola_mm.compat` where torch loads weights-only by
+default), and for files torch refuses the restricted unpicklers of
+:mod:`pola_mm.fileio.unpickler`. Files that are not
 checkpoints, truncated or corrupt raise :class:`CheckpointFileError` with
 one line naming the file and what is wrong.
 """
@@ -23,7 +24,6 @@ import torch
 from mmengine.logging import print_log
 from torch import Tensor
 
-from .allow_list import torch_takes_safe_globals
 from .unpickler import (InertObject, UnpicklingRefused, inert_names,
                         inert_pickle_module, runner_pickle_module)
 
@@ -117,11 +117,12 @@ def load_checkpoint_file(filename: str,
                          allow_inert: bool = True) -> Dict[str, Any]:
     """Load a checkpoint file without ever running code from it.
 
-    First ``torch.load(weights_only=True)``; on a torch whose weights-only
-    loader takes no allow-list (< 2.4), a file it refuses is read by
+    First ``torch.load(weights_only=True)``; a file it refuses is read by
     pola_mm's Runner unpickler instead, which reads exactly what torch >= 2.4
     reads with pola_mm's allow-list (Runner checkpoints) and refuses the
-    rest. If the file is still refused (e.g.
+    rest: on a torch whose weights-only loader takes no allow-list (< 2.4),
+    or whose allow-list :mod:`pola_mm.compat` left alone (torch does not
+    load weights-only by default there). If the file is still refused (e.g.
     the authors' training checkpoints, which pickle their yacs ``CfgNode``
     under ``'config'``), it is read again by an unpickler that resolves only
     an allow-list (tensor rebuilding, storages, ``OrderedDict``, numpy
@@ -188,11 +189,11 @@ def _load_file(path: str, filename: str, map_location: Any,
             raise
         except Exception as err:  # refused by the weights-only unpickler
             f.seek(0)
-            if isinstance(err, pickle.UnpicklingError) and \
-                    not torch_takes_safe_globals():
-                # torch < 2.4: its weights-only loader takes no allow-list
-                # (pola_mm.compat cannot extend it), so what it would read
-                # with the allow-list is read by pola_mm's Runner unpickler
+            if isinstance(err, pickle.UnpicklingError):
+                # torch's allow-list lacks pola_mm's (torch < 2.4 takes none;
+                # pola_mm.compat extends it only where torch loads
+                # weights-only by default): what torch would read with it is
+                # read by pola_mm's Runner unpickler
                 try:
                     return _checked(
                         torch.load(f, map_location=map_location,

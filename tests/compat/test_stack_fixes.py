@@ -1,8 +1,13 @@
 """The fixes pola_mm applies for one stack and not another are gated on
-what the running torch has, checked (docs/compat.md, "Compatibility
-stacks"); these run on every stack (tests/compat/suite.txt)."""
+what the running torch has, checked (docs/compat.md, "What each stack
+needs, and the gates"); these run on every stack (tests/compat/suite.txt).
+
+``import pola_mm`` applies exactly the fixes the stack needs, and on a
+stack that needs none it leaves mmengine's ``Runner``, torch's
+weights-only allow-list and ``sys.meta_path`` as they were."""
 import inspect
 import json
+import os
 import os.path as osp
 import subprocess
 import sys
@@ -18,12 +23,150 @@ SUITE = osp.join(HERE, 'suite.txt')
 TESTS = osp.dirname(HERE)
 
 
-def _fresh(code: str) -> str:
-    """Run ``code`` in a fresh interpreter; return its last output line."""
+def _fresh(code: str, env: dict = None) -> str:
+    """Run ``code`` in a fresh interpreter (with ``env`` added to the
+    environment); return its last output line."""
+    full_env = dict(os.environ)
+    for key in ('TORCH_FORCE_WEIGHTS_ONLY_LOAD',
+                'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', 'POLA_MM_STARTUP_HOOK'):
+        full_env.pop(key, None)
+    full_env.update(env or {})
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=full_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1]
+
+
+#: Runs ``import pola_mm`` between two snapshots of what the fixes may
+#: change and prints, as JSON: the applied fixes, the Runner attributes
+#: that changed, how many entries torch's allow-list gained (None: torch
+#: has none), and the entries sys.meta_path gained or lost. ``{setup}``
+#: runs first.
+SNAPSHOT = """
+import json, sys
+import torch
+from mmengine.runner import Runner
+{setup}
+def allow_list():
+    get = getattr(torch.serialization, 'get_safe_globals', None)
+    return None if get is None else list(get())
+runner = dict(vars(Runner))
+safe = allow_list()
+meta = list(sys.meta_path)
+import pola_mm
+changed = sorted(k for k in set(runner) | set(vars(Runner))
+                 if runner.get(k) is not vars(Runner).get(k))
+after = allow_list()
+print(json.dumps(dict(
+    applied=pola_mm.applied_fixes(),
+    runner=changed,
+    allow_list=None if safe is None else len(after) - len(safe),
+    allow_list_same=safe == after,
+    meta_added=[repr(f) for f in sys.meta_path if f not in meta],
+    meta_removed=[repr(f) for f in meta if f not in sys.meta_path])))
+"""
+
+
+def _version(text: str) -> tuple:
+    return tuple(int(p) for p in text.split('+')[0].split('.')[:2])
+
+
+def _expected_fixes() -> list:
+    """What this stack needs, from the stack's facts (not from pola_mm's
+    gates): torch >= 2.6 loads weights-only by default; mmengine up to
+    0.10.7 (the newest) compiles the whole train_step; MMDeploy's fixes
+    wherever it is installed."""
+    import importlib.util
+
+    import mmengine
+    from mmengine.utils import digit_version
+    expected = []
+    if _version(torch.__version__) >= (2, 6):
+        expected.append('runner_checkpoints')
+    if digit_version(mmengine.__version__) <= digit_version('0.10.7'):
+        expected.append('runner_compile')
+    if importlib.util.find_spec('mmdeploy') is not None:
+        expected.append('mmdeploy')
+    return expected
+
+
+@pytest.mark.parametrize('hook', ['on', 'off'])
+def test_import_applies_exactly_the_fixes_this_stack_needs(hook):
+    """On this stack ``import pola_mm`` applies the fixes it needs and no
+    other, and changes only what they change: the Runner's compile methods,
+    torch's allow-list (by pola_mm's entries), and ``sys.meta_path`` only
+    where the start-up hook is off (``POLA_MM_STARTUP_HOOK=0``) and the
+    MMDeploy fixes must wait for MMDeploy's import: then the start-up
+    hook's finder, the one post-import mechanism, is added."""
+    env = {'POLA_MM_STARTUP_HOOK': '0'} if hook == 'off' else {}
+    got = json.loads(_fresh(SNAPSHOT.format(setup=''), env))
+    expected = _expected_fixes()
+    assert got['applied'] == expected
+    assert got['runner'] == (['_maybe_compile', 'test', 'val']
+                             if 'runner_compile' in expected else [])
+    if 'runner_checkpoints' in expected:
+        from pola_mm.fileio import runner_checkpoint_safe_globals
+        assert got['allow_list'] == len(runner_checkpoint_safe_globals())
+    else:
+        assert got['allow_list_same']
+    assert got['meta_removed'] == []
+    if hook == 'off' and 'mmdeploy' in expected:
+        assert got['meta_added'] == ["<class 'pola_mm_startup."
+                                     "PostImportFinder'>"]
+    else:
+        assert got['meta_added'] == []
+
+
+def test_import_changes_nothing_where_no_fix_is_needed():
+    """A stack that needs no fix: torch does not load weights-only by
+    default (torch's own switch ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, as
+    before torch 2.6), the Runner's compile option is not mmengine 0.10's
+    (a stand-in, as a fixed mmengine would have), MMDeploy is not
+    installed (hidden) and the start-up hook is off. ``import pola_mm``
+    applies nothing and leaves the Runner, torch's allow-list and
+    ``sys.meta_path`` as they were."""
+    setup = ('def _maybe_compile(self, target):\n'
+             '    pass\n'
+             'Runner._maybe_compile = _maybe_compile\n'
+             "sys.modules['mmdeploy'] = None\n")
+    got = json.loads(_fresh(
+        SNAPSHOT.format(setup=setup),
+        {'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD': '1',
+         'POLA_MM_STARTUP_HOOK': '0'}))
+    assert got['applied'] == []
+    assert got['runner'] == []
+    assert got['allow_list_same']
+    assert got['meta_added'] == got['meta_removed'] == []
+
+
+def test_gates_read_the_running_stack(monkeypatch):
+    """Each gate answers for what it checks: torch's default and its
+    environment switches, mmengine's compile method, MMDeploy's presence
+    (through the one post-import mechanism of the start-up hook)."""
+    from mmengine.runner import Runner
+
+    from pola_mm import compat
+    from pola_mm.deployment import mmdeploy_fixes
+    weights_only = _version(torch.__version__) >= (2, 6)
+    monkeypatch.delenv('TORCH_FORCE_WEIGHTS_ONLY_LOAD', raising=False)
+    monkeypatch.delenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', raising=False)
+    assert compat.torch_loads_weights_only_by_default() == weights_only
+    monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    assert not compat.torch_loads_weights_only_by_default()
+    monkeypatch.delenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD')
+    monkeypatch.setenv('TORCH_FORCE_WEIGHTS_ONLY_LOAD', '1')
+    assert compat.torch_loads_weights_only_by_default()
+    # mmengine's original method is what the gate reads, patched or not
+    assert compat.runner_compiles_train_step()
+    assert compat.needed_fixes()['runner_compile']
+    if 'runner_compile' in compat.applied:
+        assert Runner._maybe_compile is compat._maybe_compile
+    assert mmdeploy_fixes.mmdeploy_installed() == (
+        'mmdeploy' in _expected_fixes())
+    if mmdeploy_fixes.mmdeploy_installed():
+        import pola_mm_startup
+        assert pola_mm_startup.PATCHES['mmdeploy.core'] is \
+            mmdeploy_fixes._apply
 
 
 def test_unflatten_symbolic_is_added_where_torch_lacks_it():

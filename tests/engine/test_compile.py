@@ -4,21 +4,26 @@ mmengine 0.10.7 compiles the whole ``model.train_step``, so dynamo also
 traces the optimizer step, where ``paramwise_cfg``'s ``ConfigDict`` param
 groups stop it (``'UserDefinedDictVariable' object has no attribute
 'items'``), and compiles nothing for ``val()`` / ``test()``. pola_mm's
-``Runner._maybe_compile`` compiles the model's computation for training,
-validation and testing and leaves the optimizer step eager (see
-``docs/compat.md``). Checked here with real Runners:
+``Runner._maybe_compile`` compiles the model's computation for training
+and leaves the optimizer step eager; validation and testing stay eager, as
+in mmengine, unless the config opts them in with ``compile=dict(...,
+eval=True)`` (see ``docs/compat.md``). Checked here with real Runners:
+
+0. mmengine's own option fails on the tiny model with a ``paramwise_cfg``;
 
 1. the tiny regression model of ``compat_tiny`` with everything that broke
    or recompiled the stock option -- AdamW with a ``paramwise_cfg``,
    gradient clipping (its norm is logged), a warm-up that changes the lr
    every iteration: compiled training gives the eager losses and weights,
-   the forward ran compiled in training, validation and testing, the
-   optimizer step never did, and ``val()`` / ``test()`` give the eager
-   metrics;
+   the forward ran compiled in training and eager in validation and
+   testing, as with mmengine's option, until ``eval=True`` compiles them
+   too; the optimizer step never ran compiled, and ``val()`` / ``test()``
+   give the eager metrics either way;
 2. RetinaNet Pola-PVT-T (a tiny arch, ``configs/retinanet_pola_pvt_t.py``
    shrunk as in the end-to-end tests, with a ``paramwise_cfg`` added) on
    the synthetic COCO set: four iterations compiled have the eager losses,
-   and ``tools/test.py ... --cfg-options compile=True`` the eager metrics.
+   and ``tools/test.py ... --cfg-options compile.eval=True`` the eager
+   metrics.
 """
 import os.path as osp
 import pickle
@@ -153,6 +158,23 @@ def run_tiny(tmp_path, compile_: bool):
     return recorder, val, test, weights, runner
 
 
+def test_stock_compile_fails_with_paramwise_cfg(tmp_path, monkeypatch):
+    """The upstream failure the fix is for: mmengine's own
+    ``_maybe_compile`` (kept by pola_mm.compat) compiles the whole
+    ``train_step``, and dynamo stops at the ``ConfigDict`` param groups a
+    ``paramwise_cfg`` gives the optimizer (``backend='eager'``: dynamo's
+    capture alone fails)."""
+    assert 'runner_compile' in compat.applied
+    monkeypatch.setattr(Runner, '_maybe_compile',
+                        compat._RUNNER_ORIGINAL['_maybe_compile'])
+    cfg = tiny_config(str(tmp_path / 'stock'), True)
+    cfg.compile = dict(backend='eager')
+    runner = Runner.from_cfg(cfg)
+    with pytest.raises(Exception) as err:
+        runner.train()
+    assert 'UserDefinedDictVariable' in str(err.value), err.value
+
+
 def test_tiny_model_compiled_as_eager(tmp_path):
     eager, val0, test0, weights0, _ = run_tiny(tmp_path, False)
     torch._dynamo.reset()
@@ -162,16 +184,25 @@ def test_tiny_model_compiled_as_eager(tmp_path):
     groups = runner.optim_wrapper.optimizer.param_groups
     assert any(type(g) is not dict for g in groups), [type(g) for g in groups]
 
-    # the forward ran compiled in training, validation and testing; the
-    # optimizer step (and so the clipping and lr around it) stayed eager
+    # the forward ran compiled in training and eager in validation and
+    # testing (mmengine compiles train_step only); the optimizer step (and
+    # so the clipping and lr around it) stayed eager
     # train: 6 iterations; val: 2 batches at iterations 3 and 6, and val()
     # test: 2 batches
     calls = dict(train=(6, 0), val=(6, 0), test=(2, 0))
     assert eager.counts() == calls
-    assert comp.counts() == {s: (n, n) for s, (n, _) in calls.items()}
+    assert comp.counts() == dict(train=(6, 6), val=(6, 0), test=(2, 0))
     assert len(comp.step_compiled) == 6
     assert not any(comp.step_compiled)
     assert runner.model._compiled_call_impl is not None
+
+    # compile=dict(..., eval=True): val() and test() compile too, with
+    # the eager metrics
+    runner.cfg.compile = dict(eval=True)
+    val2, test2 = runner.val(), runner.test()
+    assert comp.counts() == dict(train=(6, 6), val=(8, 2), test=(4, 2))
+    assert val2['mse'] == pytest.approx(val0['mse'], rel=1e-5)
+    assert test2['mse'] == pytest.approx(test0['mse'], rel=1e-5)
 
     assert len(comp.losses) == len(eager.losses) == 6
     for a, b in zip(comp.losses, eager.losses):
@@ -195,6 +226,10 @@ def test_compile_options():
     options = dict(backend='aot_eager', dynamic=False)
     assert compat.compile_options(options) == options
     assert compat.compile_options(options) is not options
+    assert compat.compile_options(dict(options, eval=True)) == options
+    assert not compat.compile_eval(True)
+    assert not compat.compile_eval(options)
+    assert compat.compile_eval(dict(options, eval=True))
     with pytest.raises(TypeError):
         compat.compile_options('yes')
     # installed on import, once
@@ -219,8 +254,8 @@ def retinanet_config(data: Dict[str, str], work_dir: str) -> Config:
 
 
 def test_retinanet_pola_pvt_compiled_as_eager(tmp_path):
-    """Training (4 iterations) and ``tools/test.py`` compiled give the
-    eager losses and metrics.
+    """Training (4 iterations) and ``tools/test.py`` compiled (opted in
+    with ``compile.eval=True``) give the eager losses and metrics.
 
     The compiled runs use ``backend='aot_eager'``: dynamo's capture and
     AOTAutograd's joint forward-backward graphs, the whole path the Runner
@@ -264,7 +299,8 @@ def test_retinanet_pola_pvt_compiled_as_eager(tmp_path):
         argv = [config, checkpoint, '--work-dir',
                 str(tmp_path / f'test_{compiled}'), '--out', out]
         if compiled:
-            argv += ['--cfg-options', 'compile.backend=aot_eager']
+            argv += ['--cfg-options', 'compile.backend=aot_eager',
+                     'compile.eval=True']
         result = {}
 
         def main(argv, result=result):

@@ -240,7 +240,6 @@ def export_whole(model: WholeSpec,
         importlib.import_module(mod)
     from mmengine.config import Config
 
-    import pola_mm  # noqa: F401  (models, the MMDeploy fixes)
     from pola_mm.deployment.mmdeploy_verify import (DeployError,
                                                     _quiet_import_mmdeploy,
                                                     deploy_and_verify,

@@ -1,0 +1,198 @@
+"""Matching the backend's results with PyTorch's, per image.
+
+What is compared, per image (MMDeploy task):
+
+- **detection / instance segmentation** (``ObjectDetection``): the final
+  detections of both models' ``test_step`` (boxes rescaled to the image,
+  scores, labels, masks pasted to the image). Every *confident* detection
+  (score >= ``score_thr``) of either side must have a counterpart on the
+  other side with the same label, a box within ``box_rtol`` of the image
+  scale (its longer side), a score within ``score_atol`` and, with masks, a
+  mask IoU >= ``mask_iou``. Detections below ``score_thr`` are not compared
+  one to one: MMDeploy's post-processing keeps up to ``pre_top_k`` = 5000
+  candidates per image before NMS where mmdet's test_cfg keeps ``nms_pre``,
+  so the low-score tails legitimately differ.
+- **segmentation** (``Segmentation``): the network output at the network's
+  input size. A file with logits (``with_argmax=False``) must be within
+  ``logit_rtol`` of PyTorch's ``encode_decode`` logits (relative to their
+  largest magnitude); a file with labels (MMDeploy's default
+  ``with_argmax=True``) must give PyTorch's argmax everywhere except at
+  near-ties, pixels whose two best PyTorch logits are within ``logit_rtol``
+  of the logit scale of each other.
+- **classification** (``Classification``): ``pred_score`` within
+  ``score_atol`` and the same ``pred_label``.
+
+Every image given is checked (at the input size its test pipeline makes).
+With a deploy config that frees the height/width (MMDeploy's stock
+``*_dynamic.py``), the one file exported on the first image is checked on
+every image at its own size.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    'Check', 'compare_detections', 'compare_segmentation',
+    'compare_classification'
+]
+
+
+@dataclass
+class Check:
+    """One comparison between the backend and PyTorch on one image."""
+    name: str
+    value: float
+    limit: float
+    #: ``'max'``: ``value <= limit`` passes; ``'min'``: ``value >= limit``.
+    kind: str = 'max'
+    detail: str = ''
+    #: numbers behind ``detail`` for programs (e.g. the detection counts).
+    data: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the comparison passes (NaN never does)."""
+        if self.kind == 'min':
+            return bool(self.value >= self.limit)
+        return bool(self.value <= self.limit)
+
+    def __str__(self) -> str:
+        rel = '<=' if self.kind == 'max' else '>='
+        extra = f' ({self.detail})' if self.detail else ''
+        return (f'{self.name}: {self.value:.3g} (needs {rel} '
+                f'{self.limit:.3g}){extra} {"ok" if self.ok else "FAILED"}')
+
+
+def _iou_matrix(a: Tensor, b: Tensor) -> Tensor:
+    """Pairwise IoU of ``(N, 4)`` and ``(M, 4)`` xyxy boxes: ``(N, M)``."""
+    lt = torch.maximum(a[:, None, :2], b[None, :, :2])
+    rb = torch.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    area_a = (a[:, 2:] - a[:, :2]).clamp(min=0).prod(-1)
+    area_b = (b[:, 2:] - b[:, :2]).clamp(min=0).prod(-1)
+    return inter / (area_a[:, None] + area_b[None, :] - inter).clamp(min=1e-9)
+
+
+def _mask_iou(a: Tensor, b: Tensor) -> float:
+    a, b = a.bool(), b.bool()
+    union = (a | b).sum().item()
+    if union == 0:
+        return 1.0
+    return float((a & b).sum().item() / union)
+
+
+def _match(src: Any, dst: Any, score_thr: float) -> List[Tuple[int, int]]:
+    """For each confident detection of ``src``, the ``dst`` detection of the
+    same label with the largest box IoU (-1 when ``dst`` has none of the
+    label)."""
+    pairs = []
+    keep = torch.nonzero(src.scores >= score_thr).flatten().tolist()
+    for i in keep:
+        same = torch.nonzero(dst.labels == src.labels[i]).flatten()
+        if same.numel() == 0:
+            pairs.append((i, -1))
+            continue
+        ious = _iou_matrix(src.bboxes[i:i + 1].float(),
+                           dst.bboxes[same].float())[0]
+        pairs.append((i, int(same[int(ious.argmax())])))
+    return pairs
+
+
+def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
+                       box_rtol: float, score_atol: float,
+                       mask_iou: float) -> List[Check]:
+    """Compare two ``InstanceData`` of detections (PyTorch ``ref``, backend
+    ``got``), both ways; see the module docstring."""
+    ref = ref.cpu()
+    got = got.cpu()
+    worst_box, worst_score, worst_iou = 0.0, 0.0, 1.0
+    unmatched = 0
+    has_masks = 'masks' in ref and 'masks' in got
+    for a, b, forward in ((ref, got, True), (got, ref, False)):
+        for i, j in _match(a, b, score_thr):
+            if j < 0:
+                unmatched += 1
+                continue
+            box = float((a.bboxes[i].float() - b.bboxes[j].float()).abs()
+                        .max())
+            if box > box_rtol * scale:
+                unmatched += 1
+            worst_box = max(worst_box, box)
+            worst_score = max(worst_score,
+                              float((a.scores[i] - b.scores[j]).abs()))
+            if has_masks:
+                r, g = (i, j) if forward else (j, i)
+                worst_iou = min(worst_iou,
+                                _mask_iou(ref.masks[r], got.masks[g]))
+    n_ref = int((ref.scores >= score_thr).sum())
+    n_got = int((got.scores >= score_thr).sum())
+    checks = [
+        Check('confident detections without a counterpart', unmatched, 0,
+              detail=f'PyTorch {n_ref}, backend {n_got} with score >= '
+              f'{score_thr:g}',
+              data=dict(torch=n_ref, backend=n_got, score_thr=score_thr)),
+        Check('box max abs diff', worst_box, box_rtol * scale,
+              detail=f'{box_rtol:g} of the image scale {scale:g}'),
+        Check('score max abs diff', worst_score, score_atol),
+    ]
+    if has_masks:
+        checks.append(Check('mask IoU (worst)', worst_iou, mask_iou, 'min'))
+    return checks
+
+
+def _run_ort(path: str, inputs: Tensor) -> np.ndarray:
+    import onnxruntime as ort
+    sess = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+    name = sess.get_inputs()[0].name
+    return sess.run(None, {name: inputs.detach().cpu().numpy()})[0]
+
+
+def compare_segmentation(torch_model: Any, path: str, inputs: Tensor,
+                         metas: List[dict], logit_rtol: float,
+                         with_argmax: bool) -> List[Check]:
+    """Compare the ONNX file's output with PyTorch's ``encode_decode`` on
+    the same network input; see the module docstring."""
+    with torch.no_grad():
+        logits = torch_model.encode_decode(inputs, metas).float()
+    out = torch.from_numpy(np.asarray(_run_ort(path, inputs)))
+    scale = float(logits.abs().max())
+    tol = logit_rtol * max(scale, 1e-12)
+    if not with_argmax:
+        if tuple(out.shape) != tuple(logits.shape):
+            return [Check('logits shape matches', 0, 1, 'min',
+                          f'{tuple(out.shape)} vs {tuple(logits.shape)}')]
+        diff = float((out.float() - logits).abs().max())
+        return [Check('logit max abs diff', diff, tol,
+                      detail=f'{logit_rtol:g} of the logit scale '
+                      f'{scale:.3g}')]
+    labels = logits.argmax(1, keepdim=True)
+    out = out.reshape(labels.shape).long()
+    differ = out != labels
+    top2 = logits.topk(2, dim=1).values if logits.shape[1] > 1 else None
+    near_tie = torch.zeros_like(differ)
+    if top2 is not None:
+        near_tie = ((top2[:, :1] - top2[:, 1:2]) <= tol)
+    not_tie = int((differ & ~near_tie).sum())
+    return [
+        Check('pixels whose label differs (not near-ties)', not_tie, 0,
+              detail=f'{int(differ.sum())} of {differ.numel()} differ in '
+              f'all; near-tie margin {tol:.3g}')
+    ]
+
+
+def compare_classification(ref: Any, got: Any,
+                           score_atol: float) -> List[Check]:
+    """Compare ``pred_score`` / ``pred_label`` of two classification data
+    samples."""
+    a = ref.pred_score.float().cpu()
+    b = got.pred_score.float().cpu()
+    return [
+        Check('class score max abs diff', float((a - b).abs().max()),
+              score_atol),
+        Check('same predicted label', float(int(ref.pred_label.item() ==
+                                                got.pred_label.item())),
+              1.0, 'min')
+    ]

@@ -1,0 +1,225 @@
+"""MMDeploy's side of the verification: the deploy configs and the export.
+
+:func:`export_with_mmdeploy` runs MMDeploy's own ``torch2onnx`` with a
+deploy config (MMDeploy's stock ONNX Runtime configs work unchanged once
+:mod:`pola_mm` is imported, see :mod:`pola_mm.deployment.mmdeploy_fixes`);
+:func:`load_deploy_configs` reads and checks the deploy and model configs.
+
+A deploy config given as ``mmdeploy::<path>`` (``<path>`` relative to
+MMDeploy's ``configs/`` folder, e.g.
+``mmdeploy::mmdet/detection/detection_onnxruntime_dynamic.py``) is
+MMDeploy's stock file from the copy that ships with pola_mm
+(:func:`resolve_deploy_config`; the ``mmdeploy`` wheel ships none).
+
+Used by :mod:`pola_mm.deployment.mmdeploy_verify` and
+:mod:`pola_mm.deployment.mmdeploy_draw`.
+"""
+import copy
+import os
+import os.path as osp
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+from mmengine.config import Config
+
+__all__ = [
+    'TASKS', 'ImageLike', 'DeployError', 'DeployInputError',
+    'MMDEPLOY_SCOPE', 'stock_configs_dir', 'stock_deploy_configs',
+    'resolve_deploy_config', 'load_deploy_configs', 'is_dynamic_hw',
+    'deploy_task', 'export_with_mmdeploy'
+]
+
+#: MMDeploy tasks this module can verify.
+TASKS = ('ObjectDetection', 'InstanceSegmentation', 'Segmentation',
+         'Classification')
+
+ImageLike = Union[str, np.ndarray]
+
+
+class DeployError(RuntimeError):
+    """A deployment that failed or whose backend disagrees with PyTorch; the
+    message says what went wrong."""
+
+
+class DeployInputError(DeployError):
+    """Bad input: a missing file, an unreadable config or override, a
+    deploy config this module does not verify."""
+
+
+#: How a deploy config names one of MMDeploy's stock files shipped with
+#: pola_mm: ``mmdeploy::<path relative to MMDeploy's configs/>``.
+MMDEPLOY_SCOPE = 'mmdeploy::'
+
+
+def stock_configs_dir() -> str:
+    """The ``configs/`` folder of MMDeploy's stock deploy configs that ship
+    with pola_mm (``pola_mm/.mim/mmdeploy_configs``: MMDeploy v1.3.1's files
+    byte for byte in MMDeploy's layout, with its LICENSE, README.md for the
+    provenance and BLOBS.txt for their git blob ids)."""
+    return osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), '.mim',
+                    'mmdeploy_configs', 'configs')
+
+
+def stock_deploy_configs() -> List[str]:
+    """The shipped ONNX Runtime deploy configs, as the paths after
+    ``mmdeploy::`` (sorted; the ``_base_`` files and backend-less bases are
+    left out)."""
+    root = stock_configs_dir()
+    names = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != '_base_']
+        names += [
+            osp.relpath(osp.join(folder, f), root).replace(os.sep, '/')
+            for f in files if f.endswith('.py') and 'onnxruntime' in f
+        ]
+    return sorted(names)
+
+
+def resolve_deploy_config(deploy_cfg: str) -> str:
+    """The file of a deploy config: ``mmdeploy::<path>`` is the shipped
+    stock file ``<path>`` (:func:`stock_configs_dir`), any other string a
+    path, returned as given.
+
+    Raises:
+        DeployInputError: a ``mmdeploy::`` name with no shipped file (the
+            message lists :func:`stock_deploy_configs`).
+    """
+    deploy_cfg = str(deploy_cfg)
+    if not deploy_cfg.startswith(MMDEPLOY_SCOPE):
+        return deploy_cfg
+    root = stock_configs_dir()
+    rel = deploy_cfg[len(MMDEPLOY_SCOPE):]
+    path = osp.normpath(osp.join(root, rel))
+    if not (path.startswith(root + os.sep) and osp.isfile(path)):
+        names = ', '.join(MMDEPLOY_SCOPE + n for n in stock_deploy_configs())
+        raise DeployInputError(f'unknown MMDeploy deploy config {deploy_cfg}'
+                               f' (shipped with pola_mm: {names})')
+    return path
+
+
+def load_deploy_configs(deploy_cfg: Union[str, Config],
+                        model_cfg: Union[str, Config],
+                        cfg_options: Optional[Dict[str, Any]] = None
+                        ) -> Tuple[Config, Config]:
+    """The deploy and model configs as ``Config`` objects (copies).
+
+    Args:
+        deploy_cfg: an MMDeploy deploy config file, ``mmdeploy::<path>``
+            (:func:`resolve_deploy_config`) or ``Config``.
+        model_cfg: a model config file (mmdet / mmseg / mmpretrain) or
+            ``Config``.
+        cfg_options: overrides merged into the model config.
+
+    Raises:
+        DeployError: a config file does not exist, or the deploy config has
+            no ``codebase_config`` / ``onnx_config``.
+    """
+    cfgs = []
+    if not isinstance(deploy_cfg, Config):
+        deploy_cfg = resolve_deploy_config(deploy_cfg)
+    for what, cfg in (('deploy config', deploy_cfg), ('model config',
+                                                      model_cfg)):
+        if isinstance(cfg, Config):
+            cfgs.append(copy.deepcopy(cfg))
+            continue
+        if not osp.isfile(str(cfg)):
+            raise DeployInputError(f'{what} not found: {cfg}')
+        try:
+            cfgs.append(Config.fromfile(str(cfg)))
+        except Exception as exc:  # syntax errors, missing bases, ...
+            raise DeployInputError(f'cannot read {what} {cfg}: '
+                                   f'{type(exc).__name__}: {exc}') from exc
+    deploy, model = cfgs
+    if cfg_options:
+        try:
+            model.merge_from_dict(cfg_options)
+        except Exception as exc:  # e.g. a dict over a string
+            raise DeployInputError(f'--cfg-options: {exc}') from exc
+    for key in ('codebase_config', 'onnx_config', 'backend_config'):
+        if key not in deploy:
+            raise DeployInputError(
+                f'the deploy config has no {key}: is it an MMDeploy deploy '
+                'config (e.g. configs/mmdet/detection/'
+                'detection_onnxruntime_static.py)?')
+    if deploy.backend_config.get('type') != 'onnxruntime':
+        raise DeployInputError(
+            'only the ONNX Runtime backend is verified here; the deploy '
+            f"config's backend is {deploy.backend_config.get('type')!r}")
+    return deploy, model
+
+
+def is_dynamic_hw(deploy_cfg: Config) -> bool:
+    """Whether the deploy config leaves the input's height or width free."""
+    axes = deploy_cfg.onnx_config.get('dynamic_axes') or {}
+    names = deploy_cfg.onnx_config.get('input_names') or ['input']
+    for name in names:
+        spec = axes.get(name)
+        if spec is None:
+            continue
+        dims = spec.keys() if isinstance(spec, dict) else spec
+        if 2 in dims or 3 in dims:
+            return True
+    return False
+
+
+def deploy_task(deploy_cfg: Config) -> str:
+    """The task the deploy config exports (one of :data:`TASKS`; an
+    ``ObjectDetection`` config with ``masks`` among its outputs is
+    ``InstanceSegmentation``).
+
+    Raises:
+        DeployError: a task this package does not verify.
+    """
+    task = deploy_cfg.codebase_config.get('task')
+    if task == 'ObjectDetection' and 'masks' in (
+            deploy_cfg.onnx_config.get('output_names') or []):
+        return 'InstanceSegmentation'
+    if task not in TASKS:
+        raise DeployError(f'MMDeploy task {task!r} is not verified here; '
+                          f'supported: {list(TASKS)}')
+    return task
+
+
+def _quiet_import_mmdeploy() -> None:
+    """Import MMDeploy (``import pola_mm``, which every module of the
+    package runs first, has registered the models and the MMDeploy fixes,
+    which run as ``mmdeploy.core`` is imported).
+
+    Raises:
+        DeployError: MMDeploy is not installed (how to install it).
+    """
+    try:
+        import mmdeploy  # noqa: F401
+    except ImportError as exc:
+        raise DeployError(
+            'MMDeploy is not installed: pip install -r '
+            'requirements/mmdeploy_deps.txt && pip install --no-deps -r '
+            'requirements/mmdeploy.txt (see docs/deployment.md)') from exc
+
+
+def export_with_mmdeploy(deploy_cfg: Config, model_cfg: Config,
+                         checkpoint: Optional[str], img: ImageLike,
+                         work_dir: str, device: str = 'cpu') -> str:
+    """MMDeploy's ``torch2onnx`` of the model on ``img``.
+
+    Returns:
+        The path of the written ``.onnx`` file (in ``work_dir``).
+
+    Raises:
+        DeployError: the export failed (its exception quoted).
+    """
+    _quiet_import_mmdeploy()
+    from mmdeploy.apis import torch2onnx
+    save_file = deploy_cfg.onnx_config.get('save_file', 'end2end.onnx')
+    os.makedirs(work_dir, exist_ok=True)
+    try:
+        torch2onnx(img, work_dir, save_file, deploy_cfg, model_cfg,
+                   checkpoint, device)
+    except Exception as exc:  # the exporter and rewriters raise many kinds
+        lines = str(exc).strip().splitlines()
+        raise DeployError(f'MMDeploy torch2onnx failed: {type(exc).__name__}: '
+                          f'{lines[0] if lines else ""}') from exc
+    path = osp.join(work_dir, save_file)
+    if not osp.isfile(path):
+        raise DeployError(f'MMDeploy torch2onnx wrote no {path}')
+    return path
