@@ -10,18 +10,25 @@ pattern), behind one switch (``POLA_MM_FAST_PATHS=0`` or
 - :func:`softmax_attention` (``scaled_dot_product_attention`` or the
   explicit form);
 - :func:`depthwise_conv2d`, :func:`gate_linear`, :func:`gelu_linear`
-  (lean training functions); :func:`gelu_mlp` (the MLP: ``gelu_linear``,
+  (lean training functions); :func:`gelu_mlp` (the MLP: lean in training,
   in CPU inference on runs of tokens);
 - :func:`resize_pos_table` (cached in inference).
+
+Each has its plain reference beside it, named ``*_pytorch``, which is also
+what it runs with the fast paths off. The pieces the references and the
+kernels share are written once (:mod:`~pola_mm.ops.features`), the CPU
+run planning apart from the kernels' arithmetic (:mod:`~pola_mm.ops.runs`).
 """
-from .depthwise_conv import depthwise_conv2d
+from .depthwise_conv import depthwise_conv2d, depthwise_conv2d_pytorch
 from .dispatch import (FAST_PATHS_ENV, DynamicShapeExportError,
                        fast_paths_enabled, plain_paths, set_fast_paths)
-from .gate_linear import gate_linear
-from .gelu_linear import gelu_linear, gelu_mlp
+from .gate_linear import gate_linear, gate_linear_pytorch
+from .gelu_linear import (gelu_linear, gelu_linear_pytorch, gelu_mlp,
+                          gelu_mlp_pytorch)
 from .pacs_attention import pacs_attention, pacs_attention_pytorch
 from .polarity_attention import polarity_attention, polarity_attention_pytorch
-from .position import check_resize_mode, resize_pos_table
+from .position import (check_resize_mode, resize_pos_table,
+                       resize_pos_table_pytorch)
 from .softmax_attention import (check_window_export, softmax_attention,
                                 softmax_attention_pytorch)
 
@@ -29,7 +36,9 @@ __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'plain_paths', 'set_fast_paths',
     'polarity_attention', 'polarity_attention_pytorch', 'pacs_attention',
     'pacs_attention_pytorch', 'softmax_attention',
-    'softmax_attention_pytorch', 'depthwise_conv2d', 'gate_linear',
-    'gelu_linear', 'gelu_mlp', 'resize_pos_table', 'check_resize_mode',
+    'softmax_attention_pytorch', 'depthwise_conv2d',
+    'depthwise_conv2d_pytorch', 'gate_linear', 'gate_linear_pytorch',
+    'gelu_linear', 'gelu_linear_pytorch', 'gelu_mlp', 'gelu_mlp_pytorch',
+    'resize_pos_table', 'resize_pos_table_pytorch', 'check_resize_mode',
     'check_window_export', 'DynamicShapeExportError'
 ]

@@ -2,17 +2,17 @@
 
 :func:`depthwise_conv2d` computes ``F.conv2d(x, w, b, padding=p,
 groups=C)`` in the weight's dtype (float32 under autocast, as the
-polarity attention around it). It decides itself
-(:func:`~.dispatch.use_fast`):
+polarity attention around it): its plain reference
+:func:`depthwise_conv2d_pytorch` with the fast paths off or a graph
+captured (:func:`~.dispatch.use_fast`), else its one fast implementation,
+the autograd function :class:`_DepthwiseConv2d`:
 
-- in training under autocast (``x`` in fp16/bf16, the weight in float32) a
-  custom autograd function keeps ``x`` as given (a view of the projection
-  that autograd keeps anyway) instead of a float32 copy: the GPU training
-  memory goal (docs/performance.md);
-- in CPU inference a strided ``x`` is convolved as a dense channels-last
-  copy (PyTorch's CPU conv is several times slower on strided inputs);
-- otherwise, and with the fast paths off or a graph captured, the plain
-  reference :func:`depthwise_conv2d_pytorch`.
+- it keeps ``x`` as given for backward (a view of the projection that
+  autograd keeps anyway, fp16/bf16 under autocast) instead of a float32
+  copy: the GPU training memory goal (docs/performance.md);
+- it convolves a transient copy in the weight's dtype, on the CPU a dense
+  one (channels-last for a strided ``x``: PyTorch's CPU conv is several
+  times slower on strided inputs), made again in backward.
 """
 from typing import Optional, Tuple
 
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dispatch import records_grad, use_fast
+from .dispatch import use_fast
 from .precision import no_autocast
 
 __all__ = ['depthwise_conv2d', 'depthwise_conv2d_pytorch']
@@ -35,9 +35,15 @@ def _dense(x: Tensor) -> Tensor:
     return x.contiguous(memory_format=torch.channels_last)
 
 
+def _conv_input(x: Tensor, weight: Tensor) -> Tensor:
+    """``x`` in the weight's dtype; on the CPU dense (:func:`_dense`)."""
+    x = x.to(weight.dtype)
+    return _dense(x) if x.device.type == 'cpu' else x
+
+
 class _DepthwiseConv2d(torch.autograd.Function):
     """:func:`depthwise_conv2d_pytorch` saving ``x`` as given (any strides
-    and dtype) and convolving a transient copy in the weight's dtype, made
+    and dtype) and convolving a transient copy (:func:`_conv_input`), made
     again in backward; the input gradient is returned in ``x``'s dtype."""
 
     @staticmethod
@@ -46,8 +52,8 @@ class _DepthwiseConv2d(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.padding = padding
         ctx.has_bias = bias is not None
-        return F.conv2d(x.to(weight.dtype), weight, bias, padding=padding,
-                        groups=x.shape[1])
+        return F.conv2d(_conv_input(x, weight), weight, bias,
+                        padding=padding, groups=x.shape[1])
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -56,7 +62,7 @@ class _DepthwiseConv2d(torch.autograd.Function):
         dx = dw = db = None
         if need_x or need_w:
             dx, dw, _ = torch.ops.aten.convolution_backward(
-                grad, x.to(weight.dtype), weight, None, [1, 1],
+                grad, _conv_input(x, weight), weight, None, [1, 1],
                 list(ctx.padding), [1, 1], False, [0, 0], x.shape[1],
                 [need_x, need_w, False])
         if ctx.has_bias and need_b:
@@ -82,11 +88,7 @@ def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor],
     """
     with no_autocast(x.device.type):
         if use_fast(x):
-            if records_grad(x, weight, bias) and x.dtype != weight.dtype:
-                return _DepthwiseConv2d.apply(x, weight, bias,
-                                              tuple(padding))
-            if x.device.type == 'cpu':
-                x = _dense(x.to(weight.dtype))
+            return _DepthwiseConv2d.apply(x, weight, bias, tuple(padding))
         return depthwise_conv2d_pytorch(x, weight, bias, padding)
 
 

@@ -15,8 +15,8 @@ back to each input's dtype), so neither ``x * g`` nor autocast's fp16 copy
 of the weight is kept.
 
 :func:`gate_linear` is the op the attention calls: it uses the function
-where autograd records, else the plain layers; :func:`gate_linear_pytorch`
-is the plain reference.
+where autograd records, else its plain reference
+:func:`gate_linear_pytorch`.
 """
 from typing import Optional
 
@@ -93,8 +93,9 @@ def gate_linear(x: Tensor, g: Tensor, linear: nn.Linear) -> Tensor:
 
     Where autograd records the call (and the fast paths are on, no graph
     captured), through :class:`GateLinearFunction`, which saves only ``x``,
-    ``g`` (and the weight) for backward; otherwise the plain layers
-    ``linear(x * g)``. Same values; gradients up to float rounding.
+    ``g`` (and the weight) for backward; otherwise the plain reference
+    :func:`gate_linear_pytorch`. Same values; gradients up to float
+    rounding.
 
     Args:
         x, g: ``(..., K)``, the same shape.
@@ -106,4 +107,4 @@ def gate_linear(x: Tensor, g: Tensor, linear: nn.Linear) -> Tensor:
     if (use_fast(x) and x.shape == g.shape
             and records_grad(x, g, linear.weight, linear.bias)):
         return GateLinearFunction.apply(x, g, linear.weight, linear.bias)
-    return linear(x * g)
+    return gate_linear_pytorch(x, g, linear.weight, linear.bias)

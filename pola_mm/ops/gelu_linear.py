@@ -15,12 +15,14 @@ the Linear's operands in its output dtype, gradients cast back to each
 input's dtype), so the fp16/bf16 copies of the weight and of ``gelu(h)``
 are not kept either.
 
-:func:`gelu_linear` uses the function where autograd records, else the
-plain layers; :func:`gelu_linear_pytorch` is the plain reference.
+:func:`gelu_linear` uses the function where autograd records, else its
+plain reference :func:`gelu_linear_pytorch`.
 
-:func:`gelu_mlp` is the op the MLP calls, the whole ``fc2(gelu(fc1(x)))``:
-:func:`gelu_linear` after ``fc1``, except in CPU inference on many tokens,
-where it runs on runs of tokens through one reused hidden buffer of about
+:func:`gelu_mlp` is the op the MLP calls, the whole ``fc2(gelu(fc1(x)))``,
+with its plain reference :func:`gelu_mlp_pytorch` and one fast
+implementation, :func:`gelu_mlp_fast`: in training ``fc1`` then
+:class:`GeluLinearFunction` (only ``fc1(x)`` kept); in CPU inference on
+many tokens, runs of tokens through one reused hidden buffer of about
 ``MLP_RUN_ELEMENTS`` (4 MB): the hidden layer, 4-8 times the input, then
 never leaves the cache (at 800x1344, stage 1 of Pola-Swin-T: 92 ms instead
 of 213 ms a block on 2 cores, docs/performance.md).
@@ -35,9 +37,11 @@ from torch.autograd.function import once_differentiable
 
 from .dispatch import records_grad, use_fast
 from .precision import autocast_enabled, no_autocast
+from .runs import token_runs
 
 __all__ = [
-    'GeluLinearFunction', 'gelu_linear', 'gelu_linear_pytorch', 'gelu_mlp'
+    'GeluLinearFunction', 'gelu_linear', 'gelu_linear_pytorch', 'gelu_mlp',
+    'gelu_mlp_pytorch', 'gelu_mlp_fast'
 ]
 
 #: CPU inference: hidden-layer elements of one run of tokens of
@@ -108,8 +112,9 @@ def gelu_linear(h: Tensor, linear: nn.Linear,
 
     Where autograd records the call (and the fast paths are on, no graph
     captured), through :class:`GeluLinearFunction`, which saves only ``h``
-    (and the weight) for backward; otherwise the plain layers
-    ``linear(F.gelu(h))``. Same values; gradients up to float rounding.
+    (and the weight) for backward; otherwise the plain reference
+    :func:`gelu_linear_pytorch`. Same values; gradients up to float
+    rounding.
 
     Args:
         h: ``(..., K)`` (``fc1``'s output).
@@ -122,17 +127,34 @@ def gelu_linear(h: Tensor, linear: nn.Linear,
     if use_fast(h) and records_grad(h, linear.weight, linear.bias):
         return GeluLinearFunction.apply(h, linear.weight, linear.bias,
                                         approximate)
-    return linear(F.gelu(h, approximate=approximate))
+    return gelu_linear_pytorch(h, linear.weight, linear.bias, approximate)
+
+
+def gelu_mlp_pytorch(x: Tensor, w1: Tensor, b1: Optional[Tensor],
+                     w2: Tensor, b2: Optional[Tensor],
+                     approximate: str = 'none') -> Tensor:
+    """Plain reference of :func:`gelu_mlp`: ``F.linear(F.gelu(F.linear(x,
+    w1, b1), approximate), w2, b2)``.
+
+    Args:
+        x: ``(..., C)``.
+        w1: ``(K, C)``; b1: ``(K,)`` or None (``fc1``).
+        w2: ``(C', K)``; b2: ``(C',)`` or None (``fc2``).
+        approximate: GELU's ``approximate`` (``'none'`` or ``'tanh'``).
+
+    Returns:
+        ``(..., C')``.
+    """
+    return gelu_linear_pytorch(F.linear(x, w1, b1), w2, b2, approximate)
 
 
 def gelu_mlp(x: Tensor, fc1: nn.Linear, fc2: nn.Linear,
              approximate: str = 'none') -> Tensor:
     """``fc2(gelu(fc1(x)))``, a transformer MLP (the op).
 
-    :func:`gelu_linear` of ``fc1(x)`` (which in training keeps only
-    ``fc1(x)`` for backward), or in CPU inference on more tokens than one
-    run, the same layers on runs of tokens through one reused hidden
-    buffer (same values).
+    :func:`gelu_mlp_fast` with the fast paths on and no graph captured,
+    else the plain reference :func:`gelu_mlp_pytorch`. Same values;
+    gradients up to float rounding.
 
     Args:
         x: ``(..., C)``.
@@ -143,18 +165,30 @@ def gelu_mlp(x: Tensor, fc1: nn.Linear, fc2: nn.Linear,
     Returns:
         ``(..., C')``.
     """
+    if use_fast(x):
+        return gelu_mlp_fast(x, fc1, fc2, approximate)
+    return gelu_mlp_pytorch(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias,
+                            approximate)
+
+
+def gelu_mlp_fast(x: Tensor, fc1: nn.Linear, fc2: nn.Linear,
+                  approximate: str = 'none') -> Tensor:
+    """:func:`gelu_mlp_pytorch`, lean: where autograd records, ``fc1``
+    then :class:`GeluLinearFunction` (only ``fc1(x)`` kept for backward);
+    in CPU inference (float32 or float64 without autocast, biases, more
+    tokens than one run) on runs of tokens through one reused hidden
+    buffer; otherwise the reference. Same arguments as :func:`gelu_mlp`.
+    """
+    w1, b1, w2, b2 = fc1.weight, fc1.bias, fc2.weight, fc2.bias
+    if records_grad(x, w1, b1, w2, b2):
+        return GeluLinearFunction.apply(F.linear(x, w1, b1), w2, b2,
+                                        approximate)
     step = max(MLP_RUN_ELEMENTS // fc1.out_features, MLP_MIN_TOKENS)
-    # use_fast first: no comparison of sizes while a graph is captured
-    # (a dynamic batch would be guarded by it)
-    if (use_fast(x) and x.device.type == 'cpu'
-            and not autocast_enabled('cpu')
-            and x.dtype == fc1.weight.dtype == fc2.weight.dtype
-            and fc1.bias is not None and fc2.bias is not None
-            and not records_grad(x, fc1.weight, fc1.bias, fc2.weight,
-                                 fc2.bias)
-            and x.numel() > step * x.shape[-1]):
+    if (x.device.type == 'cpu' and not autocast_enabled('cpu')
+            and x.dtype == w1.dtype == w2.dtype and b1 is not None
+            and b2 is not None and x.numel() > step * x.shape[-1]):
         return _gelu_mlp_runs(x, fc1, fc2, approximate, step)
-    return gelu_linear(fc1(x), fc2, approximate)
+    return gelu_mlp_pytorch(x, w1, b1, w2, b2, approximate)
 
 
 def _gelu_mlp_runs(x: Tensor, fc1: nn.Linear, fc2: nn.Linear,
@@ -164,9 +198,9 @@ def _gelu_mlp_runs(x: Tensor, fc1: nn.Linear, fc2: nn.Linear,
     out = flat.new_empty(flat.shape[0], fc2.out_features)
     hidden = flat.new_empty(step, fc1.out_features)
     w1, w2 = fc1.weight.t(), fc2.weight.t()
-    for i in range(0, flat.shape[0], step):
-        run = flat[i:i + step]
+    for c in token_runs(flat.shape[0], step):
+        run = flat[c]
         h = torch.addmm(fc1.bias, run, w1, out=hidden[:run.shape[0]])
         torch.ops.aten.gelu_(h, approximate=approximate)
-        torch.addmm(fc2.bias, h, w2, out=out[i:i + step])
+        torch.addmm(fc2.bias, h, w2, out=out[c])
     return out.view(x.shape[:-1] + (fc2.out_features, ))

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from .dispatch import capturing, use_fast
-from .pacs_kernel import pacs_attention_kernel, pacs_features
+from .features import EPS, pacs_features
+from .pacs_kernel import pacs_attention_kernel
 from .polarity_attention import (check_broadcastable, check_head_inputs,
                                  param_shape)
 from .precision import no_autocast
@@ -75,7 +76,7 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
 def pacs_attention_pytorch(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
                            s2: Tensor, sin: Optional[Tensor] = None,
                            cos: Optional[Tensor] = None,
-                           eps: float = 1e-6) -> Tensor:
+                           eps: float = EPS) -> Tensor:
     """PaCS polarity attention, the formula as written (float32 or float64).
 
     With ``h`` heads of width ``d``, ``t1 = sigmoid(s1)``,

@@ -1,10 +1,9 @@
-"""The PaCS feature map and a memory-lean kernel of the PaCS polarity
-attention (PolaFormer++).
+"""A memory-lean kernel of the PaCS polarity attention (PolaFormer++).
 
-:func:`pacs_features` is the one PaCS feature map of pola_mm: the plain
-formula (:func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`)
-and the kernel below both compute their features with it, for PolaPP's
-:class:`~pola_mm.models.layers.PaCSAttention` and for
+The PaCS feature map is the plain formula's
+(:func:`~pola_mm.ops.features.pacs_features`, which
+:func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch` uses too), for
+PolaPP's :class:`~pola_mm.models.layers.PaCSAttention` and for
 ``PolarityAttention(feature_map='pacs')`` alike.
 
 :func:`pacs_attention_kernel` computes exactly the plain formula,
@@ -24,7 +23,7 @@ rearranged:
   forward repeated.
 - Fewer passes over ``(N, 2d)`` tensors: ``[relu(x), relu(-x)]`` is one
   concatenation rectified in place, the temperature and ``exp(.) - 1``
-  apply in place (:func:`pacs_features`), and
+  apply in place (:func:`~.features.pacs_features`), and
   the rotary encoding (and its adjoint) is one complex product per channel
   pair, ``(x0 + i x1)(cos + i sin)``, since the tables of
   :func:`~pola_mm.models.layers.rotary.rotary_tables` give both channels of
@@ -45,14 +44,11 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .dispatch import records_grad
+from .features import EPS, pacs_features, polar_halves, split_signs_grad
 from .rotary import rotate_every_two, theta_shift
 
-__all__ = [
-    'pacs_attention_kernel', 'PaCSAttentionFunction', 'pacs_features',
-    'polar_halves'
-]
-
-_EPS = 1e-6
+__all__ = ['pacs_attention_kernel', 'PaCSAttentionFunction']
 
 
 def _phasor(sin: Tensor, cos: Tensor) -> Optional[Tensor]:
@@ -111,42 +107,6 @@ def _rot_t(y: Tensor, r: _Rotary) -> Tensor:
     return _complex_mul(y, e.conj())
 
 
-def polar_halves(x: Tensor, swap: bool = False) -> Tensor:
-    """``[relu(x), relu(-x)]`` as a new tensor (halves swapped with
-    ``swap``): ``(..., d)`` -> ``(..., 2d)``."""
-    return torch.cat([-x, x] if swap else [x, -x], dim=-1).relu_()
-
-
-def pacs_features(x: Tensor, t: Optional[Tensor] = None,
-                  swap: bool = False) -> Tensor:
-    """The PaCS feature map ``exp([relu(x), relu(-x)] * t) - 1`` (halves
-    swapped with ``swap``; ``t = 1`` when None).
-
-    The queries take it with the temperatures ``t = sigmoid(s1)`` (same-
-    signed flow) and ``sigmoid(s2)`` with ``swap`` (opposite-signed flow),
-    the keys without temperature. Where autograd records nothing (the
-    kernel, inference) the temperature and ``exp(.) - 1`` apply in place on
-    the new tensor; otherwise out of place, so that backward finds what it
-    saved.
-
-    Args:
-        x: ``(..., d)``.
-        t: temperatures broadcastable to ``(..., 2d)`` (not wider), or None.
-        swap: ``[relu(-x), relu(x)]`` instead.
-
-    Returns:
-        ``(..., 2d)``.
-    """
-    c = polar_halves(x, swap)
-    records = torch.is_grad_enabled() and (x.requires_grad or (
-        t is not None and t.requires_grad))
-    if t is not None:
-        c = c * t if records else c.mul_(t)
-    if records:
-        return torch.exp(c) - 1
-    return c.exp_().sub_(1)
-
-
 def _forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
              sin: Optional[Tensor], cos: Optional[Tensor], eps: float
              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -188,7 +148,6 @@ class PaCSAttentionFunction(torch.autograd.Function):
         half = d // 2
         t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
         r = _rotary(sin, cos)
-        pos_q, neg_q = q > 0, q < 0
         dq = torch.zeros_like(q)
         dk_mean = None
         dM = []
@@ -211,11 +170,7 @@ class PaCSAttentionFunction(torch.autograd.Function):
             dk_mean = part if dk_mean is None else dk_mean.add_(part)
             dpre = dqf.mul_(qf.add_(1))  # d(c * t)
             dts.append((dpre * c).sum(dim=(0, 2), keepdim=True))
-            dc = dpre.mul_(t)
-            first, second = dc[..., :d], dc[..., d:]
-            if swap:  # c = [relu(-q), relu(q)]
-                first, second = second, first
-            dq += first * pos_q - second * neg_q
+            dq += split_signs_grad(dpre.mul_(t), q, swap)  # d(c) -> dq
         assert dk_mean is not None
         dMc = torch.cat(dM, -1) / N  # (B, h, 2d, d)
         kf = pacs_features(k)  # recomputed
@@ -224,7 +179,7 @@ class PaCSAttentionFunction(torch.autograd.Function):
             dv = _rot(kf, r) @ dMc
         dkf = _rot_t(v @ dMc.transpose(-2, -1), r)
         dkf = dkf.add_(dk_mean.transpose(-2, -1) / N).mul_(kf.add_(1))
-        dk = dkf[..., :d] * (k > 0) - dkf[..., d:] * (k < 0)
+        dk = split_signs_grad(dkf, k)
 
         def dparam(dt: Tensor, t: Tensor, s: Tensor) -> Tensor:
             g = dt * t * (1 - t)
@@ -240,7 +195,7 @@ class PaCSAttentionFunction(torch.autograd.Function):
 def pacs_attention_kernel(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
                           s2: Tensor, sin: Optional[Tensor] = None,
                           cos: Optional[Tensor] = None,
-                          eps: float = _EPS) -> Tensor:
+                          eps: float = EPS) -> Tensor:
     """PaCS polarity attention (the published formula, see
     :func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`).
 
@@ -253,8 +208,7 @@ def pacs_attention_kernel(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
     Returns:
         ``(B, h, N, d)``.
     """
-    if torch.is_grad_enabled() and any(
-            t.requires_grad for t in (q, k, v, s1, s2)):
+    if records_grad(q, k, v, s1, s2):
         return PaCSAttentionFunction.apply(q, k, v, s1, s2, sin, cos, eps)
     t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
     return _forward(q, k, v, t1, t2, sin, cos, eps)[0]

@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dispatch import capturing, use_fast
+from .features import EPS, split_signs
 from .polarity_kernel import polarity_attention_kernel
 from .precision import no_autocast
 
 __all__ = ['polarity_attention', 'polarity_attention_pytorch']
 
-_EPS = 1e-6
 #: float32's smallest normal number (``torch.finfo(torch.float32).tiny``).
 _FLOAT32_TINY = 1.1754943508222875e-38
 
@@ -90,7 +90,7 @@ def polarity_attention_pytorch(q: Tensor,
                                scale: Tensor,
                                power: Tensor,
                                alpha: float,
-                               eps: float = _EPS,
+                               eps: float = EPS,
                                k_bias: Optional[Tensor] = None) -> Tensor:
     """Polarity-aware linear attention (the published formula) in plain
     PyTorch operations: the reference of :func:`polarity_attention_kernel`,
@@ -185,14 +185,15 @@ def _signed_powers(t: Tensor, p: Tensor,
     (float32's smallest normal number), as in the kernel's backward (its
     forward lets ``t = 0`` give 0 directly): the same values
     (the clamp changes no ``|t| >= 1.2e-38``; at ``t = 0`` the power
-    underflows to at most that number) and finite gradients everywhere
+    gives 0) and finite gradients everywhere
     (zero at ``t = 0``, as ``|t|^p``'s for ``p > 1``). In ONNX Runtime
     ``Log``, ``Mul``, ``Exp`` take about half the time of ``Pow`` with a
-    per-channel exponent.
+    per-channel exponent. The two are split by the sign of ``t``
+    (:func:`~.features.split_signs` of ``sign(t) |t|^p``: each exactly
+    ``|t|^p`` or 0).
     """
     a = torch.exp(p * torch.log(t.abs().clamp_min(tiny)))
-    pos = a * (t > 0).to(a.dtype)  # exactly a or 0, so a - pos is too
-    return pos, a - pos
+    return split_signs(a * torch.sign(t))
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,

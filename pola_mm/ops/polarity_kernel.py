@@ -28,8 +28,8 @@ Computes exactly the published formula (see
 - Cache-sized work on CPU: the forward's elementwise chains run on runs
   of tokens small enough to stay in cache (about 2x faster than streaming
   every intermediate through memory), in place in dense buffers reused by
-  every run, writing straight into the outputs. The backward runs on
-  whole sequences.
+  every run, writing straight into the outputs (the runs are planned by
+  :mod:`~.runs`). The backward runs on whole sequences.
 
 Everything is whole-tensor torch operations without host synchronisation or
 data-dependent Python control flow; on GPUs the whole input is one run.
@@ -45,9 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['polarity_attention_kernel', 'PolarityAttentionFunction']
+from .dispatch import records_grad
+from .features import EPS, split_signs
+from .runs import RunBuffers, plan_runs, token_major, token_runs
 
-_EPS = 1e-6
+__all__ = ['polarity_attention_kernel', 'PolarityAttentionFunction']
 
 #: CPU: runs of about this many elements of one ``(B, h, N, d)`` input, so
 #: that the forward's elementwise chains stay in cache ...
@@ -58,34 +60,8 @@ KERNEL_MIN_TOKENS = 256
 
 
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
-    """Runs for ``x`` ``(B, h, N, d)``: slices of B, and a token step.
-
-    One run on GPUs and when everything fits. Otherwise seq_runs of ``b``
-    sequences (as many as fit with at least
-    ``min(N, _MIN_TOKENS)`` tokens each), each walked in equal runs of
-    tokens that fit.
-    """
-    B, h, N, d = x.shape
-    budget = KERNEL_RUN_ELEMENTS
-    if x.device.type != 'cpu' or B * h * N * d <= budget:
-        return [slice(0, B)], N
-    per_token = max(h * d, 1)
-    b = max(1, min(B, budget //
-                   (per_token * min(N, KERNEL_MIN_TOKENS))))
-    runs = -(-(b * per_token * N) // budget)
-    step = -(-N // runs)
-    return [slice(i, min(i + b, B)) for i in range(0, B, b)], step
-
-
-def _token_runs(N: int, step: int) -> List[slice]:
-    return [slice(i, min(i + step, N)) for i in range(0, N, step)]
-
-
-def _token_major(q: Tensor) -> Tensor:
-    """An empty ``(B, h, N, d)`` laid out ``(B, N, h, d)`` in memory, so that
-    the caller's ``x.transpose(1, 2).reshape(B, N, h * d)`` is free."""
-    B, h, N, d = q.shape
-    return q.new_empty(B, N, h, d).transpose(1, 2)
+    """:func:`~.runs.plan_runs` of ``x`` with this kernel's budget."""
+    return plan_runs(x, KERNEL_RUN_ELEMENTS, KERNEL_MIN_TOKENS)
 
 
 def _mix_matrix(r: Tensor, n: float) -> Tensor:
@@ -149,55 +125,43 @@ class _Params:
         self.cc = torch.cat([c, c], -1).transpose(-2, -1)  # (1, h, 2d, 1)
 
 
-def _split_signs(u: Tensor, f: Tensor) -> None:
-    """``u = sign(t) |t|^p`` ``(..., d)`` into ``f = [f+, f-]``
-    ``(..., 2d)``: ``f+ = relu(u)`` and ``f- = f+ - u`` (exact: the two
-    have disjoint supports), written straight into the halves of ``f``."""
-    d = u.shape[-1]
-    pos = torch.clamp_min(u, 0, out=f[..., :d])
-    torch.sub(pos, u, out=f[..., d:])
-
-
 def _features(x: Tensor, p: Tensor, f: Tensor, scratch: Sequence[Tensor],
               bias: Optional[Tensor] = None) -> None:
     """``[f+, f-]`` of ``t = x (+ bias)`` without the scale, written into
     ``f`` ``(B, h, n, 2d)``.
 
     ``|t|^p`` is taken once, as ``exp(p log|t|)``, and split by the sign of
-    ``t`` (:func:`_split_signs`). At ``t = 0`` the logarithm is ``-inf``
-    and both features are 0. ``t`` is first written into ``scratch[1]`` and
-    every later step works in place on ``scratch[0]``: both dense ``(B, h,
-    n, d)`` whatever the strides of ``x`` (a view of the projection) and, on
-    CPU runs, in cache (the kernel at stage 1 of Pola-Swin-T at 800x1344:
-    69 ms against 98 ms with each step into a new tensor, two of them in
-    the strided layout).
+    ``t`` (:func:`~.features.split_signs`). At ``t = 0`` the logarithm is
+    ``-inf`` and both features are 0. ``t`` is first written into
+    ``scratch[1]`` and every later step works in place on ``scratch[0]``:
+    both dense ``(B, h, n, d)`` whatever the strides of ``x`` (a view of
+    the projection) and, on CPU runs, in cache (the kernel at stage 1 of
+    Pola-Swin-T at 800x1344: 69 ms against 98 ms with each step into a new
+    tensor, two of them in the strided layout).
     """
     if bias is not None:
         x = torch.add(x, bias, out=scratch[1])
     else:
         x = scratch[1].copy_(x)
-    _split_signs(
-        torch.abs(x, out=scratch[0]).log_().mul_(p).exp_().copysign_(x), f)
+    d = f.shape[-1] // 2
+    split_signs(
+        torch.abs(x, out=scratch[0]).log_().mul_(p).exp_().copysign_(x),
+        out=(f[..., :d], f[..., d:]))
 
 
-class _Walk:
-    """The reused buffers of one walk over runs of tokens: features
-    ``(B, h, step, 2d)`` and two dense ``(B, h, step, d)`` scratches, sliced
-    to each run."""
+def _run_features(bufs: RunBuffers, x: Tensor, p: Tensor,
+                  bias: Optional[Tensor] = None) -> Tensor:
+    """:func:`_features` of the run ``x`` ``(b, h, n, d)`` in the reused
+    buffers ``bufs`` (features ``2d`` wide, two ``d``-wide scratches)."""
+    f, *scratch = bufs.take(x)
+    _features(x, p, f, scratch, bias)
+    return f
 
-    def __init__(self, x: Tensor, step: int) -> None:
-        B, h, N, d = x.shape
-        n = min(step, N)
-        self.f = x.new_empty(B, h, n, 2 * d)
-        self.s = [x.new_empty(B, h, n, d) for _ in range(2)]
 
-    def features(self, x: Tensor, p: Tensor,
-                 bias: Optional[Tensor] = None) -> Tensor:
-        """:func:`_features` of the run ``x`` ``(b, h, n, d)``."""
-        b, n = x.shape[0], x.shape[-2]
-        f = self.f[:b, :, :n]
-        _features(x, p, f, [t[:b, :, :n] for t in self.s], bias)
-        return f
+def _buffers(x: Tensor, step: int) -> RunBuffers:
+    """The buffers of :func:`_run_features` for runs of ``step`` tokens."""
+    d = x.shape[-1]
+    return RunBuffers(x, step, (2 * d, d, d))
 
 
 def _key_product(k: Tensor, v: Tensor, prm: _Params, step: int,
@@ -206,9 +170,9 @@ def _key_product(k: Tensor, v: Tensor, prm: _Params, step: int,
     over tokens: ``(B, h, 2d, d + 1)``."""
     N = k.shape[-2]
     r: Optional[Tensor] = None
-    walk = _Walk(k, step)
-    for c in _token_runs(N, step):
-        f = walk.features(k[:, :, c], prm.p,
+    bufs = _buffers(k, step)
+    for c in token_runs(N, step):
+        f = _run_features(bufs, k[:, :, c], prm.p,
                           None if k_bias is None else k_bias[:, :, c])
         rc = torch.cat([f.transpose(-2, -1) @ v[:, :, c],
                         f.sum(-2).unsqueeze(-1)], dim=-1)
@@ -224,10 +188,10 @@ def _query_run(q: Tensor, S: Tensor, prm: _Params, eps: float, step: int,
     and ``rz`` when given. Returns ``x`` and ``1 / z``."""
     d = q.shape[-1]
     half = d // 2
-    walk = _Walk(q, step)
-    for c in _token_runs(q.shape[-2], step):
+    bufs = _buffers(q, step)
+    for c in token_runs(q.shape[-2], step):
         # (B, h, n_c, d + 2): [numerators, z_sim, z_opp]
-        u = walk.features(q[:, :, c], prm.p) @ S
+        u = _run_features(bufs, q[:, :, c], prm.p) @ S
         num = u[..., :d].unflatten(-1, (2, half))
         if x is None or rz is None:
             rz_c = (u[..., d:] + eps).reciprocal_()
@@ -268,7 +232,7 @@ def _queries(q: Tensor, S: Tensor, prm: _Params,
     if len(seq_runs) == 1 and step >= q.shape[-2]:
         return _query_run(q, S, prm, eps, step, None, None)
     B, h, N, d = q.shape
-    x = _token_major(q)
+    x = token_major(q)
     rz = q.new_empty(B, h, N, 2)
     for b in seq_runs:
         _query_run(q[b], S[b], prm, eps, step, x[b], rz[b])
@@ -295,8 +259,9 @@ def _scaled_features(x: Tensor, prm: _Params, key: bool):
     ax = xs.abs().clamp_min_(torch.finfo(xs.dtype).tiny)
     la = ax.log()
     t = (la * prm.p).exp_().copysign_(xs)
-    f = xs.new_empty(xs.shape[:-1] + (2 * xs.shape[-1], ))
-    _split_signs(t, f)
+    d = xs.shape[-1]
+    f = xs.new_empty(xs.shape[:-1] + (2 * d, ))
+    split_signs(t, out=(f[..., :d], f[..., d:]))
     return f, ax.copysign_(xs), la
 
 
@@ -435,7 +400,7 @@ def polarity_attention_kernel(q: Tensor,
                               scale: Tensor,
                               power: Tensor,
                               alpha: float,
-                              eps: float = _EPS,
+                              eps: float = EPS,
                               k_bias: Optional[Tensor] = None) -> Tensor:
     """Polarity-aware linear attention (the published formula), fast.
 
@@ -451,9 +416,7 @@ def polarity_attention_kernel(q: Tensor,
         ``(B, h, N, d)`` in the dtype of ``q`` promoted with ``scale``'s,
         laid out ``(B, N, h, d)`` in memory on the CPU path.
     """
-    if torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad
-            for t in (q, k, v, scale, power, k_bias)):
+    if records_grad(q, k, v, scale, power, k_bias):
         return PolarityAttentionFunction.apply(q, k, v, scale, power, alpha,
                                                eps, k_bias)
     dt = _compute_dtype(q, scale)

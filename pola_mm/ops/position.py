@@ -20,6 +20,9 @@ from torch import Tensor
 from ..type_aliases import Size2
 from .dispatch import capturing, records_grad, use_fast
 
+__all__ = ['resize_pos_table', 'resize_pos_table_pytorch',
+           'check_resize_mode', 'RESIZE_MODES']
+
 
 #: Interpolation modes a table may be resized with.
 RESIZE_MODES = ('bicubic', 'bilinear')
@@ -48,15 +51,18 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2,
     the size taken as given: traced shapes keep it dynamic.
     """
     if capturing():
-        return _resize(table, ref_hw, hw, mode)
+        return resize_pos_table_pytorch(table, ref_hw, hw, mode)
     if hw[0] == ref_hw[0] and hw[1] == ref_hw[1]:
         return table
     if use_fast(table) and not records_grad(table):
         return _cached_resize(table, ref_hw, hw, mode)
-    return _resize(table, ref_hw, hw, mode)
+    return resize_pos_table_pytorch(table, ref_hw, hw, mode)
 
 
-def _resize(table: Tensor, ref_hw: Size2, hw: Size2, mode: str) -> Tensor:
+def resize_pos_table_pytorch(table: Tensor, ref_hw: Size2, hw: Size2,
+                             mode: str = 'bicubic') -> Tensor:
+    """The plain reference of :func:`resize_pos_table` (same arguments):
+    the table resized on every call, at its own size too."""
     C = table.shape[-1]
     grid = table.reshape(1, ref_hw[0], ref_hw[1], C).permute(0, 3, 1, 2)
     dt = torch.promote_types(table.dtype, torch.float32)
@@ -69,7 +75,8 @@ def _resize(table: Tensor, ref_hw: Size2, hw: Size2, mode: str) -> Tensor:
 
 def _cached_resize(table: Tensor, ref_hw: Size2, hw: Size2,
                    mode: str) -> Tensor:
-    """:func:`_resize`, cached on ``table`` for the last ``hw``."""
+    """:func:`resize_pos_table_pytorch`, cached on ``table`` for the last
+    ``hw``."""
     key = (tuple(int(i) for i in hw), tuple(ref_hw), mode, table._version,
            table.data_ptr(), table.dtype, table.device)
     hit = getattr(table, '_pola_resized', None)
@@ -77,6 +84,6 @@ def _cached_resize(table: Tensor, ref_hw: Size2, hw: Size2,
         return hit[1]
     # token-major in memory, as the keys it is added to (the resize gives
     # a channel-major view)
-    out = _resize(table, ref_hw, hw, mode).contiguous()
+    out = resize_pos_table_pytorch(table, ref_hw, hw, mode).contiguous()
     table._pola_resized = (key, out)
     return out

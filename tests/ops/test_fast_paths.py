@@ -3,6 +3,7 @@
 ``la_sr_ratios`` and ``feature_map='pacs'``, PolaPP) computes the same
 outputs and gradients with and without them, and with them off no fast
 code runs (``helpers.spy_fast_code``)."""
+import importlib
 import os
 import subprocess
 import sys
@@ -221,3 +222,125 @@ print(ops.fast_paths_enabled(), sorted(ran(calls)))
     for name in names:
         got = torch.load(tmp_path / f'{name}_out.pth', weights_only=True)
         _assert_close_to_scale(got, want[name], 1e-6)
+
+
+def _linear(c_in: int, c_out: int, seed: int) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(c_in, c_out)
+
+
+def _op_cases():
+    """name -> (inputs builder, the op, its ``*_pytorch`` reference): every
+    op of :mod:`pola_mm.ops`, each on inputs where its fast implementation
+    runs (strided views, runs of tokens, a resized table)."""
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape, scale=1.):
+        return (torch.randn(*shape, generator=g) * scale).requires_grad_()
+
+    def heads():
+        q, k, v = (rand(2, 3, 40, 8) for _ in range(3))
+        return [q, k, v]
+
+    fc1, fc2, proj = _linear(8, 32, 1), _linear(32, 8, 2), _linear(8, 6, 3)
+    return {
+        'polarity_attention': (
+            lambda: heads() + [rand(1, 3, 1, 8, scale=.3),
+                               rand(1, 3, 1, 8, scale=.3)],
+            lambda q, k, v, s, p: ops.polarity_attention(q, k, v, s, p, 3.),
+            lambda q, k, v, s, p: ops.polarity_attention_pytorch(
+                q, k, v, s, p, 3.)),
+        'pacs_attention': (
+            lambda: heads() + [rand(1, 3, 1, 16), rand(1, 3, 1, 16)],
+            ops.pacs_attention, ops.pacs_attention_pytorch),
+        'softmax_attention': (
+            lambda: heads() + [rand(1, 3, 40, 40)],
+            lambda q, k, v, b: ops.softmax_attention(q, k, v, .35, b),
+            lambda q, k, v, b: ops.softmax_attention_pytorch(q, k, v, .35,
+                                                             b)),
+        'depthwise_conv2d': (  # a strided view, as the attention passes v
+            lambda: [rand(2, 5, 7, 8).permute(0, 3, 1, 2), rand(8, 1, 3, 3),
+                     rand(8)],
+            lambda x, w, b: ops.depthwise_conv2d(x, w, b, (1, 1)),
+            lambda x, w, b: ops.depthwise_conv2d_pytorch(x, w, b, (1, 1))),
+        'gate_linear': (
+            lambda: [rand(2, 30, 8), rand(2, 30, 8)],
+            lambda x, gate: ops.gate_linear(x, gate, proj),
+            lambda x, gate: ops.gate_linear_pytorch(x, gate, proj.weight,
+                                                    proj.bias)),
+        'gelu_linear': (
+            lambda: [rand(2, 30, 32)],
+            lambda h: ops.gelu_linear(h, fc2),
+            lambda h: ops.gelu_linear_pytorch(h, fc2.weight, fc2.bias)),
+        'gelu_mlp': (  # 600 tokens: two runs (of MLP_MIN_TOKENS = 512 with
+            # the small MLP_RUN_ELEMENTS the test sets)
+            lambda: [rand(2, 300, 8)],
+            lambda x: ops.gelu_mlp(x, fc1, fc2),
+            lambda x: ops.gelu_mlp_pytorch(x, fc1.weight, fc1.bias,
+                                           fc2.weight, fc2.bias)),
+        'resize_pos_table': (
+            lambda: [rand(1, 4 * 5, 8)],
+            lambda t: ops.resize_pos_table(t, (4, 5), (6, 3)),
+            lambda t: ops.resize_pos_table_pytorch(t, (4, 5), (6, 3))),
+    }
+
+
+#: the fast code each op runs with the switch on (inference, training)
+OP_FAST_CODE = {
+    'polarity_attention': ({'polarity_kernel'},
+                           {'polarity_kernel', 'PolarityAttentionFunction'}),
+    'pacs_attention': ({'pacs_kernel'},
+                       {'pacs_kernel', 'PaCSAttentionFunction'}),
+    'softmax_attention': ({'sdpa'}, set()),  # CPU training: the reference
+    'depthwise_conv2d': ({'DepthwiseConv2d'}, {'DepthwiseConv2d'}),
+    'gate_linear': (set(), {'GateLinearFunction'}),
+    'gelu_linear': (set(), {'GeluLinearFunction'}),
+    'gelu_mlp': ({'gelu_mlp_runs'}, {'GeluLinearFunction'}),
+    'resize_pos_table': ({'cached_resize'}, set()),
+}
+
+
+def test_every_op_has_a_case():
+    """The cases below cover every op that :mod:`pola_mm.ops` exports with
+    a ``*_pytorch`` reference, and every op has one."""
+    refs = {n[:-len('_pytorch')] for n in ops.__all__
+            if n.endswith('_pytorch')}
+    assert refs == set(_op_cases()) == set(OP_FAST_CODE)
+
+
+def _run(op, inputs, train: bool):
+    """The op's output and, in training, the inputs' gradients."""
+    if not train:
+        with torch.no_grad():
+            return [op(*inputs)]
+    out = op(*inputs)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(
+        5))
+    return [out.detach()] + list(torch.autograd.grad(
+        (out * weights).sum(), inputs))
+
+
+@pytest.mark.parametrize('train', [False, True], ids=['infer', 'train'])
+@pytest.mark.parametrize('name', sorted(OP_FAST_CODE))
+def test_op_fallback_is_its_reference(monkeypatch, name, train):
+    """Every op with the fast paths off (the one switch) gives exactly its
+    ``*_pytorch`` reference's outputs and gradients, running no fast code;
+    with them on it runs its fast implementation and agrees within float32
+    rounding."""
+    gelu_module = importlib.import_module('pola_mm.ops.gelu_linear')
+    monkeypatch.setattr(gelu_module, 'MLP_RUN_ELEMENTS', 32 * 64)
+    build, op, reference = _op_cases()[name]
+    inputs = build()
+    calls = spy_fast_code(monkeypatch)
+    want = _run(reference, inputs, train)
+    assert ran(calls) == set()
+    with ops.plain_paths():
+        plain = _run(op, inputs, train)
+    assert ran(calls) == set()
+    for a, b in zip(plain, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    fast = _run(op, inputs, train)
+    assert ran(calls) == OP_FAST_CODE[name][train], ran(calls)
+    for a, b in zip(fast, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5,
+                                   atol=1e-5 * float(b.abs().max()))
