@@ -1,4 +1,4 @@
-"""ONNX export of pola_mm backbones, verified by onnxruntime.
+"""ONNX export of pola_mm backbones and whole models, verified by runtimes.
 
 :func:`export_onnx` writes a backbone to an ONNX file with either of
 torch's exporters; :func:`verify_onnx` runs the file in onnxruntime on the
@@ -22,11 +22,27 @@ While a graph is captured for export, every op runs its plain reference
 custom autograd function, so the exported graph is the published
 computation in standard operators.
 
-Shapes: the spatial size is fixed at export (the graph depends on it:
-position tables resized to the stage maps, padding, Swin's windows and
-masks); ``dynamic_batch`` (``torch.export`` exporter only) leaves the batch
-size free.
+Shapes: with ``dynamic_hw`` and ``dynamic_batch`` the height, width and
+batch size of the input are free for both exporters; the graph takes every
+size it needs (padding, windows, masks, table resizes) from the input's
+shape. :func:`export_and_verify` then checks the file at the export size
+and at three other sizes (:func:`check_sizes`: none a multiple of 32, two
+larger than the export size; batch 3 with a dynamic batch) in ONNX Runtime
+and, when it is installed, OpenVINO, and writes nothing when any output
+differs. What cannot be dynamic is refused at export with one
+:class:`ExportError` (Pola-Swin under the dynamo exporter).
+
+Whole models: :func:`build_model` wraps a classifier, detector or
+segmentor of a config as :class:`TensorModeModel`, its ``mode='tensor'``
+forward on normalised images (no data preprocessor, no post-processing:
+class scores, box regressions or segmentation logits as a flat tuple).
+
+Opsets: the TorchScript exporter is supported at opsets 11 to 21 (below
+13, ``aten::unflatten``, which torch serves from opset 13 only, gets a
+symbolic registered for the duration of the export); the dynamo exporter
+at 18 to 21 (:data:`OPSETS`).
 """
+import contextlib
 import inspect
 import os
 import os.path as osp
@@ -45,8 +61,10 @@ from torch import Tensor
 from ..type_aliases import Size2
 
 __all__ = [
-    'EXPORTERS', 'ExportError', 'ExportInputError', 'OutputCheck',
-    'build_backbone', 'export_onnx', 'verify_onnx', 'export_and_verify',
+    'EXPORTERS', 'OPSETS', 'RUNTIMES', 'ExportError', 'ExportInputError',
+    'OutputCheck', 'TensorModeModel', 'build_backbone', 'build_model',
+    'available_runtimes', 'check_sizes', 'export_onnx', 'verify_onnx',
+    'export_and_verify',
     'example_inputs', 'external_data_files', 'data_file_name'
 ]
 
@@ -54,6 +72,17 @@ __all__ = [
 #: (``torch.export``, torch's default) and ``'torchscript'``
 #: (``torch.jit.trace``, ``dynamo=False``).
 EXPORTERS = ('dynamo', 'torchscript')
+
+#: The opsets each exporter is supported at (inclusive; tested at both
+#: ends on torch 2.14; an older torch's own maximum applies, 17 on torch
+#: 2.1). The dynamo exporter writes opset 18 and converts others with
+#: ONNX's version converter, which cannot take its graphs below 18 (it
+#: then silently keeps 18, so lower opsets are refused here).
+OPSETS = {'torchscript': (11, 21), 'dynamo': (18, 21)}
+
+#: The runtimes a file is checked in: ONNX Runtime always, OpenVINO when
+#: the ``openvino`` package is installed.
+RUNTIMES = ('onnxruntime', 'openvino')
 
 #: Default tolerance: max abs difference per output, relative to the output
 #: scale (its max abs value in PyTorch).
@@ -83,6 +112,7 @@ class OutputCheck:
     max_abs_diff: float
     scale: float
     tolerance: float
+    runtime: str = 'onnxruntime'
 
     @property
     def ok(self) -> bool:
@@ -90,7 +120,8 @@ class OutputCheck:
         return self.max_abs_diff <= self.tolerance
 
     def __str__(self) -> str:
-        return (f'{self.name} {tuple(self.shape)} (batch {self.batch}): max '
+        return (f'{self.runtime} {self.name} {tuple(self.shape)} (batch '
+                f'{self.batch}): max '
                 f'abs diff {self.max_abs_diff:.3g} (output scale '
                 f'{self.scale:.3g}, tolerance {self.tolerance:.3g}) '
                 f'{"ok" if self.ok else "TOO LARGE"}')
@@ -208,6 +239,112 @@ def build_backbone(config: Any,
     return model
 
 
+def _flat_tensors(outs: Any) -> List[Tensor]:
+    """The tensors of a nested output (tensors, lists, tuples, dicts in
+    key order), depth first."""
+    if isinstance(outs, Tensor):
+        return [outs]
+    if isinstance(outs, Mapping):
+        outs = [outs[k] for k in outs]
+    if isinstance(outs, (list, tuple)):
+        return [t for o in outs for t in _flat_tensors(o)]
+    raise TypeError(f'cannot export an output of type {type(outs).__name__}')
+
+
+class TensorModeModel(nn.Module):
+    """A whole classifier, detector or segmentor as an exportable module:
+    its ``mode='tensor'`` forward.
+
+    Input: normalised images ``(B, C, H, W)`` (what the model's data
+    preprocessor hands on: mean, std and padding are not in the graph).
+    Output: the tensors of ``model(x, mode='tensor')``, flattened depth
+    first into one tuple (a detector: every level's class scores, then every
+    level's box regressions, ...; a segmentor: logits ``(B, K, H/4, W/4)``;
+    a classifier: logits ``(B, K)``). No post-processing (NMS, resizing to
+    the image) is exported.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    @property
+    def in_channels(self) -> int:
+        """Input channels, the backbone's."""
+        return int(getattr(getattr(self.model, 'backbone', None),
+                           'in_channels', 3))
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        return tuple(_flat_tensors(self.model(x, mode='tensor')))
+
+
+def build_model(config: Any,
+                checkpoint: Optional[str] = None,
+                cfg_options: Optional[dict] = None) -> TensorModeModel:
+    """The whole ``model`` of a pola_mm config (classifier, detector or
+    segmentor, built in the config's ``default_scope``) as a
+    :class:`TensorModeModel`, in eval mode.
+
+    Args:
+        config: a config file or an mmengine ``Config``.
+        checkpoint: optional weights of the whole model (a Runner
+            checkpoint or its state dict), read without running code from
+            the file (:func:`pola_mm.fileio.load_checkpoint_file`) and
+            loaded strictly. Without it the model keeps its initialisation
+            (the config's ``init_cfg`` is ignored, nothing is downloaded).
+        cfg_options: overrides merged into the config first.
+
+    Raises:
+        ExportInputError: as :func:`build_backbone`; also a config whose
+            codebase (mmdet, mmseg, mmpretrain) is not installed, and a
+            checkpoint whose keys or shapes do not fit the model.
+    """
+    from ..fileio import CheckpointFileError, load_checkpoint_file
+    from ..models.checkpoint import extract_state_dict
+    from ..models.from_config import build_config_model
+    cfg = _checked_config(config, cfg_options)
+    name = config if isinstance(config, str) else 'the config'
+    try:
+        model = build_config_model(cfg)
+    except Exception as err:  # registries raise many kinds
+        raise ExportInputError(
+            f'cannot build the model of {name} ({type(err).__name__}: '
+            f'{_first_line(err).rstrip(".")}); check that its codebase '
+            '(mmdet, mmseg or mmpretrain) is installed, the config and '
+            '--cfg-options') from err
+    if checkpoint:
+        try:
+            state = extract_state_dict(load_checkpoint_file(checkpoint))
+            model.load_state_dict(dict(state), strict=True)
+        except CheckpointFileError as err:
+            raise ExportInputError(
+                f'{_first_line(err)}; pass an intact checkpoint') from err
+        except FileNotFoundError as err:
+            raise ExportInputError(
+                f'{_first_line(err)}; check the path') from err
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise ExportInputError(
+                f'checkpoint {checkpoint} does not fit the model of {name} '
+                f'({_first_line(err).rstrip(".")}); pass a checkpoint of '
+                'this config, or leave out CKPT') from err
+    return TensorModeModel(model).eval()
+
+
+def check_sizes(shape: Size2) -> List[Tuple[int, int]]:
+    """Three ``(H, W)`` sizes other than ``shape`` to check a file with a
+    dynamic height/width at: none a multiple of 32 in either side, the
+    first smaller than ``shape``, the other two larger (one taller than
+    wide relative to it, one wider)."""
+    h, w = int(shape[0]), int(shape[1])
+    raw = [(h * 4 // 5, w * 3 // 4), (h * 5 // 4 + 6, w * 3 // 2 + 6),
+           (h * 3 // 2 + 10, w * 5 // 4 + 10)]
+    sizes = []
+    for a, b in raw:
+        a, b = max(a, 17), max(b, 17)
+        sizes.append((a + (a % 32 == 0), b + (b % 32 == 0)))
+    return sizes
+
+
 def example_inputs(model: nn.Module, shape: Size2, batch: int = 1,
                    seed: int = 0) -> Tensor:
     """A seeded ``(batch, in_channels, H, W)`` input like a normalised
@@ -247,34 +384,53 @@ def export_onnx(model: nn.Module,
         out: the ``.onnx`` file to write.
         exporter: ``'dynamo'`` or ``'torchscript'`` (see :data:`EXPORTERS`).
         opset: ONNX opset (default: the exporter's).
-        dynamic_batch: a free batch dimension (``'dynamo'`` only).
+        dynamic_batch: a free batch dimension.
         dynamic_hw: a free height and width (both exporters: the
             TorchScript one with ``dynamic_axes``, the dynamo one with
             ``dynamic_shapes``). Pola-Swin's shifted-window stages refuse
             the dynamo exporter with a dynamic height/width
             (:class:`~pola_mm.ops.DynamicShapeExportError`, quoted).
 
+    Below opset 13 the TorchScript exporter gets an ``aten::unflatten``
+    symbolic for the duration of the call where torch has none
+    (:func:`_unflatten_below_opset13`).
+
     Returns:
         ``out``.
 
     Raises:
-        ExportError: an unknown exporter, ``dynamic_batch`` with
-            ``'torchscript'``, or the exporter failed (its first line
+        ExportError: an unknown exporter, an opset outside
+            :data:`OPSETS`, or the exporter failed (its first line
             quoted; a refusal of a dynamic size by the model: its
             message).
     """
     if exporter not in EXPORTERS:
         raise ExportError(f'unknown exporter {exporter!r}; use one of '
                           f'{list(EXPORTERS)}')
-    if dynamic_batch and exporter != 'dynamo':
+    if opset is not None and not (
+            OPSETS[exporter][0] <= int(opset) <= OPSETS[exporter][1]):
+        lo, hi = OPSETS[exporter]
         raise ExportError(
-            'a dynamic batch needs the dynamo exporter (the TorchScript '
-            'tracer fixes the batch size in reshapes); use exporter dynamo, '
-            'or export without a dynamic batch')
+            f'the {exporter} exporter is supported at opsets {lo} to {hi}, '
+            f'not {opset}; pass --opset in that range'
+            + (' or --exporter torchscript (opsets 11 to 21)'
+               if exporter == 'dynamo' and int(opset) < lo else ''))
     model.eval()
     # batch 2 for a dynamic batch: torch.export specialises sizes 0 and 1
     x = example_inputs(model, shape, batch=2 if dynamic_batch else 1)
-    names = _output_names(model, x)
+    try:
+        names = _output_names(model, x)
+    except Exception as exc:
+        whole = isinstance(model, TensorModeModel)
+        raise ExportError(
+            f'{type(getattr(model, "model", model)).__name__} does not run '
+            f'on an input of shape {tuple(x.shape)} '
+            f'({type(exc).__name__}: {_first_line(exc)})'
+            + ('; the whole-model export takes models whose tensor-mode '
+               'forward needs no image metadata (one-stage detectors, '
+               'segmentors, classifiers); export a two-stage detector with '
+               'tools/deployment/deploy.py (MMDeploy) or its backbone '
+               'without --whole' if whole else '')) from exc
     kwargs = dict(input_names=['input'], output_names=names)
     if opset is not None:
         kwargs['opset_version'] = int(opset)
@@ -291,14 +447,17 @@ def export_onnx(model: nn.Module,
     else:
         if 'dynamo' in inspect.signature(torch.onnx.export).parameters:
             kwargs['dynamo'] = False  # torch < 2.5 has only this exporter
+        axes = {0: 'batch'} if dynamic_batch else {}
         if dynamic_hw:
-            kwargs['dynamic_axes'] = {'input': {2: 'height', 3: 'width'}}
+            axes.update({2: 'height', 3: 'width'})
+        if axes:
+            kwargs['dynamic_axes'] = {'input': axes}
     d = osp.dirname(osp.abspath(out))
     os.makedirs(d, exist_ok=True)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', torch.jit.TracerWarning)
-            with torch.no_grad():
+            with torch.no_grad(), _unflatten_below_opset13(exporter, opset):
                 torch.onnx.export(model, (x, ), out, **kwargs)
     except Exception as exc:  # the exporters raise many kinds
         refusal = _dynamic_shape_refusal(exc)
@@ -330,6 +489,38 @@ def export_onnx(model: nn.Module,
     return out
 
 
+@contextlib.contextmanager
+def _unflatten_below_opset13(exporter: str,
+                             opset: Optional[int]) -> Iterator[None]:
+    """While open, the TorchScript exporter has an ``aten::unflatten``
+    symbolic at ``opset`` (11 or 12) where torch has none (torch serves it
+    from opset 13; ``nn.MultiheadAttention`` and user code call
+    ``unflatten``): a ``Reshape`` to the input's shape with the dim
+    replaced, the same symbolic MMDeploy's fix registers
+    (:mod:`pola_mm.deployment.mmdeploy_fixes`). Registered for the call
+    only and removed after it, so nothing changes outside pola_mm's export;
+    a no-op for the dynamo exporter, opsets >= 13 and a torch (or an open
+    MMDeploy fix) that already has one."""
+    if exporter != 'torchscript' or opset is None or int(opset) >= 13:
+        yield
+        return
+    from torch.onnx import (register_custom_op_symbolic,
+                            unregister_custom_op_symbolic)
+
+    from .mmdeploy_fixes import _unflatten_symbolic, unflatten_symbolic_missing
+    added = []
+    try:
+        for version in range(int(opset), 13):
+            if unflatten_symbolic_missing(version):
+                register_custom_op_symbolic('aten::unflatten',
+                                            _unflatten_symbolic, version)
+                added.append(version)
+        yield
+    finally:
+        for version in added:
+            unregister_custom_op_symbolic('aten::unflatten', version)
+
+
 def _input_hw_is_dynamic(path: str) -> bool:
     """Whether the first input of the ONNX file ``path`` has a symbolic
     height and width (dims 2 and 3)."""
@@ -354,57 +545,94 @@ def _dynamic_shape_refusal(exc: BaseException) -> Optional[str]:
     return None
 
 
+def available_runtimes() -> Tuple[str, ...]:
+    """The :data:`RUNTIMES` installed here (ONNX Runtime, and OpenVINO when
+    the ``openvino`` package imports)."""
+    import importlib.util
+    return tuple(r for r in RUNTIMES if importlib.util.find_spec(r))
+
+
+def _runner(runtime: str, path: str) -> Any:
+    """A function running the file ``path`` in ``runtime`` on one input
+    array, returning its outputs as arrays in the graph's order.
+
+    OpenVINO computes in float32 (its CPU default may be bf16)."""
+    import numpy as np
+    if runtime == 'onnxruntime':
+        import onnxruntime as ort
+        sess = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+        name = sess.get_inputs()[0].name
+        return lambda x: sess.run(None, {name: x})
+    if runtime == 'openvino':
+        import openvino as ov
+        compiled = ov.Core().compile_model(
+            path, 'CPU', {'INFERENCE_PRECISION_HINT': 'f32'})
+        return lambda x: [np.asarray(o) for o in compiled([x]).values()]
+    raise ExportError(f'unknown runtime {runtime!r}; use one of '
+                      f'{list(RUNTIMES)}')
+
+
 def verify_onnx(model: nn.Module, path: str, inputs: Sequence[Tensor],
-                rtol: float = DEFAULT_RTOL) -> List[OutputCheck]:
-    """Run ``path`` in onnxruntime (CPU) and ``model`` in PyTorch (eval,
-    no grad, fast paths as configured) on each of ``inputs``.
+                rtol: float = DEFAULT_RTOL,
+                runtimes: Sequence[str] = ('onnxruntime', )
+                ) -> List[OutputCheck]:
+    """Run ``path`` in each of ``runtimes`` (CPU; ONNX Runtime by default,
+    :func:`available_runtimes` for all installed) and ``model`` in PyTorch
+    (eval, no grad, fast paths as configured) on each of ``inputs``.
 
     An output agrees when its max abs difference is at most
     ``rtol * max(|PyTorch output|)`` (``rtol`` itself for an all-zero
     output). A shape mismatch counts as an infinite difference.
 
     Returns:
-        One :class:`OutputCheck` per output and input.
+        One :class:`OutputCheck` per runtime, input and output.
 
     Raises:
-        ExportError: onnxruntime cannot load or run the file (e.g. an input
-            of another size than the export's).
+        ExportError: a runtime cannot load or run the file (e.g. an input
+            of another size than the export's), or gives another number of
+            outputs.
     """
     import numpy as np
-    import onnxruntime as ort
-    try:
-        sess = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
-    except Exception as exc:
-        raise ExportError(f'onnxruntime cannot load {path}: {exc}') from exc
-    names = [o.name for o in sess.get_outputs()]
-    input_name = sess.get_inputs()[0].name
     model.eval()
-    checks: List[OutputCheck] = []
+    refs = []
     for x in inputs:
         with torch.no_grad():
             ref = model(x)
         ref = (ref, ) if isinstance(ref, Tensor) else tuple(ref)
+        refs.append([r.detach().float().numpy() for r in ref])
+    checks: List[OutputCheck] = []
+    for runtime in runtimes:
         try:
-            got = sess.run(None, {input_name: x.numpy()})
+            run = _runner(runtime, path)
+        except ExportError:
+            raise
         except Exception as exc:
-            raise ExportError(
-                f'onnxruntime failed to run {path} on an input of shape '
-                f'{tuple(x.shape)}: {str(exc).splitlines()[0]}') from exc
-        if len(got) != len(ref):
-            raise ExportError(f'{path} has {len(got)} outputs, PyTorch '
-                              f'{len(ref)}')
-        for name, r, o in zip(names, ref, got):
-            r = r.detach().float().numpy()
-            scale = float(np.abs(r).max()) if r.size else 0.0
-            if o.shape != r.shape:
-                diff = float('inf')
-            else:
-                diff = float(np.abs(r - o).max()) if r.size else 0.0
-                if not np.isfinite(diff):
+            raise ExportError(f'{runtime} cannot load {path}: '
+                              f'{_first_line(exc)}') from exc
+        import onnx
+        names = [o.name for o in onnx.load(
+            path, load_external_data=False).graph.output]
+        for x, ref in zip(inputs, refs):
+            try:
+                got = run(x.numpy())
+            except Exception as exc:
+                raise ExportError(
+                    f'{runtime} failed to run {path} on an input of shape '
+                    f'{tuple(x.shape)}: {_first_line(exc)}') from exc
+            if len(got) != len(ref):
+                raise ExportError(f'{path} has {len(got)} outputs in '
+                                  f'{runtime}, PyTorch {len(ref)}')
+            for name, r, o in zip(names, ref, got):
+                scale = float(np.abs(r).max()) if r.size else 0.0
+                if o.shape != r.shape:
                     diff = float('inf')
-            checks.append(OutputCheck(name, int(x.shape[0]),
-                                      tuple(o.shape), diff, scale,
-                                      rtol * scale if scale > 0 else rtol))
+                else:
+                    diff = float(np.abs(r - o).max()) if r.size else 0.0
+                    if not np.isfinite(diff):
+                        diff = float('inf')
+                checks.append(OutputCheck(
+                    name, int(x.shape[0]), tuple(o.shape), diff, scale,
+                    rtol * scale if scale > 0 else rtol, runtime))
     return checks
 
 
@@ -517,9 +745,12 @@ def export_and_verify(model: nn.Module,
                       exporter: str = 'dynamo',
                       opset: Optional[int] = None,
                       dynamic_batch: bool = False,
-                      rtol: float = DEFAULT_RTOL) -> List[OutputCheck]:
+                      rtol: float = DEFAULT_RTOL,
+                      dynamic_hw: bool = False,
+                      runtimes: Optional[Sequence[str]] = None
+                      ) -> List[OutputCheck]:
     """:func:`export_onnx` then :func:`verify_onnx`; files reach ``out``
-    only when every output agrees.
+    only when every output agrees in every runtime.
 
     Writes ``out`` and, when the exporter stores the weights outside the
     graph (the dynamo exporter does), ``<out>.data`` next to it
@@ -527,7 +758,10 @@ def export_and_verify(model: nn.Module,
     the two files can be moved or copied together to any folder. Both are
     exported under these final names into a private folder next to ``out``,
     checked there on a seeded input of batch 1 at ``shape`` (with
-    ``dynamic_batch`` also at batch 3), then moved into place, the data file
+    ``dynamic_hw`` also at the three :func:`check_sizes`; with
+    ``dynamic_batch`` one input more of batch 3, at the last other size
+    with ``dynamic_hw``) in each of ``runtimes`` (default:
+    :func:`available_runtimes`), then moved into place, the data file
     first and ``out`` last. A ``<out>.data`` of an earlier export is removed
     when the new file has no external weights.
 
@@ -547,12 +781,19 @@ def export_and_verify(model: nn.Module,
     tmp_dir = _private_dir(out)
     try:
         tmp = osp.join(tmp_dir, osp.basename(osp.abspath(out)))
-        export_onnx(model, shape, tmp, exporter, opset, dynamic_batch)
+        export_onnx(model, shape, tmp, exporter, opset, dynamic_batch,
+                    dynamic_hw)
         data_files = _one_data_file(tmp)
-        inputs = [example_inputs(model, shape, batch=1, seed=1)]
+        sizes = [tuple(shape)]
+        if dynamic_hw:
+            sizes += check_sizes(shape)
+        inputs = [example_inputs(model, hw, batch=1, seed=1 + i)
+                  for i, hw in enumerate(sizes)]
         if dynamic_batch:
-            inputs.append(example_inputs(model, shape, batch=3, seed=2))
-        checks = verify_onnx(model, tmp, inputs, rtol)
+            inputs.append(example_inputs(model, sizes[-1], batch=3, seed=9))
+        if runtimes is None:
+            runtimes = available_runtimes()
+        checks = verify_onnx(model, tmp, inputs, rtol, runtimes)
         bad = [c for c in checks if not c.ok]
         if bad:
             raise ExportError(

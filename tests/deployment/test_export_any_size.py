@@ -15,12 +15,16 @@ folded every later size read from it into constants. The dynamo exporter
 failed on Pola-Swin with "Could not infer dtype of SymBool".
 """
 
+import os
+import os.path as osp
+
 import numpy as np
 import pytest
 import torch
-from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise
+from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH2, randomise
 
 from pola_mm.deployment import ExportError, export_onnx, verify_onnx
+from pola_mm.deployment import onnx as onnx_mod
 from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
 
 onnx = pytest.importorskip('onnx')
@@ -120,3 +124,91 @@ def test_dynamo_dynamic_hw_swin_is_refused_clearly(tmp_path):
     assert 'height/width' in msg and '--exporter torchscript' in msg
     assert 'PolaSwinTransformer' in msg
     assert list(tmp_path.iterdir()) == []
+
+
+ASSETS = osp.join(REPO, 'tests', 'deployment', 'assets')
+
+
+@pytest.mark.parametrize('exporter', ['torchscript', 'dynamo'])
+def test_whole_detector_dynamic_batch_and_hw(tmp_path, exporter):
+    """A whole trained RetinaNet (tiny Pola-PVT, FPN, head; tensor mode),
+    one file with a free batch, height and width from either exporter:
+    its 10 outputs (5 levels of class scores and box regressions) equal
+    PyTorch at the export size, three other sizes and batch 3, in ONNX
+    Runtime and OpenVINO. (The Pola-Swin RetinaNet under the dynamo
+    exporter is refused: test_onnx_export.py, the tool's --whole.)"""
+    pytest.importorskip('mmdet')
+    pytest.importorskip('openvino')
+    model = onnx_mod.build_model(
+        osp.join(ASSETS, 'retinanet_pola_pvt_shapes.py'),
+        osp.join(ASSETS, 'retinanet_pola_pvt_shapes.pth'))
+    assert type(model.model).__name__ == 'RetinaNet'
+    out = str(tmp_path / 'det.onnx')
+    checks = onnx_mod.export_and_verify(
+        model, EXPORT_HW, out, exporter, dynamic_batch=True,
+        dynamic_hw=True, runtimes=('onnxruntime', 'openvino'))
+    assert os.path.isfile(out)
+    assert len(checks) == 2 * 5 * 10  # runtimes x inputs x outputs
+    assert all(c.ok for c in checks)
+    assert max(c.max_abs_diff / c.scale for c in checks) < 1e-4
+    # level 0 of the class scores (9 anchors x 3 classes): PVT's stage 2,
+    # stride 4 then 2, each rounding down
+    shapes = {c.shape for c in checks if c.name == checks[0].name}
+    want = {(1, 27, h // 4 // 2, w // 4 // 2)
+            for h, w in [EXPORT_HW] + onnx_mod.check_sizes(EXPORT_HW)}
+    h, w = onnx_mod.check_sizes(EXPORT_HW)[-1]
+    assert shapes == want | {(3, 27, h // 8, w // 8)}
+
+
+class _Unflatten(torch.nn.Module):
+    """A map through ``unflatten`` with sizes read from the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return (y.flatten(2).unflatten(2, (y.shape[2], y.shape[3])) * 2, )
+
+
+def _unflatten_registered(opset: int) -> bool:
+    from pola_mm.deployment.mmdeploy_fixes import unflatten_symbolic_missing
+    return not unflatten_symbolic_missing(opset)
+
+
+def test_opset11_export_without_mmdeploy(tmp_path):
+    """Opset 11 through pola_mm's own export (no MMDeploy import needed):
+    ``aten::unflatten``, which torch serves from opset 13 only, gets a
+    symbolic for the call and loses it afterwards; the file has a free
+    height and width and equals PyTorch at three sizes in ONNX Runtime."""
+    model = _Unflatten().eval()
+    before = _unflatten_registered(11)
+    if not before:  # torch has none: a plain export stops at unflatten
+        with pytest.raises(Exception, match='unflatten'):
+            torch.onnx.export(model, (torch.randn(1, 3, 20, 24), ),
+                              str(tmp_path / 'plain.onnx'), dynamo=False,
+                              opset_version=11)
+    path = export_onnx(model, (20, 24), str(tmp_path / 'u.onnx'),
+                       exporter='torchscript', opset=11, dynamic_hw=True)
+    assert _unflatten_registered(11) == before  # scoped to the call
+    proto = onnx.load(path)
+    assert [o.version for o in proto.opset_import if o.domain == ''] == [11]
+    onnx.checker.check_model(proto, full_check=True)
+    inputs = [torch.randn(1, 3, h, w) for h, w in SIZES]
+    checks = verify_onnx(model, path, inputs)
+    assert len(checks) == 3 and all(c.ok for c in checks)
+    assert [c.shape for c in checks] == [(1, 4, h, w) for h, w in SIZES]
+
+
+def test_opset11_backbone_dynamic_hw(tmp_path):
+    """PolaPP (PaCS and rotary softmax stages) at opset 11, dynamic
+    height and width, in ONNX Runtime and OpenVINO."""
+    model = _model('polapp')
+    path = export_onnx(model, EXPORT_HW, str(tmp_path / 'm.onnx'),
+                       exporter='torchscript', opset=11, dynamic_hw=True)
+    proto = onnx.load(path)
+    assert [o.version for o in proto.opset_import if o.domain == ''] == [11]
+    inputs = _inputs()
+    _assert_equal_everywhere(model, path, inputs)
+    _assert_openvino_equal(model, path, inputs)

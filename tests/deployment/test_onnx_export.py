@@ -285,7 +285,7 @@ def test_failure_leaves_nothing(tmp_path, monkeypatch, failure):
     out.write_bytes(b'an earlier export')
     seen = []
 
-    def ok_checks(m, path, inputs, rtol=1e-4):
+    def ok_checks(m, path, inputs, rtol=1e-4, runtimes=()):
         seen.extend(sorted(os.listdir(osp.dirname(path))))
         return []
 
@@ -299,7 +299,7 @@ def test_failure_leaves_nothing(tmp_path, monkeypatch, failure):
     elif failure == 'verify':  # an output differs
         monkeypatch.setattr(onnx_mod, 'export_onnx', _fake_export(True))
 
-        def mismatch(m, path, inputs, rtol=1e-4):
+        def mismatch(m, path, inputs, rtol=1e-4, runtimes=()):
             seen.extend(sorted(os.listdir(osp.dirname(path))))
             return [onnx_mod.OutputCheck('out0', 1, (1, ), 1.0, 1.0, 1e-4)]
         monkeypatch.setattr(onnx_mod, 'verify_onnx', mismatch)
@@ -307,7 +307,7 @@ def test_failure_leaves_nothing(tmp_path, monkeypatch, failure):
     elif failure == 'interrupt':
         monkeypatch.setattr(onnx_mod, 'export_onnx', _fake_export(True))
 
-        def interrupted(m, path, inputs, rtol=1e-4):
+        def interrupted(m, path, inputs, rtol=1e-4, runtimes=()):
             seen.extend(sorted(os.listdir(osp.dirname(path))))
             raise KeyboardInterrupt
         monkeypatch.setattr(onnx_mod, 'verify_onnx', interrupted)
@@ -344,9 +344,14 @@ def test_unwritable_destination(tmp_path):
 
 def test_clear_errors(tmp_path):
     model = _model('pvt')
-    with pytest.raises(ExportError, match='dynamo exporter'):
+    with pytest.raises(ExportError, match='opsets 18 to 21, not 13; .*'
+                       '--exporter torchscript'):
         export_onnx(model, (64, 64), str(tmp_path / 'a.onnx'),
-                    exporter='torchscript', dynamic_batch=True)
+                    exporter='dynamo', opset=13)
+    with pytest.raises(ExportError, match='opsets 11 to 21, not 10'):
+        export_onnx(model, (64, 64), str(tmp_path / 'a.onnx'),
+                    exporter='torchscript', opset=10)
+    assert os.listdir(tmp_path) == []
     with pytest.raises(ExportError, match='unknown exporter'):
         export_onnx(model, (64, 64), str(tmp_path / 'a.onnx'),
                     exporter='tf')
@@ -382,6 +387,18 @@ TINY_SWIN = [
     f'model.backbone.arch.embed_dims={SWIN_TINY_DEPTH1["embed_dims"]}',
     'model.backbone.arch.depths=[1,1,1,1]',
     'model.backbone.arch.num_heads=[1,1,2,2]']
+
+
+#: A tiny RetinaNet (tests/deployment/assets) and ``--cfg-options`` that
+#: give it a tiny Pola-Swin backbone (two blocks a stage: shifted windows).
+RETINANET = osp.join(REPO, 'tests', 'deployment', 'assets',
+                     'retinanet_pola_pvt_shapes.py')
+RETINANET_SWIN = [
+    'model.backbone.type=PolaSwinTransformer',
+    'model.backbone.arch._delete_=True', 'model.backbone.arch.embed_dims=16',
+    'model.backbone.arch.depths=[2,2,2,2]',
+    'model.backbone.arch.num_heads=[1,1,2,2]',
+    'model.neck.in_channels=[16,32,64,128]']
 
 
 @pytest.fixture(scope='module')
@@ -477,17 +494,17 @@ def _bad_inputs(case: str, tmp_path) -> Tuple[List[str], List[str]]:
     if case == 'out is a folder':
         return ([CONFIG, '--shape', '64', '64', '--out', str(tmp_path),
                  *tiny], ['is a folder', 'pass the path of the .onnx'])
-    assert case == 'dynamic torchscript'
-    return ([CONFIG, '--shape', '64', '64', *out, '--exporter',
-             'torchscript', '--dynamic', *tiny],
-            ['--dynamic needs --exporter dynamo'])
+    assert case == 'opset out of range'
+    return ([CONFIG, '--shape', '64', '64', *out, '--exporter', 'dynamo',
+             '--opset', '13', *tiny],
+            ['--opset 13', 'opsets 18 to 21', '--exporter torchscript'])
 
 
 BAD_INPUTS = ['missing config', 'missing checkpoint', 'truncated checkpoint',
               'garbage checkpoint', 'empty checkpoint',
               'checkpoint of another arch', 'not a pola_mm backbone',
               'no backbone', 'bad arch', 'out is a folder',
-              'dynamic torchscript']
+              'opset out of range']
 
 
 @pytest.mark.parametrize('case', BAD_INPUTS)
@@ -506,6 +523,51 @@ def test_cli_bad_inputs_exit_2(tmp_path, capsys, tool, case):
     if 'checkpoint' in case:  # the backbone is fine: not mentioned
         assert 'pola_mm backbones only' not in err
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_cli_dynamic_torchscript_checks_other_sizes(tmp_path, capsys,
+                                                    tool):
+    """``--dynamic`` with the TorchScript exporter: one file, free batch,
+    height and width, equal to PyTorch at the export size, at three other
+    sizes (none a multiple of 32, two larger) and at batch 3, in ONNX
+    Runtime and OpenVINO."""
+    pytest.importorskip('openvino')
+    out = str(tmp_path / 'swin.onnx')
+    rc = tool.main([CONFIG, '--shape', '64', '96', '--out', out,
+                    '--exporter', 'torchscript', '--dynamic',
+                    '--cfg-options', *TINY_SWIN])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert os.listdir(tmp_path) == ['swin.onnx']
+    lines = [ln for ln in printed.splitlines() if ' out0 ' in ln]
+    # 5 inputs (64x96, 3 other sizes, batch 3) x 2 runtimes
+    assert len(lines) == 10 and all(ln.endswith(' ok') for ln in lines)
+    assert sum(ln.startswith('openvino ') for ln in lines) == 5
+    assert '(batch 3)' in printed
+    sizes = onnx_mod.check_sizes((64, 96))
+    assert all(h % 32 and w % 32 for h, w in sizes)
+    assert sum(h > 64 and w > 96 for h, w in sizes) == 2
+    for h, w in sizes:  # stage 0 of Pola-Swin: stride 4, padded up
+        assert f'(1, 16, {-(-h // 4)}, {-(-w // 4)})' in printed
+    assert 'dynamic batch, height and width' in printed
+    assert 'onnxruntime and openvino' in printed
+
+
+def test_cli_dynamic_dynamo_swin_whole_model_refused(tmp_path, capsys,
+                                                     tool):
+    """``--whole --dynamic`` with the dynamo exporter on a Pola-Swin
+    detector: exit 1, one error naming the exporter that works, nothing
+    written."""
+    out = str(tmp_path / 'det.onnx')
+    rc = tool.main([RETINANET, '--whole', '--shape', '64', '96', '--out',
+                    out, '--exporter', 'dynamo', '--dynamic',
+                    '--cfg-options', *RETINANET_SWIN])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: '), err
+    assert 'height/width' in err and '--exporter torchscript' in err
+    assert os.listdir(tmp_path) == []
 
 
 def test_cli_malformed_arguments_exit_2(tool, capsys):

@@ -71,3 +71,25 @@ def test_torch_compile_fullgraph_equals_eager(name):
         want = model(x)
         got = torch.compile(model, fullgraph=True, backend=BACKEND)(x)
     _assert_close(got, want)
+
+
+@pytest.mark.parametrize('exporter', ['torchscript', 'dynamo'])
+def test_onnx_dynamic_batch_and_hw(tmp_path, exporter):
+    """ONNX, one file with a free batch, height and width from either
+    exporter: the timm Pola-PVT's logits equal PyTorch at the export size,
+    three other sizes (none a multiple of 32, two larger) and batch 3, in
+    ONNX Runtime and OpenVINO. (Pola-Swin's dynamo refusal: the backbone
+    and whole-model tests in tests/deployment.)"""
+    pytest.importorskip('onnxruntime')
+    pytest.importorskip('openvino')
+    from pola_mm.deployment.onnx import check_sizes, export_and_verify
+    model = _model('pola_pvt_tiny')
+    out = str(tmp_path / 'm.onnx')
+    checks = export_and_verify(model, (96, 128), out, exporter,
+                               dynamic_batch=True, dynamic_hw=True,
+                               runtimes=('onnxruntime', 'openvino'))
+    assert len(checks) == 2 * 5  # runtimes x inputs, one output
+    assert all(c.ok for c in checks)
+    assert max(c.max_abs_diff / c.scale for c in checks) < 1e-4
+    assert sorted({c.shape for c in checks}) == [(1, 7), (3, 7)]
+    assert all(h % 32 and w % 32 for h, w in check_sizes((96, 128)))

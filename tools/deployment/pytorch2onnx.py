@@ -1,20 +1,33 @@
 #!/usr/bin/env python
-"""Export the backbone of a pola_mm config to ONNX and verify it.
+"""Export the backbone (or, with --whole, the whole model) of a pola_mm
+config to ONNX and verify it.
 
     python tools/deployment/pytorch2onnx.py CONFIG [CKPT] --shape H W \\
-        --out FILE [--exporter dynamo|torchscript] [--opset N] [--dynamic] \\
-        [--rtol 1e-4] [--cfg-options K=V ...]
+        --out FILE [--whole] [--exporter dynamo|torchscript] [--opset N] \\
+        [--dynamic] [--rtol 1e-4] [--cfg-options K=V ...]
 
 Builds ``model.backbone`` of CONFIG (a classifier, detector or segmentor
-config), loads CKPT if given (the authors' file, a converted classifier, a
-detector / segmentor checkpoint or a backbone state dict; never runs code
-from the file), exports it at H x W, runs the file in onnxruntime on the
-same input as PyTorch and prints the max abs difference of every output.
-``--dynamic`` leaves the batch size free (dynamo exporter; checked at batch
-1 and 3); the spatial size is fixed.
+config), or with ``--whole`` the whole model in its ``mode='tensor'``
+forward (normalised images in; class scores and box regressions of every
+level, segmentation logits or class logits out; no data preprocessor, no
+NMS), loads CKPT if given (never runs code from the file), exports it at
+H x W, runs the file in ONNX Runtime and, when the ``openvino`` package is
+installed, OpenVINO on the same inputs as PyTorch and prints the max abs
+difference of every output.
+
+``--dynamic`` frees the batch size, height and width (both exporters). The
+file is then also checked at three other sizes (none a multiple of 32, two
+larger than H x W) and at batch 3. What each exporter supports:
+
+- torchscript (``dynamo=False``): every backbone and whole model, dynamic
+  or not, opsets 11 to 21;
+- dynamo (``torch.export``, the default): every backbone and whole model at
+  opsets 18 to 21, except Pola-Swin (and models built on it) with
+  ``--dynamic``: refused with one error, nothing written (its shifted
+  windows make torch.export fix the size); use torchscript for those.
 
 What it writes, only when every difference is within RTOL times the
-output's scale (its max abs value):
+output's scale (its max abs value) in every runtime and at every size:
 
 - FILE, the graph;
 - FILE.data next to it when the weights are stored outside the graph (the
@@ -29,11 +42,12 @@ last). When the outputs differ, the export fails or the run is interrupted,
 that folder is removed: nothing is left, and files already at FILE stay as
 they were.
 
-Exit codes: 0 verified (files written); 1 export failed or outputs differ
-(the message says which); 2 bad arguments or inputs: a missing, unreadable,
-truncated or corrupt config or checkpoint, a config without a pola_mm
-backbone, a checkpoint of another arch, an unwritable FILE (one line naming
-the problem and the fix); 130 interrupted (Ctrl-C).
+Exit codes: 0 verified (files written); 1 export failed, refused or outputs
+differ (the message says which); 2 bad arguments or inputs: a missing,
+unreadable, truncated or corrupt config or checkpoint, a config without a
+pola_mm backbone, a checkpoint of another arch, an opset outside the
+exporter's range, an unwritable FILE (one line naming the problem and the
+fix); 130 interrupted (Ctrl-C).
 """
 import argparse
 import math
@@ -50,26 +64,38 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """The command line (``argv``, default ``sys.argv[1:]``)."""
     from mmengine.config import DictAction
     parser = argparse.ArgumentParser(
-        description='Export the backbone of a pola_mm config to ONNX and '
-        'verify the file with onnxruntime.')
+        description='Export the backbone (or --whole model) of a pola_mm '
+        'config to ONNX and verify the file in ONNX Runtime and OpenVINO '
+        '(when installed). Exporters: torchscript supports every model, '
+        'dynamic or not, at opsets 11-21; dynamo (default) supports opsets '
+        '18-21 and refuses Pola-Swin with --dynamic.')
     parser.add_argument('config', help='classifier / detector / segmentor '
                         'config with a pola_mm model.backbone')
     parser.add_argument('checkpoint', nargs='?', default=None,
                         help='weights (optional; default: the initialised '
-                        'backbone, the config\'s init_cfg is ignored)')
+                        'model, the config\'s init_cfg is ignored)')
     parser.add_argument('--shape', type=int, nargs=2, required=True,
                         metavar=('H', 'W'), help='input height and width')
     parser.add_argument('--out', required=True,
                         help='the .onnx file to write (external weights, if '
                         'any, go to OUT.data next to it)')
+    parser.add_argument('--whole', action='store_true',
+                        help='export the whole classifier / detector / '
+                        'segmentor (mode="tensor": normalised images in, '
+                        'raw head outputs out) instead of its backbone')
     parser.add_argument('--exporter', choices=['dynamo', 'torchscript'],
                         default='dynamo',
-                        help='torch.onnx.export(dynamo=True) (default) or '
-                        'the TorchScript tracer (dynamo=False)')
+                        help='torch.onnx.export(dynamo=True) (default; '
+                        'opsets 18-21; refuses Pola-Swin with --dynamic) or '
+                        'the TorchScript tracer (dynamo=False; opsets '
+                        '11-21; every model)')
     parser.add_argument('--opset', type=int, default=None,
-                        help='ONNX opset (default: the exporter\'s)')
+                        help='ONNX opset (default: the exporter\'s; '
+                        'torchscript 11-21, dynamo 18-21)')
     parser.add_argument('--dynamic', action='store_true',
-                        help='free batch dimension (dynamo exporter)')
+                        help='free batch size, height and width (both '
+                        'exporters); also verified at three other sizes '
+                        'and batch 3')
     parser.add_argument('--rtol', type=float, default=1e-4,
                         help='allowed max abs difference per output, '
                         'relative to its max abs value (default 1e-4)')
@@ -95,11 +121,15 @@ def check_args(args: argparse.Namespace) -> Optional[str]:
         return f'--shape needs a positive H and W, got {args.shape}'
     if not (args.rtol > 0 and math.isfinite(args.rtol)):
         return f'--rtol needs a positive number, got {args.rtol:g}'
-    if args.opset is not None and args.opset < 1:
-        return f'--opset needs a positive version, got {args.opset}'
-    if args.dynamic and args.exporter != 'dynamo':
-        return ('--dynamic needs --exporter dynamo (the TorchScript tracer '
-                'fixes the batch size)')
+    if args.opset is not None:
+        from pola_mm.deployment.onnx import OPSETS
+        lo, hi = OPSETS[args.exporter]
+        if not lo <= args.opset <= hi:
+            return (f'--opset {args.opset}: the {args.exporter} exporter is '
+                    f'supported at opsets {lo} to {hi}'
+                    + ('; use --exporter torchscript for opsets 11 to 17'
+                       if args.exporter == 'dynamo' and args.opset < lo
+                       else ''))
     if osp.isdir(args.out):
         return (f'--out {args.out} is a folder; pass the path of the .onnx '
                 'file to write')
@@ -115,14 +145,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f'error: {problem}', file=sys.stderr)
         return 2
     from pola_mm.deployment.onnx import (ExportError, ExportInputError,
-                                         build_backbone, export_and_verify,
+                                         available_runtimes, build_backbone,
+                                         build_model, export_and_verify,
                                          external_data_files)
+    runtimes = available_runtimes()
     try:
-        model = build_backbone(args.config, args.checkpoint,
-                               args.cfg_options)
+        build = build_model if args.whole else build_backbone
+        model = build(args.config, args.checkpoint, args.cfg_options)
         checks = export_and_verify(model, tuple(args.shape), args.out,
                                    args.exporter, args.opset, args.dynamic,
-                                   args.rtol)
+                                   args.rtol, dynamic_hw=args.dynamic,
+                                   runtimes=runtimes)
     except ExportInputError as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
@@ -135,10 +168,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
     for check in checks:
         print(check)
-    print(f'{args.out}: {type(model).__name__} at {args.shape[0]}x'
+    what = (type(model.model).__name__ if args.whole else
+            type(model).__name__)
+    sizes = sorted({c.shape for c in checks if c.name == checks[0].name})
+    print(f'{args.out}: {what} exported at {args.shape[0]}x'
           f'{args.shape[1]} ({args.exporter} exporter'
-          f'{", dynamic batch" if args.dynamic else ""}) agrees with '
-          f'PyTorch in onnxruntime')
+          f'{", dynamic batch, height and width" if args.dynamic else ""}) '
+          f'agrees with PyTorch in {" and ".join(runtimes)} '
+          f'({len(checks) // len(runtimes)} outputs checked, first output '
+          f'shapes {sizes})')
+    if 'openvino' not in runtimes:
+        print('note: openvino is not installed, so the file was checked in '
+              'onnxruntime only (pip install openvino to check both)')
     folder = osp.dirname(args.out)
     for name in external_data_files(args.out):
         print(f'{osp.join(folder, name)}: its weights, referred to by name; '
