@@ -58,17 +58,11 @@ def split_signs_grad(df: Tensor, x: Tensor, swap: bool = False) -> Tensor:
 
 def polar_halves(x: Tensor, swap: bool = False) -> Tensor:
     """``[relu(x), relu(-x)]`` as a new tensor (halves swapped with
-    ``swap``): ``(..., d)`` -> ``(..., 2d)``. Where autograd records, the
-    two halves concatenated; otherwise written straight into the halves of
-    one buffer (:func:`split_signs`)."""
-    if records_grad(x):
-        pos, neg = split_signs(x)
-        return torch.cat([neg, pos] if swap else [pos, neg], dim=-1)
-    d = x.shape[-1]
-    c = x.new_empty(x.shape[:-1] + (2 * d, ))
-    halves = (c[..., :d], c[..., d:])
-    split_signs(x, out=halves[::-1] if swap else halves)
-    return c
+    ``swap``): ``(..., d)`` -> ``(..., 2d)``, the two halves of
+    :func:`split_signs` concatenated (no write into a buffer: a traced
+    graph, the TorchScript exporter's, keeps it)."""
+    pos, neg = split_signs(x)
+    return torch.cat([neg, pos] if swap else [pos, neg], dim=-1)
 
 
 def pacs_features(x: Tensor, t: Optional[Tensor] = None,
