@@ -10,8 +10,16 @@ shift of 0 shifts nothing, masks are computed with ``arange`` from the
 sizes), so a graph traced at one input size (ONNX export with a dynamic
 height/width) computes the same at every other, and ``torch.compile`` sees
 no data-dependent branch.
+
+Sizes that are Python ints are concrete (eager mode, or a graph specialised
+to this size anyway): there the helpers skip what does nothing and keep
+masks in their broadcastable form: :func:`pad_map` and :func:`crop_map`
+return the map itself for a padding of zeros, :func:`cyclic_shift` leaves
+a dimension shifted by 0 alone, and :func:`window_masks` gives one
+``(1, N, N)`` zero mask where nothing is masked. A traced size (a 0-d
+tensor, a symbolic int) always takes the branch-free form.
 """
-from typing import Optional, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -83,8 +91,16 @@ def grid_padding(hw: Size2, window: Size2) -> Pad4:
             (hw[1] + window[1] - 1) // window[1] * window[1] - hw[1])
 
 
+def known_zeros(sizes: Sequence) -> bool:
+    """Whether ``sizes`` (a padding, a shift: ints or traced sizes) are
+    known to be zeros: every entry a Python int 0. False for a traced
+    size, whatever its value at the traced input, so a captured graph keeps
+    its pad, shift and masks."""
+    return all(isinstance(s, int) and s == 0 for s in sizes)
+
+
 def pad_map(x: Tensor, pad: Pad4) -> Tensor:
-    """Zero-pad a channel-last map.
+    """Zero-pad a channel-last map (``x`` itself for a padding of int 0s).
 
     Args:
         x: ``(B, H, W, C)``.
@@ -93,12 +109,17 @@ def pad_map(x: Tensor, pad: Pad4) -> Tensor:
     Returns:
         ``(B, H + top + bottom, W + left + right, C)``.
     """
+    if known_zeros(pad):
+        return x
     top, bottom, left, right = pad
     return F.pad(x, (0, 0, left, right, top, bottom))
 
 
 def crop_map(x: Tensor, pad: Pad4) -> Tensor:
-    """Undo :func:`pad_map`: ``(B, Hp, Wp, C) -> (B, H, W, C)``."""
+    """Undo :func:`pad_map`: ``(B, Hp, Wp, C) -> (B, H, W, C)`` (``x`` itself
+    for a padding of int 0s)."""
+    if known_zeros(pad):
+        return x
     top, bottom, left, right = pad
     Hp, Wp = x.shape[1], x.shape[2]
     return x[:, top:Hp - bottom, left:Wp - right, :]
@@ -149,10 +170,12 @@ def cyclic_shift(x: Tensor, shift: Size2, reverse: bool = False) -> Tensor:
     Args:
         x: any tensor whose dims 1, 2 are the spatial ones (``(B, H, W,
             C)``, label maps ``(1, H, W, 1)``).
-        shift: ``(sh, sw)`` (0 shifts nothing).
+        shift: ``(sh, sw)`` (0 shifts nothing; an int 0 is skipped).
         reverse: roll back by ``+shift``.
     """
     for dim, s in ((1, shift[0]), (2, shift[1])):
+        if isinstance(s, int) and s == 0:
+            continue
         n = x.shape[dim]
         i = torch.arange(n, device=x.device)
         x = x.index_select(dim, (i - s if reverse else i + s) % n)
@@ -264,9 +287,17 @@ def window_masks(hw: Size2, window: Size2, shift: Size2,
         mask_value: additive logit of a masked pair.
 
     Returns:
-        ``(nW, wh * ww, wh * ww)`` float: 0, ``mask_value`` or twice it.
+        ``(nW, wh * ww, wh * ww)`` float: 0, ``mask_value`` or twice it; or
+        ``(1, wh * ww, wh * ww)`` zeros, broadcast over the windows, where
+        int sizes show that nothing is masked (no shift, and padded keys
+        attended or no padding).
     """
     pad = grid_padding(hw, window)
+    if known_zeros(shift) and (padded_keys_attended is True
+                                or (padded_keys_attended is False
+                                    and known_zeros(pad))):
+        n = window[0] * window[1]
+        return torch.zeros(1, n, n, device=device)
     padded_hw = (hw[0] + pad[1], hw[1] + pad[3])
     region = shift_region_mask(padded_hw, window, shift, device, mask_value)
     if padded_keys_attended is True:  # (eager, one or more windows)

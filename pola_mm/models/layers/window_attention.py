@@ -181,11 +181,12 @@ class WindowMSA(BaseModule):
             hw, win, shift, padded_keys_attended, x.device).unsqueeze(1)
 
         # 2. softmax attention in each window, the same masks for every image
-        q, k, v = self.qkv(windows).reshape(Bw, n, 3, h, C // h).permute(
-            2, 0, 3, 1, 4).unbind(0)
-        y = softmax_attention(q, k, v, self.scale, bias.repeat(B, 1, 1, 1),
+        # (q, k, v (B, nW, h, n, d); bias (nW or 1, h, n, n), broadcast)
+        q, k, v = self.qkv(windows).reshape(B, -1, n, 3, h, C // h).permute(
+            3, 0, 1, 4, 2, 5).unbind(0)
+        y = softmax_attention(q, k, v, self.scale, bias,
                               self.attn_drop.p if self.training else 0.)
-        y = self.proj_drop(self.proj(y.transpose(1, 2).reshape(Bw, n, C)))
+        y = self.proj_drop(self.proj(y.transpose(-3, -2).reshape(Bw, n, C)))
 
         # 3. windows back to the map: reverse, unshift, crop
         y = cyclic_shift(window_reverse(y, win, padded_hw), shift,
