@@ -107,14 +107,15 @@ def polarity_attention_pytorch(q: Tensor,
         out   = [x_sim, x_opp]
 
     written in its cheap algebraic form, which touches each query and key
-    only with ``abs``, the power (as ``exp(p log|t|)``), a sign mask, one
-    product and one difference (elementwise), and two matrix products:
+    only with ``abs``, one power (``exp((p - 1) log|t|)``), one product,
+    the sign split (a clamp and a difference; elementwise) and two matrix
+    products:
 
     - ``|t / s|^p = c |t|^p`` with the per-channel ``c = (1 / s)^p``, so
       ``c`` scales rows of the small matrices below instead of every token;
-    - ``f+`` and ``f-`` have disjoint supports: both are selected from one
-      ``a = |t|^p`` by the sign of ``t`` (``a * [t > 0]`` and its
-      complement ``a - a * [t > 0]``, each exactly ``a`` or 0);
+    - ``f+`` and ``f-`` have disjoint supports: both come from the one
+      signed power ``u = t |t|^(p - 1) = sign(t) |t|^p``, as ``relu(u)``
+      and ``relu(u) - u`` (each exactly ``|t|^p`` or 0);
     - the opposite-signed flow uses the same key products with the roles of
       ``f+(q)`` and ``f-(q)`` swapped, so both flows and both normalisers
       are two products of the query features with small ``(d, d + 2)``
@@ -130,8 +131,11 @@ def polarity_attention_pytorch(q: Tensor,
     11. (The paper's form, with the concatenated features, is kept in the
     tests as the arbiter.)
 
-    The computation runs channel-major (``(B, h, d, N)``: channels by
-    tokens) on transposed views of the inputs.
+    The computation runs token-major on the inputs as given: no transposed
+    copy of a token map (in ONNX Runtime a ``Transpose`` of a token map
+    costs as much as an elementwise pass), and the sums over keys are
+    products with a row of ones (a ``ReduceSum`` over the token axis is
+    several times slower there than a product).
 
     Args:
         q: ``(B, h, N, d)`` queries.
@@ -149,51 +153,45 @@ def polarity_attention_pytorch(q: Tensor,
     """
     if k_bias is not None:
         k = k + k_bias
-    # channel-major views: (B, h, d, N)
-    q, k, v = q.transpose(-2, -1), k.transpose(-2, -1), v.transpose(-2, -1)
-    p = 1 + alpha * torch.sigmoid(power)
+    p = 1 + alpha * torch.sigmoid(power)  # (1, h, 1, d)
     c = ((1 / F.softplus(scale)).expand_as(p) ** p).transpose(-2, -1)
-    p = p.transpose(-2, -1)  # (1, h, d, 1): per channel, over the tokens
-    n = k.shape[-1]
-    d = q.shape[-2]
+    n = k.shape[-2]
+    d = q.shape[-1]
     half = d // 2
 
-    qp, qn = _signed_powers(q, p)  # f+(q) / c, f-(q) / c; (B, h, d, N)
-    kp, kn = _signed_powers(k, p)
-    vt = v.transpose(-2, -1)  # (B, h, n, d), a view
-    P = c * (kp @ vt)  # f+(k)^T v, (B, h, d, d); c scales the rows
-    Q = c * (kn @ vt)  # f-(k)^T v
-    sp = c * kp.sum(-1, keepdim=True)  # (B, h, d, 1)
-    sn = c * kn.sum(-1, keepdim=True)
+    qp, qn = _signed_powers(q, p)  # f+(q) / c, f-(q) / c; (B, h, N, d)
+    kp, kn = _signed_powers(k, p)  # (B, h, n, d)
+    ones = torch.ones_like(v[..., :1]).transpose(-2, -1)  # (B, h, 1, n)
+    P = c * (kp.transpose(-2, -1) @ v)  # f+(k)^T v, (B, h, d, d); c: rows
+    Q = c * (kn.transpose(-2, -1) @ v)  # f-(k)^T v
+    sp = c * (ones @ kp).transpose(-2, -1)  # (B, h, d, 1)
+    sn = c * (ones @ kn).transpose(-2, -1)
     m_pos = torch.cat([P[..., :half], Q[..., half:], sp, sn], -1)
     m_neg = torch.cat([Q[..., :half], P[..., half:], sn, sp], -1)
-    # (B, h, d + 2, N): the flows' numerators, then their normalisers
-    u = ((c * m_pos).transpose(-2, -1) @ qp
-         + (c * m_neg).transpose(-2, -1) @ qn)
-    z = u[:, :, d:] + eps * n  # n (mean + eps) = sum + eps n
-    B, h, N = u.shape[0], u.shape[1], u.shape[-1]
-    y = (u[:, :, :d].reshape(B, h, 2, half, N) / z.unsqueeze(-2)).reshape(
-        B, h, d, N)
-    return y.transpose(-2, -1)
+    # (B, h, N, d + 2): the flows' numerators, then their normalisers
+    u = qp @ (c * m_pos) + qn @ (c * m_neg)
+    z = u[..., d:] + eps * n  # n (mean + eps) = sum + eps n
+    B, h, N = u.shape[0], u.shape[1], u.shape[2]
+    return (u[..., :d].reshape(B, h, N, 2, half) / z.unsqueeze(-1)).reshape(
+        B, h, N, d)
 
 
 def _signed_powers(t: Tensor, p: Tensor,
                    tiny: float = _FLOAT32_TINY) -> Tuple[Tensor, Tensor]:
-    """``relu(t)^p`` and ``relu(-t)^p`` from one ``|t|^p``.
+    """``relu(t)^p`` and ``relu(-t)^p`` from one signed power.
 
-    ``|t|^p`` is ``exp(p log|t|)`` with ``|t|`` clamped to ``tiny``
-    (float32's smallest normal number), as in the kernel's backward (its
-    forward lets ``t = 0`` give 0 directly): the same values
-    (the clamp changes no ``|t| >= 1.2e-38``; at ``t = 0`` the power
-    gives 0) and finite gradients everywhere
-    (zero at ``t = 0``, as ``|t|^p``'s for ``p > 1``). In ONNX Runtime
-    ``Log``, ``Mul``, ``Exp`` take about half the time of ``Pow`` with a
-    per-channel exponent. The two are split by the sign of ``t``
-    (:func:`~.features.split_signs` of ``sign(t) |t|^p``: each exactly
-    ``|t|^p`` or 0).
+    The signed power ``sign(t) |t|^p`` is ``t exp((p - 1) log|t|)`` with
+    ``|t|`` clamped to ``tiny`` (float32's smallest normal number) inside
+    the logarithm, as in the kernel's backward: the same values (the clamp
+    changes no ``|t| >= 1.2e-38``; at ``t = 0`` the product is 0) and
+    finite gradients everywhere (zero at ``t = 0``, as ``|t|^p``'s for
+    ``p > 1``). In ONNX Runtime ``Log``, ``Mul``, ``Exp`` take about half
+    the time of ``Pow`` with a per-channel exponent, and the product with
+    ``t`` about a third of ``Sign`` and its product. The two are split by
+    sign (:func:`~.features.split_signs`: each exactly ``|t|^p`` or 0).
     """
-    a = torch.exp(p * torch.log(t.abs().clamp_min(tiny)))
-    return split_signs(a * torch.sign(t))
+    return split_signs(t * torch.exp((p - 1) * torch.log(
+        t.abs().clamp_min(tiny))))
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,

@@ -178,6 +178,8 @@ class PolarityAttention(BaseModule):
         # 2. polarity attention of the heads; the keys carry the positional
         # table (resized to the map)
         def heads(t: Tensor) -> Tensor:  # (B', L, C) -> (B', h, L, d)
+            if h == 1:  # a view without a Transpose in exported graphs
+                return t.unsqueeze(1)
             return t.reshape(t.shape[0], -1, h, d).transpose(1, 2)
 
         pos = heads(resize_pos_table(self.positional_encoding, self.ref_hw,
@@ -190,7 +192,7 @@ class PolarityAttention(BaseModule):
             s = F.softplus(scale)
             y = pacs_attention(heads(q) / s, (heads(k) + pos) / s, heads(v),
                                self.s1, self.s2)
-        y = y.transpose(1, 2).reshape(B, N, C)
+        y = y.squeeze(1) if h == 1 else y.transpose(1, 2).reshape(B, N, C)
 
         # 3. depth-wise conv of v over the stage map: the authors' per-head
         # conv, its kernel repeated over the heads (one conv of C channels)
