@@ -5,7 +5,7 @@
 #   1. .venv from python3.11 (or POLA_MM_PYTHON), optionally seeing that
 #      interpreter's packages (POLA_MM_SYSTEM_SITE_PACKAGES=1);
 #   2. build tools (setuptools>=77.0.3,<81, wheel, ninja);
-#   3. torch + torchvision: kept if a torch >= 2.0 is already importable in the
+#   3. torch + torchvision: kept if a torch >= 2.1 is already importable in the
 #      venv, otherwise $POLA_MM_TORCH (default torch==2.14.1 torchvision==0.29.1);
 #   4. mmengine, mmdet, mmsegmentation, mmpretrain, timm, pytest (requirements/);
 #   5. mmcv 2.1.0 with ops via tools/install_mmcv.py (built once, then cached in
@@ -114,7 +114,7 @@ pip_install -r requirements/build.txt
 if "$PY" - <<'EOF' 2>/dev/null
 import torch, torchvision  # noqa: F401
 major, minor = (int(x) for x in torch.__version__.split('+')[0].split('.')[:2])
-assert (major, minor) >= (2, 0)
+assert (major, minor) >= (2, 1)
 EOF
 then
   log "keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
