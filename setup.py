@@ -8,7 +8,6 @@ for an editable install (``pip install -e .``) alike. Its one line runs
 mmengine's config reader. Why: docs/install.md, "The start-up hook".
 """
 import os
-
 from setuptools import setup
 from setuptools.command.build_py import build_py
 

@@ -55,10 +55,10 @@ The MMDeploy fixes live with the deployment code
 them to run when MMDeploy is imported, where MMDeploy is installed.
 """
 import atexit
+import inspect
 import logging
 import os
 import sys
-import inspect
 from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional
 
 import torch

@@ -22,8 +22,8 @@ settings, schedule types, evaluators) stays as the config has it.
 import os.path as osp
 from typing import Dict, List
 
-from mmengine.config import Config, ConfigDict
 from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1
+from mmengine.config import Config, ConfigDict
 
 from pola_mm.demo import shapes
 

@@ -179,6 +179,7 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
 
     from pola_mm.ops.gate_linear import GateLinearFunction
     from pola_mm.ops.gelu_linear import GeluLinearFunction
+
     # (modules by name: pola_mm.ops.polarity_attention, ... are also the
     # names of the ops' functions in pola_mm.ops)
     (depthwise_conv, gelu_linear, pacs_attention, pacs_kernel,

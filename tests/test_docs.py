@@ -19,9 +19,9 @@ import textwrap
 from typing import List, Tuple
 
 import pytest
+from helpers import REPO
 
 import pola_mm  # noqa: F401  (registers the pola_mm:: config scope)
-from helpers import REPO
 
 #: pages whose python blocks are executed as a script, one namespace a page
 EXECUTED_PAGES = ['docs/attention.md']

@@ -12,7 +12,6 @@ import os.path as osp
 from typing import Dict, List, Set
 
 import pytest
-
 from helpers import REPO
 
 PACKAGE = 'pola_mm'

@@ -16,8 +16,7 @@ Nothing here imports the package root back (``import pola_mm`` runs before
 any of these modules)."""
 from .mmdeploy_verify import DeployError, DeployReport, deploy_and_verify
 from .onnx import (EXPORTERS, ExportError, OutputCheck, build_backbone,
-                   example_inputs, export_and_verify, export_onnx,
-                   verify_onnx)
+                   example_inputs, export_and_verify, export_onnx, verify_onnx)
 
 __all__ = [
     'EXPORTERS', 'ExportError', 'OutputCheck', 'build_backbone',

@@ -247,8 +247,7 @@ def keep_fx_wraps_on_exit() -> bool:
     with _lock:
         if applied['fx_wraps']:
             return False
-        from mmdeploy.core.rewriters.function_rewriter import \
-            FunctionRewriter
+        from mmdeploy.core.rewriters.function_rewriter import FunctionRewriter
         restore = FunctionRewriter.exit
 
         def exit(self: Any) -> None:

@@ -50,8 +50,7 @@ import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
-from typing import (Any, Iterator, List, Mapping, Optional, Sequence,
-                    Tuple)
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn

@@ -13,9 +13,9 @@
 
 See docs/reliability.md.
 """
-from .checkpoint_io import (atomic_save_checkpoint, atomic_write,
-                            atomic_checkpoint_writes,
-                            install_checked_loader, stale_temporary_files)
+from .checkpoint_io import (atomic_checkpoint_writes, atomic_save_checkpoint,
+                            atomic_write, install_checked_loader,
+                            stale_temporary_files)
 from .hooks import InvalidLossHook, NonFiniteLossError, ResumableCheckpointHook
 from .rng import get_rng_state, set_rng_state
 from .signals import TrainingInterrupted, stop_on_sigterm

@@ -22,8 +22,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-from torch import nn
+from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .dispatch import records_grad, use_fast

@@ -15,10 +15,10 @@ from mmengine.logging import print_log
 from mmengine.runner import Runner
 
 from ..compat import exit_process, finish_distributed, setup_cpu_distributed
-from .data_paths import first_missing
 from ..engine import (NonFiniteLossError, TrainingInterrupted,
                       install_checked_loader, stop_on_sigterm)
 from ..fileio import CheckpointFileError
+from .data_paths import first_missing
 
 __all__ = [
     'ToolError', 'train_parser', 'test_parser', 'load_config',

@@ -204,8 +204,8 @@ def test_pacs_rows_reproduce_the_module_output(photo):
     """``feature_map='pacs'`` (PolaFormer++'s exp(t x) - 1 features): the
     flows' rows times v1 / v2 equal the PaCS formula on the same q, k, v,
     and rows, conv, gate and projection give the module's own output."""
-    from pola_mm.analysis.attention import format_statistics, \
-        summarise_statistics
+    from pola_mm.analysis.attention import (format_statistics,
+                                            summarise_statistics)
     from pola_mm.ops import pacs_attention_pytorch
     torch.manual_seed(0)
     m = MODELS.build(dict(type='PolaSwinTransformer', arch=SWIN_TINY_DEPTH2,

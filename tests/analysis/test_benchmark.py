@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1, load_tool
 
 from pola_mm.analysis.benchmark import (BenchmarkCase, BenchmarkResult,
                                         benchmark_model, compute_growth,
@@ -13,7 +14,6 @@ from pola_mm.analysis.benchmark import (BenchmarkCase, BenchmarkResult,
                                         parse_size, plot_results,
                                         run_benchmarks)
 from pola_mm.analysis.zoo import build, zoo
-from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1, load_tool
 
 CONV = dict(type='torch.nn:Conv2d', in_channels=3, out_channels=4,
             kernel_size=3)
@@ -55,8 +55,9 @@ def test_isolated_worker_returns_fields(mode):
 def test_isolation_runs_in_another_process():
     """The worker's peak memory is its own: a big allocation here does not
     show in it, while an in-process measurement sees it."""
-    import numpy as np
     import resource
+
+    import numpy as np
     ballast = np.ones(300 * 2**20 // 8)  # 300 MiB touched in this process
     mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     r = benchmark_model(CONV, size=8, repeats=1, timeout=300)

@@ -10,11 +10,12 @@ import pytest
 pytest.importorskip('mmdeploy')
 pytest.importorskip('onnxruntime')
 
-from pola_mm.analysis.benchmark import (BenchmarkResult,  # noqa: E402
-                                        compute_ratios, format_table)
-from pola_mm.analysis.benchmark import whole  # noqa: E402
-from pola_mm.analysis.benchmark.ortprofile import ratio_floor  # noqa: E402
 from helpers import REPO, load_tool  # noqa: E402
+
+from pola_mm.analysis.benchmark import BenchmarkResult  # noqa: E402
+from pola_mm.analysis.benchmark import whole  # noqa: E402
+from pola_mm.analysis.benchmark import compute_ratios, format_table
+from pola_mm.analysis.benchmark.ortprofile import ratio_floor  # noqa: E402
 
 ASSETS = osp.join(REPO, 'tests', 'deployment', 'assets')
 #: mmdet's softmax PVT with the channels of the tiny Pola-PVT of the asset

@@ -13,18 +13,17 @@ import os.path as osp
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1, randomise_attention
 from torch.utils.flop_counter import FlopCounterMode
 
 import pola_mm  # noqa: F401
 from pola_mm.analysis.flops import (FORMULAS, count_flops,
                                     pacs_attention_flops,
-                                    polarity_attention_flops,
-                                    register_formula,
+                                    polarity_attention_flops, register_formula,
                                     softmax_attention_flops)
 from pola_mm.models.backbones import PolaPVT, PolaSwinTransformer
 from pola_mm.models.layers import PolarityAttention, WindowMSA
 from pola_mm.ops import plain_paths
-from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH1, randomise_attention
 
 
 def _attention(C: int, h: int, hw, fused: bool, kernel: int = 5):

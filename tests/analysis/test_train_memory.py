@@ -6,11 +6,11 @@ import os.path as osp
 import subprocess
 import sys
 
+import helpers
 import pytest
 import torch
 import torch.nn as nn
 
-import helpers
 from pola_mm.analysis.train_memory import (MemoryReport, measure,
                                            measure_saved, stage_of)
 from pola_mm.analysis.zoo import build, counterpart

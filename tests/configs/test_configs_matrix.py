@@ -13,10 +13,9 @@ table.
 import glob
 import os.path as osp
 
+import e2e_data
 import pytest
 from mmengine.config import Config
-
-import e2e_data
 
 CONFIGS = e2e_data.CONFIGS
 

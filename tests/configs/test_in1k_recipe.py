@@ -21,12 +21,11 @@ restate it:
 import math
 import os.path as osp
 
+import e2e_data
 import pytest
 import torch
-from mmengine.config import Config
-
-import e2e_data
 from helpers import REPO
+from mmengine.config import Config
 
 CONFIGS = osp.join(REPO, 'configs')
 
@@ -272,8 +271,9 @@ def test_in1k_weight_decay_groups(name):
     parameters, biases and (Swin) ``relative_position_bias_table`` /
     ``absolute_pos_embed`` excluded."""
     pytest.importorskip('mmpretrain.models')
-    import pola_mm  # noqa: F401
     from mmengine.optim import build_optim_wrapper
+
+    import pola_mm  # noqa: F401
     cfg = _load(name)
     wd = cfg.optim_wrapper.optimizer.weight_decay
     model = _tiny_classifier(cfg)

@@ -31,12 +31,11 @@ import math
 import os.path as osp
 from typing import Dict, List
 
+import e2e_data
 import pytest
 import torch
-from mmengine.config import Config
-
-import e2e_data
 from helpers import PVT_TINY
+from mmengine.config import Config
 
 import pola_mm  # noqa: F401  (registers PolaPP and the pola_mm:: scope)
 

@@ -7,11 +7,10 @@ package (``pola_mm/.mim/configs``), next to an ``mmdet::`` / ``mmseg::`` base.
 import os.path as osp
 import textwrap
 
+import e2e_data
 import pytest
 import torch
 from mmengine.config import Config
-
-import e2e_data
 
 import pola_mm  # noqa: F401  (as tools/train.py: registers the pola_mm scope)
 

@@ -8,11 +8,11 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import REPO
 
 from pola_mm.demo.shapes import (SHAPES_CLASSES, generate_shapes_image,
                                  make_shapes_dataset, mask_to_bbox,
                                  mask_to_rle)
-from helpers import REPO
 
 
 def rle_to_mask(rle: dict) -> np.ndarray:

@@ -11,11 +11,12 @@ import torch
 
 mmdeploy = pytest.importorskip('mmdeploy')
 
+from test_mmdeploy import (CONFIGS, DATA, _upernet_options,  # noqa: E402
+                           photo, shapes_images, stock)
+
 import pola_mm  # noqa: E402,F401
 from pola_mm.deployment.mmdeploy_verify import (  # noqa: E402
     deploy_and_verify, is_dynamic_hw)
-from test_mmdeploy import (CONFIGS, DATA, _upernet_options,  # noqa: E402
-                           photo, shapes_images, stock)
 
 __all__ = ['photo', 'shapes_images']  # fixtures used here
 

@@ -16,13 +16,16 @@ import pytest
 import torch
 
 mmdeploy = pytest.importorskip('mmdeploy')
+# ruff: noqa: E402  (the imports below need MMDeploy)
 
-import pola_mm  # noqa: E402,F401
-from pola_mm.deployment import mmdeploy_fixes  # noqa: E402
-from pola_mm.deployment import mmdeploy_rewriters  # noqa: E402
-from pola_mm.deployment.mmdeploy_verify import (  # noqa: E402
-    DeployError, DeployInputError, deploy_and_verify, load_deploy_configs,
-    resolve_deploy_config, stock_configs_dir, stock_deploy_configs)
+import pola_mm  # noqa: F401
+from pola_mm.deployment import mmdeploy_fixes, mmdeploy_rewriters
+from pola_mm.deployment.mmdeploy_verify import (DeployError, DeployInputError,
+                                                deploy_and_verify,
+                                                load_deploy_configs,
+                                                resolve_deploy_config,
+                                                stock_configs_dir,
+                                                stock_deploy_configs)
 
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(osp.dirname(HERE))

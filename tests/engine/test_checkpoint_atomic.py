@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO_PATH as REPO
+from helpers import subprocess_env
 from mmengine.config import Config
 
 import pola_mm  # noqa: F401
-from helpers import REPO_PATH as REPO
-from helpers import subprocess_env
 from pola_mm.engine import atomic_write, stale_temporary_files
 
 

@@ -29,14 +29,13 @@ import os.path as osp
 import pickle
 from typing import Dict, List
 
+import e2e_data
 import pytest
 import torch
+from helpers import REPO
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
-
-import e2e_data
-from helpers import REPO
 
 import pola_mm  # noqa: F401  (applies pola_mm.compat)
 from pola_mm import compat

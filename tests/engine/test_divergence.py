@@ -16,14 +16,14 @@ import math
 import os.path as osp
 import subprocess
 
+import e2e_data
 import pytest
 import torch
-from mmengine.config import Config
-
-import e2e_data
-import pola_mm  # noqa: F401
 from fault_injection import seg_config
 from helpers import REPO, subprocess_env
+from mmengine.config import Config
+
+import pola_mm  # noqa: F401
 from pola_mm.engine import InvalidLossHook, NonFiniteLossError
 from pola_mm.tools.runner import (build_runner, prepare_train_config,
                                   train_parser)

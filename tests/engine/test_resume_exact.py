@@ -25,10 +25,10 @@ import time
 
 import pytest
 import torch
-
-import pola_mm  # noqa: F401  (allow-list for Runner checkpoints)
 from fault_injection import seg_config
 from helpers import REPO, subprocess_env
+
+import pola_mm  # noqa: F401  (allow-list for Runner checkpoints)
 
 pytest.importorskip('mmseg.models')
 

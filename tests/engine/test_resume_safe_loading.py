@@ -12,11 +12,11 @@ import sys
 
 import pytest
 import torch
+from helpers import REPO_PATH as REPO
+from helpers import subprocess_env
 from mmengine.runner.checkpoint import CheckpointLoader
 
 import pola_mm  # noqa: F401
-from helpers import REPO_PATH as REPO
-from helpers import subprocess_env
 from pola_mm.tools import runner
 from pola_mm.tools.runner import run_tool
 

@@ -4,10 +4,9 @@ import os
 import subprocess
 import sys
 
+import helpers
 import pytest
 import torch
-
-import helpers
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),

@@ -13,10 +13,9 @@
 import copy
 import math
 
+import helpers
 import pytest
 import torch
-
-import helpers
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),

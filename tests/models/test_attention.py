@@ -5,17 +5,17 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import count_calls, polarity_attention_textbook, randomise
 
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
 from pola_mm.models.layers import (PolarityAttention, WindowMSA,
                                    relative_position_index)
-from pola_mm.ops import plain_paths, resize_pos_table
-from helpers import count_calls, polarity_attention_textbook, randomise
 from pola_mm.models.layers.window import (crop_map, cyclic_shift,
                                           effective_window, grid_padding,
                                           key_valid_mask, pad_map,
                                           shift_region_mask, valid_token_map,
                                           window_partition, window_reverse)
+from pola_mm.ops import plain_paths, resize_pos_table
 
 
 # -- window helpers ---------------------------------------------------------

@@ -5,13 +5,12 @@ import math
 import os.path as osp
 
 import pytest
-from conftest import reference_root
 import torch
+from conftest import reference_root
+from helpers import PVT_TINY, SWIN_TINY_DEPTH2, stage_grids
 
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import convert_official_checkpoint
-from helpers import PVT_TINY, SWIN_TINY_DEPTH2, stage_grids
-
 
 BACKBONES = [(PolaSwinTransformer, SWIN_TINY_DEPTH2), (PolaPVT, PVT_TINY)]
 IDS = ['swin', 'pvt']

@@ -9,16 +9,15 @@ import sys
 
 import pytest
 import torch
+from helpers import PVT_MINI, REPO, SWIN_MINI, reference_file, subprocess_env
 
 import pola_mm.models.checkpoint as ckpt_mod
-from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.fileio import (CheckpointFileError, InertObject,
                             load_checkpoint_file)
+from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint,
                                        extract_state_dict, official_family)
-from helpers import (PVT_MINI, REPO, SWIN_MINI, reference_file,
-                     subprocess_env)
 
 CLI = osp.join(REPO, 'tools', 'model_converters', 'pola_official_to_mm.py')
 

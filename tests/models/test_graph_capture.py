@@ -9,10 +9,10 @@ CPU, a few seconds per kernel: one small model per family, with the
 stages that hold each kind of block."""
 import pytest
 import torch
+from helpers import (POLAPP_TINY, PVT_TINY, SWIN_TINY_DEPTH1, SWIN_TINY_DEPTH2,
+                     randomise)
 
 from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
-from helpers import (POLAPP_TINY, PVT_TINY, SWIN_TINY_DEPTH1,
-                     SWIN_TINY_DEPTH2, randomise)
 
 #: name -> (class, constructor arguments). Swin with softmax windows of 3:
 #: its 'S' stages shift and pad at this size.

@@ -4,6 +4,7 @@ and ``PolarityAttention(feature_map=...)``."""
 import importlib
 from unittest import mock
 
+import helpers
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,6 @@ from pola_mm.models.backbones import PolaPVT, PolaSwinTransformer
 from pola_mm.models.layers import (PaCSAttention, PolarityAttention,
                                    rotary_tables)
 from pola_mm.ops import pacs_attention, pacs_attention_pytorch, plain_paths
-import helpers
 
 D64 = torch.float64
 #: the op's module (``pola_mm.ops.pacs_attention`` is also the op)

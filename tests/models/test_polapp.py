@@ -4,13 +4,12 @@ import os.path as osp
 
 import pytest
 import torch
-
-from pola_mm.models.backbones import PolaPP
-from pola_mm.models.layers import to_map
-from pola_mm.models.layers import PaCSAttention
-from pola_mm.ops import plain_paths
 from conftest import reference_root
 from helpers import REPO
+
+from pola_mm.models.backbones import PolaPP
+from pola_mm.models.layers import PaCSAttention, to_map
+from pola_mm.ops import plain_paths
 
 #: A tiny arch (two blocks in stage 1, layer scale on stages 3-4).
 TINY = dict(embed_dims=(16, 32, 32, 64), depths=(2, 1, 1, 1),

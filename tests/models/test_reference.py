@@ -7,12 +7,11 @@ import sys
 
 import pytest
 import torch
+from helpers import PVT_MINI, REPO, SWIN_MINI, reference_file, subprocess_env
 
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint)
-from helpers import (PVT_MINI, REPO, SWIN_MINI, reference_file,
-                     subprocess_env)
 
 CLI = osp.join(REPO, 'tools', 'model_converters', 'pola_official_to_mm.py')
 TOL = 1e-4

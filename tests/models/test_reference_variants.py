@@ -9,11 +9,11 @@ import os.path as osp
 
 import pytest
 import torch
+from helpers import REPO, seeded_state_dict
 
 from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint)
-from helpers import REPO, seeded_state_dict
 
 DATA = osp.join(REPO, 'tests', 'reference_variants')
 with open(osp.join(DATA, 'variants.json')) as _f:

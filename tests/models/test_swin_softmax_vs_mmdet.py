@@ -4,9 +4,9 @@ mmdet's own ``swin_converter``: equal at sizes whose stage maps are not
 multiples of the window; ``mask_padding=True`` is the other rule."""
 import pytest
 import torch
+from helpers import randomise
 
 from pola_mm.models import PolaSwinTransformer
-from helpers import randomise
 
 ARCH = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
 

@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as tnf
+from helpers import count_calls, randomise
 
 import pola_mm.models.layers.window as window_mod
 import pola_mm.models.layers.window_attention as window_attention_mod
 from pola_mm.models.layers import WindowMSA
 from pola_mm.ops import plain_paths, softmax_attention
 from pola_mm.ops.softmax_attention import softmax_attention_pytorch
-from helpers import count_calls, randomise
 
 
 def _msa(shift=True, mask_padding=False):

@@ -8,12 +8,11 @@ copy, with the reference's values."""
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import count_calls, saved_storages
 
 from pola_mm.ops import plain_paths
 from pola_mm.ops.depthwise_conv import (_DepthwiseConv2d, depthwise_conv2d,
                                         depthwise_conv2d_pytorch)
-
-from helpers import count_calls, saved_storages
 
 
 def _strided_v(device: str, dtype=torch.float32):

@@ -11,6 +11,9 @@ from typing import List, Tuple
 
 import pytest
 import torch
+from helpers import (POLAPP_TINY, PVT_MINI, PVT_TINY, SWIN_MINI,
+                     SWIN_TINY_DEPTH2, ran, randomise, reference_file, reset,
+                     spy_fast_code, subprocess_env)
 
 import pola_mm.ops as ops
 from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
@@ -18,9 +21,6 @@ from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint)
 from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops import dispatch
-from helpers import (POLAPP_TINY, PVT_MINI, PVT_TINY, SWIN_MINI,
-                     SWIN_TINY_DEPTH2, ran, randomise, reference_file, reset,
-                     spy_fast_code, subprocess_env)
 
 #: name -> (class, constructor arguments, the fast code that must run with
 #: the switch on in float64, forward and a training step). Swin's 'LLSS'

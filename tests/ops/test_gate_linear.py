@@ -4,14 +4,13 @@ reference's values and gradients (float64 gradcheck, autocast), what it
 saves for backward, and the polarity attention with it and without."""
 import pytest
 import torch
+from helpers import count_calls, randomise, saved_storages
 from torch.autograd import gradcheck
 
 import pola_mm.ops as ops
 from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops.gate_linear import (GateLinearFunction, gate_linear,
                                      gate_linear_pytorch)
-
-from helpers import count_calls, randomise, saved_storages
 
 
 def _linear(weight, bias) -> torch.nn.Linear:

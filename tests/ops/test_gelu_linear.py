@@ -8,14 +8,13 @@ import importlib
 import pytest
 import torch
 import torch.nn as nn
+from helpers import count_calls, saved_storages
 from torch.autograd import gradcheck
 
 import pola_mm.ops as ops
 from pola_mm.models.layers import Mlp
 from pola_mm.ops.gelu_linear import (GeluLinearFunction, gelu_linear,
                                      gelu_linear_pytorch)
-
-from helpers import count_calls, saved_storages
 
 
 def _linear(weight, bias) -> nn.Linear:

@@ -6,11 +6,11 @@ from unittest import mock
 
 import pytest
 import torch
-
-from pola_mm.ops import polarity_attention, polarity_attention_pytorch
-from pola_mm.ops import polarity_kernel
-from pola_mm.ops.polarity_kernel import PolarityAttentionFunction
 from helpers import polarity_attention_textbook as reference
+
+from pola_mm.ops import (polarity_attention, polarity_attention_pytorch,
+                         polarity_kernel)
+from pola_mm.ops.polarity_kernel import PolarityAttentionFunction
 
 #: the op's module (``pola_mm.ops.polarity_attention`` is also the op)
 op_module = importlib.import_module('pola_mm.ops.polarity_attention')

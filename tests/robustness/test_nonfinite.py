@@ -8,8 +8,7 @@ from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise_attention
 
 from pola_mm.models.backbones.pola_pvt import PolaPVT
 from pola_mm.models.backbones.pola_swin import PolaSwinTransformer
-from pola_mm.ops import dispatch
-from pola_mm.ops import polarity_attention
+from pola_mm.ops import dispatch, polarity_attention
 
 NAN, INF = float('nan'), float('inf')
 

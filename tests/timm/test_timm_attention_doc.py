@@ -7,11 +7,11 @@ import os.path as osp
 import re
 
 import torch
+from helpers import REPO
 from torch.utils.flop_counter import FlopCounterMode
 
 from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops import plain_paths
-from helpers import REPO
 
 PAGE = osp.join(REPO, 'docs', 'attention.md')
 

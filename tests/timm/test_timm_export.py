@@ -8,9 +8,9 @@ ops ran their plain references while it was captured)."""
 import pytest
 import timm
 import torch
+from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise
 
 import pola_mm.timm  # noqa: F401  (registers the models)
-from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise
 
 #: One model a family, tiny widths (PolaPP: PaCS stages 1-2, rotary
 #: softmax 3-4, layer scale in the last two).

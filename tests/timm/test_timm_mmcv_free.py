@@ -9,10 +9,10 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
+from helpers import REPO
 
 from pola_mm.models.layers.bricks import (DropPath, build_activation_layer,
                                           build_norm_layer)
-from helpers import REPO
 
 NORM_CFGS = [dict(type='LN'), dict(type='LN', eps=1e-6),
              dict(type='GN', num_groups=4), dict(type='BN'),

@@ -10,14 +10,14 @@ import pytest
 import timm
 import timm.optim
 import torch
+from helpers import (PVT_MINI, PVT_TINY, SWIN_MINI, SWIN_TINY_DEPTH2,
+                     count_calls, randomise)
 
 import pola_mm.timm as pola_timm
 from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
 from pola_mm.models.backbones.base import PreNormBlock
-from pola_mm.models.layers import PolaPPBlock
 from pola_mm.models.checkpoint import convert_official_checkpoint
-from helpers import (PVT_MINI, PVT_TINY, SWIN_MINI, SWIN_TINY_DEPTH2,
-                     count_calls, randomise)
+from pola_mm.models.layers import PolaPPBlock
 
 TOL = 1e-4
 #: Every registered name with its own pretrained config (no short names).

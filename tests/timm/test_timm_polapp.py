@@ -7,10 +7,10 @@ import os.path as osp
 import pytest
 import timm
 import torch
-
-import pola_mm.timm as pola_timm
 from conftest import reference_root
 from helpers import REPO, randomise
+
+import pola_mm.timm as pola_timm
 from pola_mm.models import PolaPP
 
 #: timm's and the mm models must agree to this (float32, same weights).

@@ -35,11 +35,11 @@ from typing import Dict, List, Tuple
 
 import pytest
 import timm
+import timm_suite
 import torch
+from timm_suite import load_suite
 
 import pola_mm.timm as pola_timm
-import timm_suite
-from timm_suite import load_suite
 
 
 def _suite():

@@ -13,9 +13,8 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 import e2e_data
+import pytest
 from helpers import REPO, subprocess_env
 
 pytest.importorskip('mmdet.models')

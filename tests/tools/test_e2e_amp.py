@@ -7,10 +7,9 @@ AMP changes in the model -- are checked directly.
 """
 import os.path as osp
 
+import e2e_data
 import pytest
 import torch
-
-import e2e_data
 from helpers import PVT_TINY, SWIN_TINY_DEPTH1
 
 import pola_mm  # noqa: F401

@@ -9,17 +9,17 @@ import math
 import os.path as osp
 from typing import List
 
+import e2e_data
 import pytest
 import torch
-
-import e2e_data
 
 pytest.importorskip('mmdet.models')
 pytest.importorskip('mmseg.models')
 
-import pola_mm  # noqa: F401,E402  (registers the backbones)
 from mmengine.hooks import Hook  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
+
+import pola_mm  # noqa: F401,E402  (registers the backbones)
 
 
 class LossRecorder(Hook):

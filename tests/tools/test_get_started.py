@@ -19,11 +19,10 @@ import subprocess
 import sys
 import textwrap
 
+import e2e_data
 import pytest
 import torch
 from helpers import REPO
-
-import e2e_data
 
 pytest.importorskip('mmdet')
 

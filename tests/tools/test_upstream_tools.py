@@ -20,10 +20,9 @@ import sysconfig
 import textwrap
 from typing import List
 
+import e2e_data
 import pytest
 from helpers import REPO, copy_source_tree
-
-import e2e_data
 
 pytest.importorskip('mmdet')
 

@@ -24,10 +24,9 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
-
-from pola_mm.analysis.attention import (  # noqa: E402
-    backbone_for_analysis, capture_blocks, image_to_tensor, load_image,
-    plot_attention_map)
+from pola_mm.analysis.attention import backbone_for_analysis  # noqa: E402
+from pola_mm.analysis.attention import (capture_blocks, image_to_tensor,
+                                        load_image, plot_attention_map)
 from pola_mm.analysis.benchmark import parse_size  # noqa: E402
 
 

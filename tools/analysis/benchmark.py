@@ -49,15 +49,18 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
-import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
-
 from typing import Callable, List, Optional, Sequence, Tuple  # noqa: E402
 
-from pola_mm.analysis.benchmark import (  # noqa: E402
-    PRESETS, RUNTIMES, SEQ_METHODS, SEQ_MODES, WHOLE_MODELS,
-    BenchmarkCase, BenchmarkResult, compute_ratios, format_ratio,
-    format_seqlen_table, format_table, parse_size, plot_results, plot_seqlen,
-    run_benchmarks, run_seqlen, run_whole_benchmarks, size_str, whole_spec)
+import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
+from pola_mm.analysis.benchmark import (PRESETS, RUNTIMES,  # noqa: E402
+                                        SEQ_METHODS, SEQ_MODES, WHOLE_MODELS,
+                                        BenchmarkCase, BenchmarkResult,
+                                        compute_ratios, format_ratio,
+                                        format_seqlen_table, format_table,
+                                        parse_size, plot_results, plot_seqlen,
+                                        run_benchmarks, run_seqlen,
+                                        run_whole_benchmarks, size_str,
+                                        whole_spec)
 from pola_mm.analysis.zoo import zoo_names  # noqa: E402
 
 #: The performance goals ``--preset goals`` is checked against: (title of

@@ -143,8 +143,9 @@ def config_names() -> List[str]:
 
 
 def load(name: str):
-    import pola_mm  # noqa: F401  (pola_mm:: bases)
     from mmengine.config import Config
+
+    import pola_mm  # noqa: F401  (pola_mm:: bases)
     return Config.fromfile(osp.join(CONFIG_DIR, name + '.py'))
 
 

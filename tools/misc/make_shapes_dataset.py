@@ -10,7 +10,6 @@ import sys
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
 import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
-
 from pola_mm.demo.shapes import make_shapes_dataset  # noqa: E402
 
 

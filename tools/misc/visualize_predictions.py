@@ -19,6 +19,8 @@ from typing import List
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
 import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
 
+# isort: split
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -50,8 +50,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                     '..', '..'))
     from pola_mm.fileio import CheckpointFileError, load_checkpoint_file
     from pola_mm.models.checkpoint import (convert_official_checkpoint,
-                                           extract_state_dict,
-                                           official_family)
+                                           extract_state_dict, official_family)
     try:
         ckpt = load_checkpoint_file(args.src, map_location='cpu')
     except CheckpointFileError as err:

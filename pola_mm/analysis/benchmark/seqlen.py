@@ -16,7 +16,6 @@ from mmengine.logging import print_log
 
 from .worker import Size, StepMemory, run_in_worker, timed_steps
 
-
 #: Attention methods of the sequence-length mode: polarity attention (the
 #: op plus the depth-wise conv on v, as a block computes it), torch's
 #: ``scaled_dot_product_attention`` (flash / memory-efficient kernels where

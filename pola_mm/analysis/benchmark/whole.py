@@ -42,9 +42,8 @@ import os.path as osp
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from .onnxrt import opset_of, export_then_time
-from .results import (BenchmarkResult, measure_in_rounds, parse_size,
-                      size_str)
+from .onnxrt import export_then_time, opset_of
+from .results import BenchmarkResult, measure_in_rounds, parse_size, size_str
 from .worker import Size
 
 __all__ = [

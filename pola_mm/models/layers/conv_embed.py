@@ -7,7 +7,6 @@ import torch.nn as nn
 from mmengine.model import BaseModule
 from torch import Tensor
 
-
 __all__ = ['ConvStem', 'ConvDownsample']
 
 

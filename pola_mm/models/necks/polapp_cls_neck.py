@@ -9,11 +9,11 @@ mmpretrain's ``LinearClsHead`` (``head.fc``).
 from typing import Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
+from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ...registry import register_model
-from mmengine.model import BaseModule
 
 
 @register_model
