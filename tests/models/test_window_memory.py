@@ -209,3 +209,37 @@ def test_fused_training_expands_the_bias_once(monkeypatch):
     (gf,) = torch.autograd.grad(fused, qkv, g)
     (gr,) = torch.autograd.grad(ref, qkv, g)
     torch.testing.assert_close(gf, gr, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('hw,pads', [((16, 24), 0), ((15, 24), 1)])
+def test_patch_embedding_and_merging_skip_a_pad_of_zeros(monkeypatch, hw,
+                                                         pads):
+    """Patch embedding (stride 4) and patch merging pad only a map that
+    needs it in eager mode, and equal padding by zeros either way; traced
+    at a size that needs no pad, the graph still pads at one that does."""
+    from pola_mm.models.layers import embed as embed_mod
+    x = torch.randn(2, 3, *hw, dtype=torch.float64)
+    want = tnf.pad(x, (0, (-hw[1]) % 4, 0, (-hw[0]) % 4))
+    tokens = x.flatten(2).transpose(1, 2).contiguous()
+    merge = embed_mod.PatchMerging(3).double()
+    # embed.F and window.F are torch.nn.functional: one counter for both
+    calls = count_calls(monkeypatch, embed_mod.F, 'pad')
+    y = embed_mod.pad_for_stride(x, 4, True)
+    assert len(calls) == pads
+    if not pads:
+        assert y is x  # no copy
+    out, out_hw = merge(tokens, hw)
+    assert len(calls) == 2 * pads
+    assert torch.equal(y, want)
+    assert out_hw == (-(-hw[0] // 2), -(-hw[1] // 2))
+
+    def pad_then_embed(img):
+        return embed_mod.pad_for_stride(img, 4, True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        traced = torch.jit.trace(pad_then_embed,
+                                 torch.randn(1, 3, 16, 24,
+                                             dtype=torch.float64))
+    odd = torch.randn(1, 3, 15, 21, dtype=torch.float64)
+    assert torch.equal(traced(odd), tnf.pad(odd, (0, 3, 0, 1)))

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ...type_aliases import Size2
 from .bricks import build_norm_layer
+from .window import known_zeros, pad_map
 
 
 def pad_for_stride(x: Tensor, stride: int, pad_input: bool) -> Tensor:
@@ -24,14 +25,17 @@ def pad_for_stride(x: Tensor, stride: int, pad_input: bool) -> Tensor:
             conv everywhere it has an output).
 
     Returns:
-        ``x``, padded where needed (a pad of 0 pads nothing; no branch on
-        the size, so a traced graph pads as the size it is run at needs).
+        ``x``, padded where needed: in eager mode ``x`` itself when nothing
+        needs padding; a captured graph (traced sizes) always keeps its pad,
+        branch-free, so it pads as the size it is run at needs.
     """
     H, W = x.shape[-2:]
     if pad_input:
         pad_h, pad_w = (-H) % stride, (-W) % stride
     else:  # max(0, stride - H), written without a comparison in Python
         pad_h, pad_w = (stride - H) * (H < stride), (stride - W) * (W < stride)
+    if known_zeros((pad_h, pad_w)):  # eager, nothing to pad: no copy
+        return x
     return F.pad(x, (0, pad_w, 0, pad_h))
 
 
@@ -112,7 +116,7 @@ class PatchMerging(BaseModule):
         new ``(H, W)``."""
         B, L, C = x.shape
         H, W = hw
-        x = F.pad(x.view(B, H, W, C), (0, 0, 0, W % 2, 0, H % 2))
+        x = pad_map(x.view(B, H, W, C), (0, H % 2, 0, W % 2))
         x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2],
                        x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
         hw = (x.shape[1], x.shape[2])
