@@ -21,12 +21,15 @@ the call is charged its formula from its arguments' shapes, and the aten
 operations inside it are not counted; afterwards the globals are restored.
 The models know nothing of this. Registered here:
 
-- the polarity attention op (:func:`pola_mm.ops.polarity_attention_pytorch`
-  and the fast kernel beside it) by :func:`polarity_attention_flops`, its
+- the polarity attention op (:func:`pola_mm.ops.polarity_attention` and
+  its reference :func:`~pola_mm.ops.polarity_attention_pytorch`; the fast
+  kernel runs inside the op, so it is charged with it, and with the fast
+  paths off it does not run) by :func:`polarity_attention_flops`, its
   matrix products and the elementwise work of the published formula
   (feature maps with the learned power, scalings, normalisers);
-- the PaCS attention op (:func:`pola_mm.ops.pacs_attention_pytorch` and its
-  kernel) by :func:`pacs_attention_flops`, with the rotary encoding when
+- the PaCS attention op (:func:`pola_mm.ops.pacs_attention` and its
+  reference :func:`~pola_mm.ops.pacs_attention_pytorch`) by
+  :func:`pacs_attention_flops`, with the rotary encoding when
   the op is given rotary tables, and with the scaled inputs (``q / s``,
   ``k + positional_encoding``, ``k / s``) when the module calling it is a
   :class:`~pola_mm.models.layers.PolarityAttention` (PolaFormer's
@@ -70,17 +73,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..models.from_config import build_config_model
 from ..models.layers import PolarityAttention
-from ..ops.dispatch import plain_paths
-from ..ops.pacs_attention import pacs_attention_pytorch
-from ..ops.pacs_kernel import pacs_attention_kernel
-from ..ops.polarity_attention import polarity_attention_pytorch
-from ..ops.polarity_kernel import polarity_attention_kernel
+from ..ops import (pacs_attention, pacs_attention_pytorch, plain_paths,
+                   polarity_attention, polarity_attention_pytorch)
 from ..ops.position import resize_pos_table
 
 __all__ = [
     'FlopReport', 'FORMULAS', 'register_formula', 'polarity_attention_flops',
     'pacs_attention_flops', 'softmax_attention_flops', 'count_flops',
-    'count_params', 'model_complexity', 'published_rois', 'format_report'
+    'count_params', 'model_complexity', 'published_rois', 'format_report',
+    'wrapped_globals'
 ]
 
 aten = torch.ops.aten
@@ -215,8 +216,8 @@ FORMULAS: Dict[Callable[..., Any], OpFormula] = {}
 
 def register_formula(label: str, *functions: Callable[..., Any]
                      ) -> Callable[[Callable], Callable]:
-    """Decorator: charge every call of ``functions`` (an op's plain
-    reference and its fast implementations, or any function of one's own)
+    """Decorator: charge every call of ``functions`` (a public op and its
+    plain reference, or any function of one's own)
     the decorated ``flops(arguments, caller) -> int`` under ``label``,
     instead of the aten operations the call runs. The function is wrapped
     wherever a module global is bound to it, for the duration of a count
@@ -236,8 +237,8 @@ def _heads(args: Dict[str, Any]) -> Tuple[int, int, int, int]:
     return B, N, h * d, h
 
 
-@register_formula('polarity_attention', polarity_attention_pytorch,
-                  polarity_attention_kernel)
+@register_formula('polarity_attention', polarity_attention,
+                  polarity_attention_pytorch)
 def _polarity_attention(args: Dict[str, Any],
                         caller: Optional[nn.Module]) -> int:
     B, N, C, h = _heads(args)
@@ -245,8 +246,8 @@ def _polarity_attention(args: Dict[str, Any],
                                     key_tokens=args['k'].shape[-2])['op']
 
 
-@register_formula('pacs_attention', pacs_attention_pytorch,
-                  pacs_attention_kernel)
+@register_formula('pacs_attention', pacs_attention,
+                  pacs_attention_pytorch)
 def _pacs_attention(args: Dict[str, Any],
                     caller: Optional[nn.Module]) -> int:
     # PolarityAttention divides q, k by softplus(scale) and adds its
@@ -540,11 +541,12 @@ def _charged(fn: Callable[..., Any], label: str,
 
 
 @contextlib.contextmanager
-def _formulas(counter: _Counter) -> Iterator[None]:
-    """Every module global bound to a function of :data:`FORMULAS`
-    replaced by its charged wrapper, restored on exit."""
-    wrappers = {fn: _charged(fn, label, flops, counter)
-                for fn, (label, flops) in FORMULAS.items()}
+def wrapped_globals(wrappers: Dict[Callable[..., Any], Callable[..., Any]]
+                    ) -> Iterator[None]:
+    """Every module global bound to a key of ``wrappers`` replaced by its
+    value, restored on exit: how the calls of an op are observed (charged
+    here, their inputs captured by :func:`~.attention.capture.op_calls`)
+    without touching the code that calls it."""
     patched = _bindings(list(wrappers))
     try:
         for module, name, fn in patched:
@@ -553,6 +555,13 @@ def _formulas(counter: _Counter) -> Iterator[None]:
     finally:
         for module, name, fn in reversed(patched):
             setattr(module, name, fn)
+
+
+def _formulas(counter: _Counter) -> contextlib.AbstractContextManager:
+    """Every module global bound to a function of :data:`FORMULAS`
+    replaced by its charged wrapper, restored on exit."""
+    return wrapped_globals({fn: _charged(fn, label, flops, counter)
+                            for fn, (label, flops) in FORMULAS.items()})
 
 
 def count_params(model: nn.Module) -> Dict[str, int]:
@@ -577,8 +586,8 @@ def count_flops(model: nn.Module, forward: Callable[[], Any],
         forward: runs the forward pass, e.g. ``lambda: model(x)``.
         fast_paths: leave pola_mm's fast paths as they are (default: off
             while counting, every op runs its reference). The ops of
-            :data:`FORMULAS` are charged by formula either way: their fast
-            implementations are registered beside their references.
+            :data:`FORMULAS` are charged by formula either way: the public
+            ops are registered, and their fast kernels run inside them.
         compute: False: do not compute the matrix products, convolutions
             and fused attention (their outputs are zeros of the right shape
             and strides, from their meta kernels), which is nearly all the

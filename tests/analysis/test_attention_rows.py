@@ -245,3 +245,43 @@ def test_pacs_rows_reproduce_the_module_output(photo):
     assert 'power_mean' not in stats[0]
     assert all(0 <= s['entropy']['same'] <= s['max_entropy'] for s in stats)
     assert '| PaCS |' in format_statistics(summarise_statistics(stats))
+
+
+@pytest.mark.parametrize('feature_map', ['power', 'pacs'])
+def test_polarity_qk_observes_the_module_forward(feature_map, monkeypatch):
+    """polarity_qk runs the module's own forward and takes what its op
+    receives: a forward that hands the op doubled queries is reflected,
+    and the values equal the op's inputs (not a copy of the forward)."""
+    import pola_mm.models.layers.polarity_attention as layer
+    import pola_mm.ops as ops
+    from pola_mm.models.layers import PolarityAttention
+    torch.manual_seed(0)
+    attn = PolarityAttention(16, 2, (5, 7), feature_map=feature_map)
+    randomise_attention(attn)
+    x = torch.randn(2, 35, 16)
+    before = polarity_qk(attn, x, (5, 7))
+    name = 'polarity_attention' if feature_map == 'power' else \
+        'pacs_attention'
+    received = []
+
+    def doubled(q, k, v, *args, **kwargs):
+        received.append((2 * q, k, v))
+        # the op looked up at call time: what polarity_qk observes
+        return getattr(ops, name)(2 * q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(layer, name, doubled)
+    after = polarity_qk(attn, x, (5, 7))
+    assert len(received) == 1
+    q, k, v = (t.double() for t in received[0])
+    assert torch.allclose(after.q, 2 * before.q, rtol=1e-6, atol=1e-12)
+    assert torch.equal(after.k, before.k)
+    assert torch.equal(after.v, v) and torch.equal(after.g, before.g)
+    if feature_map == 'pacs':  # the op's inputs as received, in float64
+        assert torch.equal(after.q, q) and torch.equal(after.k, k)
+    else:  # q / softplus(scale), the op's first step, on what it received
+        s = F.softplus(attn.scale.detach().double()).view(1, 2, 1, 8)
+        assert torch.equal(after.q, q / s)
+    # a forward that bypasses the op cannot be observed: an error, not rows
+    monkeypatch.setattr(layer, name, lambda q, *a, **k: q)
+    with pytest.raises(RuntimeError, match=f'did not call.*{name}'):
+        polarity_qk(attn, x, (5, 7))

@@ -4,12 +4,19 @@ module on a real forward pass.
 :func:`capture_blocks` runs the backbone once and keeps, for every
 attention module asked for, the tokens it was called with and the map they
 lie on (a forward pre-hook on the module: no method of the module is
-hooked or replaced); :mod:`.maps` recomputes the attention rows from those
-tokens and the module's parameters.
+hooked or replaced); :func:`op_calls` records the inputs the ops receive
+when a module runs (the ops' module globals wrapped for the duration, the
+mechanism the FLOPs counter charges them by,
+:func:`~pola_mm.analysis.flops.wrapped_globals`); :mod:`.maps` computes
+the attention rows from those.
 """
+import contextlib
+import functools
+import inspect
 import os.path as osp
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 import torch
@@ -20,12 +27,13 @@ from torch import Tensor
 from ...models.layers import PolarityAttention, WindowMSA
 from ...ops import plain_paths
 from ...type_aliases import Size2
+from ..flops import wrapped_globals
 from ..zoo import stage_of
 
 __all__ = [
     'IMAGENET_MEAN', 'IMAGENET_STD', 'SHIPPED_PHOTOS', 'load_image',
     'image_to_tensor', 'attention_blocks', 'BlockCapture', 'capture_blocks',
-    'backbone_for_analysis'
+    'backbone_for_analysis', 'OpCall', 'op_calls'
 ]
 
 #: ImageNet normalisation (RGB, 0-255), the default of the configs.
@@ -224,6 +232,49 @@ def capture_blocks(backbone: nn.Module, image: Tensor,
             h.remove()
         backbone.train(was_training)
     return caps
+
+
+@dataclass
+class OpCall:
+    """One call of an op, as the op received it.
+
+    Attributes:
+        op: the op function called (the original, not its wrapper).
+        args: its arguments by name, defaults filled in.
+    """
+    op: Callable[..., Any]
+    args: Dict[str, Any]
+
+
+@contextlib.contextmanager
+def op_calls(*ops: Callable[..., Any]) -> Iterator[List[OpCall]]:
+    """While active, every call of ``ops`` through a module global (as the
+    models call the ops of :mod:`pola_mm.ops`) is recorded, in order, in
+    the yielded list; the ops run as they are. The globals are restored on
+    exit.
+
+    Example::
+
+        with op_calls(polarity_attention, gate_linear) as calls:
+            attn(x, hw)
+        q = calls[0].args['q']  # what the op received
+    """
+    calls: List[OpCall] = []
+
+    def observed(fn: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            calls.append(OpCall(fn, dict(bound.arguments)))
+            return fn(*args, **kwargs)
+
+        return call
+
+    with wrapped_globals({fn: observed(fn) for fn in ops}):
+        yield calls
 
 
 def backbone_for_analysis(config: str, checkpoint: Optional[str] = None,

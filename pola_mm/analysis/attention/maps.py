@@ -41,11 +41,12 @@ its (shifted, padded) window, laid out over the whole stage map (zero
 outside the window).
 
 Only the rows asked for are materialised (``R x N`` per head), so this works
-at detection sizes. Everything is computed in float64 from the module's
-input on a real forward pass (:func:`~.capture.capture_blocks`) and its own
-parameters: the projections (``qkvg``, or ``qg`` and ``kv``), ``scale``,
-``power`` or ``s1``/``s2``, ``positional_encoding``, ``dwc``; for softmax
-blocks ``qkv``, the relative position bias and the module's window plan.
+at detection sizes. Everything is computed in float64. For polarity blocks
+the module is not re-written: its own forward runs on its captured input
+(:func:`~.capture.capture_blocks`) and the q, k, v, positional table,
+scale, power (or temperatures) and gate its ops receive are observed
+(:func:`polarity_qk`); the conv rows read ``dwc``. For softmax blocks:
+``qkv``, the relative position bias and the module's window plan.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
@@ -57,9 +58,9 @@ from torch import Tensor
 from ...models.layers import PolarityAttention
 from ...models.layers.window import (MASK_VALUE, cyclic_shift, grid_padding,
                                      shift_region_mask, window_partition)
-from ...ops.position import resize_pos_table
+from ...ops import gate_linear, pacs_attention, plain_paths, polarity_attention
 from ...type_aliases import Size2
-from .capture import BlockCapture
+from .capture import BlockCapture, op_calls
 
 __all__ = [
     'PolarityQK', 'polarity_qk', 'polarity_scores', 'normalise_rows',
@@ -101,8 +102,19 @@ class PolarityQK:
 
 @torch.no_grad()
 def polarity_qk(attn: PolarityAttention, x: Tensor, hw: Size2) -> PolarityQK:
-    """q, k, v, g of a :class:`PolarityAttention` on its input tokens,
-    computed with the module's own projections and parameters.
+    """q, k, v, g of a :class:`PolarityAttention` on its input tokens, as its
+    own forward hands them to the ops.
+
+    The module runs once on ``x`` (fast paths off) while the calls of the
+    attention op (:func:`~pola_mm.ops.polarity_attention` or
+    :func:`~pola_mm.ops.pacs_attention`) and of the gated projection
+    (:func:`~pola_mm.ops.gate_linear`) are observed
+    (:func:`~.capture.op_calls`); their inputs are taken as received, in
+    float64, and only the op's own first step is applied to them:
+    ``softplus(scale)``, ``k_bias`` and the power of
+    :func:`~pola_mm.ops.polarity_attention` (the PaCS op receives ``q / s``
+    and ``(k + positional_encoding) / s`` already; its temperatures are
+    ``sigmoid(s1)``, ``sigmoid(s2)``).
 
     Args:
         attn: the module (all keys: ``sr_ratio`` 1, as every published
@@ -114,27 +126,33 @@ def polarity_qk(attn: PolarityAttention, x: Tensor, hw: Size2) -> PolarityQK:
         raise ValueError(f'sr_ratio={attn.sr_ratio}: the rows of reduced '
                          'keys are not analysed (every published model has '
                          'sr_ratio 1)')
-    B, N, C = x.shape
     h, d = attn.num_heads, attn.head_dims
-    if attn.fused_qkvg:
-        q, k, v, g = attn.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
-    else:
-        q, g = attn.qg(x).unflatten(-1, (2, C)).unbind(-2)
-        k, v = attn.kv(x).unflatten(-1, (2, C)).unbind(-2)
+    with plain_paths(), op_calls(polarity_attention, pacs_attention,
+                                 gate_linear) as calls:
+        attn(x, hw)
 
-    def heads(t: Tensor) -> Tensor:  # (B, N, C) -> (B, h, N, d)
-        return t.double().unflatten(-1, (h, d)).transpose(1, 2)
+    def received(op) -> Dict:
+        found = [c.args for c in calls if c.op is op]
+        if not found:
+            raise RuntimeError(
+                f'{type(attn).__name__}.forward did not call '
+                f'pola_mm.ops.{op.__name__}: its rows cannot be observed')
+        return found[0]
 
-    s = F.softplus(attn.scale.double()).reshape(1, h, 1, d)
-    pos = heads(resize_pos_table(attn.positional_encoding, attn.ref_hw, hw,
-                                 attn.interpolate_mode))
-    args = (heads(q) / s, (heads(k) + pos) / s, heads(v), heads(g))
+    gate = received(gate_linear)['g'].double()  # (B, N, C)
+    g = gate.unflatten(-1, (h, d)).transpose(1, 2)
     if attn.feature_map == 'pacs':
-        return PolarityQK(*args, None, hw,
-                          torch.sigmoid(attn.s1.double()),
-                          torch.sigmoid(attn.s2.double()))
-    p = 1 + attn.alpha * torch.sigmoid(attn.power.double())
-    return PolarityQK(*args, p, hw)
+        a = received(pacs_attention)
+        return PolarityQK(a['q'].double(), a['k'].double(), a['v'].double(),
+                          g, None, hw, torch.sigmoid(a['s1'].double()),
+                          torch.sigmoid(a['s2'].double()))
+    a = received(polarity_attention)
+    s = F.softplus(a['scale'].double())
+    k = a['k'].double()
+    if a['k_bias'] is not None:
+        k = k + a['k_bias'].double()
+    p = 1 + a['alpha'] * torch.sigmoid(a['power'].double())
+    return PolarityQK(a['q'].double() / s, k / s, a['v'].double(), g, p, hw)
 
 
 def _features(t: Tensor, p: Tensor) -> Tuple[Tensor, Tensor]:
