@@ -133,8 +133,10 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float,
     if q.dim() <= 4:
         return _sdpa_4d(q, k, v, scale, bias, dropout_p)
     if bias is None or bias.dim() <= 3 or bias.shape[:-3].numel() == 1:
-        if bias is not None and bias.dim() > 3:
-            bias = bias.reshape(bias.shape[-3:])
+        if bias is not None:
+            # 4-D: PyTorch's fused CPU kernel takes a 4-D mask only (a 3-D
+            # one falls back to its unfused math)
+            bias = bias.reshape(1, *bias.shape[-3:])
         return _flat(_sdpa_4d, q, k, v, scale, bias, dropout_p)
     if q.shape[0] > 1 and records_grad(q, k, v, bias):
         return _flat_attention(_sdpa_4d, q, k, v, scale, bias, dropout_p)

@@ -57,12 +57,13 @@ def test_backbones_share_one_forward(cls):
 def test_polarity_attention_is_short():
     """About a screen of code a researcher reads: at most ~200 lines with
     its docstring, and ``forward`` the one method besides the
-    constructor and ``extra_repr``."""
+    constructor, ``extra_repr`` and the init of its own parameters."""
     lines = inspect.getsource(PolarityAttention).splitlines()
     assert len(lines) <= 200, len(lines)
     methods = {n for n, v in vars(PolarityAttention).items()
                if inspect.isfunction(v)}
-    assert methods == {'__init__', 'extra_repr', 'forward'}, methods
+    assert methods == {'__init__', 'extra_repr', 'forward',
+                       'reset_own_parameters'}, methods
 
 
 def _code(path: Path) -> str:

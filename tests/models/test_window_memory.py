@@ -71,9 +71,11 @@ def test_eager_masks_are_broadcast_not_tiled(monkeypatch, shift, fast):
     assert bias_shape == ((6, 4, 49, 49) if shift else (1, 4, 49, 49))
     if fast and shift:  # one fused call per image, the windows' masks
         assert sdpa_masks[:B] == [bias_shape] * B
-    elif fast:  # one call for all images, the relative bias alone
-        assert sdpa_masks[0] == bias_shape[1:]
-        assert sdpa_masks[1] == bias_shape[1:]  # the next call: one image
+    elif fast:  # one call for all images, the relative bias alone, 4-D
+        # (PyTorch's fused CPU kernel takes no 3-D mask)
+        assert sdpa_masks[0] == (1, *bias_shape[1:])
+        # the next call: one image
+        assert sdpa_masks[1] == (1, *bias_shape[1:])
     else:
         assert not sdpa_masks
     torch.testing.assert_close(y, alone, rtol=1e-12, atol=1e-12)

@@ -11,9 +11,8 @@ from torch import Tensor
 
 from ...type_aliases import Size2
 from ..checkpoint import load_pretrained
-from ..layers import Mlp, PaCSAttention, PolarityAttention, WindowMSA
+from ..layers import Mlp
 from ..layers.bricks import DropPath, build_norm_layer
-from ..layers.pacs_attention import reset_pacs_temperatures
 from ..layers.token_map import to_map
 
 #: Drop path of an arch dict that names none (mmdet's Swin default).
@@ -100,26 +99,6 @@ def init_linear_and_norm(m: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
-def reset_attention(m: nn.Module) -> None:
-    """An attention module's own parameters back to the authors' init:
-    polarity ``power`` (or PaCS ``s1``/``s2``), ``scale`` and
-    ``positional_encoding`` zero, as built; a softmax window's relative
-    position table trunc-normal (std .02). Other modules are left as they
-    are. (The one place that knows these parameters outside their
-    modules, until each attention carries its own ``init_weights``.)"""
-    if isinstance(m, PolarityAttention):
-        if m.feature_map == 'pacs':
-            reset_pacs_temperatures(m)
-        else:
-            nn.init.zeros_(m.power)
-        nn.init.zeros_(m.scale)
-        nn.init.zeros_(m.positional_encoding)
-    elif isinstance(m, PaCSAttention):
-        reset_pacs_temperatures(m)
-    elif isinstance(m, WindowMSA):
-        trunc_normal_(m.relative_position_bias_table, std=.02)
-
-
 def check_input(x: Tensor, in_channels: int, name: str) -> None:
     """Raise a clear error unless ``x`` is a non-empty image batch
     ``(B, Cin, H, W)`` (``B, H, W >= 1``).
@@ -194,11 +173,14 @@ class PolaBackbone(BaseModule):
 
     def init_weights(self) -> None:
         """Default init (the family's :meth:`_init_layer` on every module,
-        :func:`reset_attention`, then :meth:`_init_extra`), then the
-        pretrained checkpoint of ``init_cfg`` if any."""
+        each attention's own ``reset_own_parameters``, then
+        :meth:`_init_extra`), then the pretrained checkpoint of
+        ``init_cfg`` if any."""
         cfg = self.init_cfg if isinstance(self.init_cfg, dict) else None
         self.apply(self._init_layer)
-        self.apply(reset_attention)
+        for m in self.modules():
+            if hasattr(m, 'reset_own_parameters'):
+                m.reset_own_parameters()
         self._init_extra()
         if cfg is not None and cfg.get('type') == 'Pretrained':
             load_pretrained(

@@ -82,6 +82,11 @@ class PaCSAttention(BaseModule):
         self.proj = nn.Linear(embed_dims, embed_dims)
         add_pacs_temperatures(self, num_heads, head_dims)
 
+    def reset_own_parameters(self) -> None:
+        """The authors' init of the temperatures (the backbones'
+        ``init_weights`` calls it)."""
+        reset_pacs_temperatures(self)
+
     def extra_repr(self) -> str:
         return f'embed_dims={self.embed_dims}, num_heads={self.num_heads}'
 

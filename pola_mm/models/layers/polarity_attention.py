@@ -19,7 +19,7 @@ from ...ops.position import check_resize_mode, resize_pos_table
 from ...type_aliases import Size2
 from .attention_args import polarity_head_dims
 from .embed import pad_for_stride
-from .pacs_attention import add_pacs_temperatures
+from .pacs_attention import add_pacs_temperatures, reset_pacs_temperatures
 
 FEATURE_MAPS = ('power', 'pacs')
 
@@ -132,6 +132,17 @@ class PolarityAttention(BaseModule):
         self.scale = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.positional_encoding = nn.Parameter(
             torch.zeros(1, self.ref_hw[0] * self.ref_hw[1], embed_dims))
+
+    def reset_own_parameters(self) -> None:
+        """The authors' init of this module's own parameters (the
+        backbones' ``init_weights`` calls it): the power (or the PaCS
+        temperatures), ``scale`` and ``positional_encoding`` zero."""
+        if self.feature_map == 'power':
+            nn.init.zeros_(self.power)
+        else:
+            reset_pacs_temperatures(self)
+        nn.init.zeros_(self.scale)
+        nn.init.zeros_(self.positional_encoding)
 
     def extra_repr(self) -> str:
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '

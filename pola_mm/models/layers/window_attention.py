@@ -5,6 +5,7 @@ from typing import Any, Optional, Tuple
 import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ...ops import check_window_export, softmax_attention
@@ -154,6 +155,11 @@ class WindowMSA(BaseModule):
         N = window[0] * window[1]
         bias = self.relative_position_bias_table[index.reshape(-1)]
         return bias.reshape(N, N, -1).permute(2, 0, 1)
+
+    def reset_own_parameters(self) -> None:
+        """Swin's init of the relative position table: trunc-normal, std
+        .02 (the backbones' ``init_weights`` calls it)."""
+        trunc_normal_(self.relative_position_bias_table, std=.02)
 
     def forward(self, x: Tensor, hw: Size2) -> Tensor:
         """Attention in the windows of a stage map.
