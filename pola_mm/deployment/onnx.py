@@ -44,6 +44,7 @@ at 18 to 21 (:data:`OPSETS`).
 """
 import contextlib
 import inspect
+import logging
 import os
 import os.path as osp
 import shutil
@@ -453,13 +454,18 @@ def export_onnx(model: nn.Module,
             kwargs['dynamic_axes'] = {'input': axes}
     d = osp.dirname(osp.abspath(out))
     os.makedirs(d, exist_ok=True)
+    from ..ops import DynamicShapeExportError
+    DynamicShapeExportError.last = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', torch.jit.TracerWarning)
-            with torch.no_grad(), _unflatten_below_opset13(exporter, opset):
+            with torch.no_grad(), _unflatten_below_opset13(exporter, opset), \
+                    _quiet_guard_errors():
                 torch.onnx.export(model, (x, ), out, **kwargs)
     except Exception as exc:  # the exporters raise many kinds
-        refusal = _dynamic_shape_refusal(exc)
+        # in the chain, or raised and swallowed by a capture strategy the
+        # exporter fell back from
+        refusal = _dynamic_shape_refusal(exc) or DynamicShapeExportError.last
         if refusal is not None:
             raise ExportError(
                 f'the {exporter} exporter cannot export '
@@ -471,6 +477,16 @@ def export_onnx(model: nn.Module,
             f'the {exporter} exporter failed on {type(model).__name__} at '
             f'{shape[0]}x{shape[1]}: {type(exc).__name__}: '
             f'{first[0] if first else ""}; try --exporter {other}') from exc
+    if DynamicShapeExportError.last is not None:
+        # a part refused and the exporter fell back to a strategy that
+        # captured it anyway (at one size): no such file is written
+        for path in (out, osp.join(d, data_file_name(out))):
+            if osp.isfile(path):
+                os.remove(path)
+        raise ExportError(
+            f'the {exporter} exporter cannot export '
+            f'{type(model).__name__} with a dynamic height/width: '
+            f'{DynamicShapeExportError.last}')
     if dynamic_hw and not _input_hw_is_dynamic(out):
         # torch.onnx's dynamo path refines unsatisfiable dynamic shapes to
         # the example's size: a file of one size is no dynamic export
@@ -486,6 +502,20 @@ def export_onnx(model: nn.Module,
             'dynamo=False, dynamic_axes=...)) for a dynamic height/width, '
             'or without --dynamic')
     return out
+
+
+@contextlib.contextmanager
+def _quiet_guard_errors() -> Iterator[None]:
+    """Keep torch's guard-creation log (the dynamo exporter's fallback
+    strategies print their size guards there) off the user's terminal: a
+    failed export is reported once, by the ExportError."""
+    logger = logging.getLogger('torch._guards')
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -48,7 +48,17 @@ class DynamicShapeExportError(RuntimeError):
     """A part of a model that an exporter can only capture at one input
     size was asked for a dynamic size: the export is refused (no file that
     would compute something else at another size); the message names the
-    exporter settings that work."""
+    exporter settings that work.
+
+    ``last`` holds the message of the latest one raised: an exporter that
+    falls back to another capture strategy may swallow the exception
+    itself, and the export tool still names the refusal."""
+
+    last = None
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        DynamicShapeExportError.last = str(self)
 
 
 def fast_paths_enabled() -> bool:

@@ -2,6 +2,7 @@
 import json
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 
@@ -195,12 +196,16 @@ def test_onnxruntime_mode_checks_times_and_pairs(monkeypatch):
         assert list(p['parts'].values()) == sorted(p['parts'].values(),
                                                    reverse=True)
     # the Pola-Swin's parts are its top-level modules, read from the
-    # exporter's scopes (nodes ONNX Runtime made included)
+    # exporter's scopes (nodes ONNX Runtime made included), and the patch
+    # merging the backbone's downsample step runs between stages (the
+    # tracer names it by the module's own name: downsample, downsample_1..)
     net = build(SWIN_CFG).model
     children = {name for name, _ in net.named_children()}
     parts = set(rs[0].ort_profile['parts']) - {'(graph)'}
     assert {'patch_embed', 'layers.0'} <= parts
-    assert all(part.split('.')[0] in children for part in parts), parts
+    assert all(part.split('.')[0] in children
+               or re.fullmatch(r'downsample(_\d+)?', part)
+               for part in parts), parts
     assert rs[0].ort_profile['parts']['layers.0'] > 0
     assert {'MatMul', 'Gemm'} & set(rs[0].ort_profile['ops'])
     ratios = compute_ratios(rs)
