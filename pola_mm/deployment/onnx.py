@@ -467,10 +467,8 @@ def export_onnx(model: nn.Module,
         # exporter fell back from
         refusal = _dynamic_shape_refusal(exc) or DynamicShapeExportError.last
         if refusal is not None:
-            raise ExportError(
-                f'the {exporter} exporter cannot export '
-                f'{type(model).__name__} with a dynamic height/width: '
-                f'{refusal}') from exc
+            raise ExportError(_refusal_message(exporter, model,
+                                               refusal)) from exc
         first = str(exc).strip().splitlines()
         other = 'torchscript' if exporter == 'dynamo' else 'dynamo'
         raise ExportError(
@@ -480,19 +478,13 @@ def export_onnx(model: nn.Module,
     if DynamicShapeExportError.last is not None:
         # a part refused and the exporter fell back to a strategy that
         # captured it anyway (at one size): no such file is written
-        for path in (out, osp.join(d, data_file_name(out))):
-            if osp.isfile(path):
-                os.remove(path)
-        raise ExportError(
-            f'the {exporter} exporter cannot export '
-            f'{type(model).__name__} with a dynamic height/width: '
-            f'{DynamicShapeExportError.last}')
+        _discard(out)
+        raise ExportError(_refusal_message(
+            exporter, model, DynamicShapeExportError.last))
     if dynamic_hw and not _input_hw_is_dynamic(out):
         # torch.onnx's dynamo path refines unsatisfiable dynamic shapes to
         # the example's size: a file of one size is no dynamic export
-        for path in (out, osp.join(d, data_file_name(out))):
-            if osp.isfile(path):
-                os.remove(path)
+        _discard(out)
         raise ExportError(
             f'the {exporter} exporter fixed the height/width of '
             f'{type(model).__name__} at {shape[0]}x{shape[1]} (torch.export '
@@ -502,6 +494,19 @@ def export_onnx(model: nn.Module,
             'dynamo=False, dynamic_axes=...)) for a dynamic height/width, '
             'or without --dynamic')
     return out
+
+
+def _refusal_message(exporter: str, model: nn.Module, refusal: str) -> str:
+    """The export tool's message for a part that refused a dynamic size."""
+    return (f'the {exporter} exporter cannot export '
+            f'{type(model).__name__} with a dynamic height/width: {refusal}')
+
+
+def _discard(out: str) -> None:
+    """Remove the ONNX file ``out`` and its external weights, if written."""
+    for path in (out, osp.join(osp.dirname(out), data_file_name(out))):
+        if osp.isfile(path):
+            os.remove(path)
 
 
 @contextlib.contextmanager
