@@ -49,6 +49,22 @@ def test_run_seqlen_caps_naive_softmax_memory():
     assert rs[1].time_median is None and len(lines) == 2
 
 
+def test_run_seqlen_stop_rule_stops_the_sweep():
+    """The runner's stop rule: a length slower than the time cap stops the
+    method; the longer lengths are skipped with the reason, not run."""
+    lines = []
+    rs = run_seqlen([64, 16, 32], methods=['sdpa'], modes=['fwd'],
+                    time_cap_s=0.0, repeats=1, log=lines.append)
+    assert [r.tokens for r in rs] == [16, 32, 64]
+    assert rs[0].error is None and rs[0].time_median > 0
+    for r in rs[1:]:
+        assert r.skipped.startswith('stopped: 16 tokens took')
+        assert r.time_median is None
+    assert lines[0].startswith('[seqlen fwd] sdpa N=16: ')
+    assert lines[2].startswith('[seqlen fwd] sdpa N=64: skipped (stopped')
+    assert 'sdpa fwd: stopped: 16 tokens' in format_seqlen_table(rs)
+
+
 def _fake(method, mode, n, t, mem):
     return SeqLenResult(method, mode, n, seq_grid(n), 1, 1, 32, 'cpu',
                         times=[t], time_median=t, peak_mem_mb=100 + mem,

@@ -253,6 +253,97 @@ def test_onnxruntime_mode_in_workers():
         benchmark_model(CONV, size=8, runtime='tensorrt')
 
 
+def test_runner_alternates_pools_and_stops():
+    """The one runner of every mode: rounds in alternating order, the
+    times of a name pooled, a failed name not measured again, a stop rule
+    that skips what is left."""
+    from pola_mm.analysis.benchmark.results import measure_in_rounds
+    from pola_mm.analysis.benchmark.worker import StepMemory
+    calls, lines = [], []
+
+    def measure(name):
+        calls.append(name)
+        if name == 'bad':
+            return StepMemory(error='Boom')
+        r = StepMemory()
+        r.record(dict(times=[len(calls)], peak_mem_mb=float(len(calls))))
+        return r
+
+    rs = measure_in_rounds(['a', 'b', 'bad'], measure, 3, lines.append, 't')
+    assert calls == ['a', 'b', 'bad', 'b', 'a', 'a', 'b']
+    assert rs[0].times == [1, 5, 6] and rs[0].peak_mem_mb == 6.0
+    assert rs[1].times == [2, 4, 7] and rs[2].error == 'Boom'
+    assert lines[0] == '[t] round 1/3 a: 1.0000 s, peak 1 MiB'
+    assert lines[2] == '[t] round 1/3 bad: error Boom' and len(lines) == 7
+    calls.clear()
+    rs = measure_in_rounds(
+        ['a', 'b', 'c'], measure, 2, lines.append, 't',
+        stop=lambda r: 'enough' if r.times[0] >= 2 else None,
+        skip=lambda name, why: StepMemory(error=f'skipped: {why}'))
+    assert calls == ['a', 'b'] and rs[2].error == 'skipped: enough'
+    assert rs[0].times == [1] and rs[1].times == [2]
+
+
+@pytest.mark.skipif(not _has_backbones(), reason='backbones not built yet')
+def test_onnxruntime_and_openvino_from_one_export(monkeypatch):
+    """--runtime onnxruntime openvino: each model exported and checked
+    once, its memory in a process per runtime, and all four sessions timed
+    in ONE worker, the order alternating from round to round; the rows
+    carry the runtime and the ratios pair models within a runtime."""
+    pytest.importorskip('onnxruntime')
+    pytest.importorskip('openvino')
+    from pola_mm.analysis.benchmark import onnxrt
+    monkeypatch.setitem(zoo(), 'pola_swin_t', SWIN_CFG)
+    monkeypatch.setitem(zoo(), 'swin_t', CONV)
+    workers = []
+    measure_in = onnxrt.measure_in
+
+    def spy(measure, *args, **kwargs):
+        workers.append(measure.split(':')[1])
+        return measure_in(measure, *args, **kwargs)
+
+    monkeypatch.setattr(onnxrt, 'measure_in', spy)
+    case = BenchmarkCase('both 64', ('pola_swin_t', 'swin_t'), 'infer',
+                         (64, 64), 1)
+    lines = []
+    rs = run_benchmarks([case], rounds=2, log=lines.append, repeats=2,
+                        threads=1, timeout=300,
+                        runtime=['onnxruntime', 'openvino'])
+    assert workers == ['export_and_check', 'exported_memory',
+                       'exported_memory', 'export_and_check',
+                       'exported_memory', 'exported_memory',
+                       'time_exported']
+    order = [ln.split('] ')[1].split(':')[0] for ln in lines]
+    first = ['pola_swin_t in onnxruntime', 'pola_swin_t in openvino',
+             'swin_t in onnxruntime', 'swin_t in openvino']
+    assert order == ['round 1/2 ' + o for o in first] + [
+        'round 2/2 ' + o for o in reversed(first)]
+    assert [(r.runtime, r.name) for r in rs] == [
+        ('onnxruntime', 'pola_swin_t'), ('onnxruntime', 'swin_t'),
+        ('openvino', 'pola_swin_t'), ('openvino', 'swin_t')]
+    for r in rs:
+        assert r.error is None, r.error
+        assert len(r.times) == 4 and r.threads == 1 and r.time_median > 0
+        assert r.peak_mem_mb >= r.base_mem_mb > 0
+        assert 0 <= r.onnx_rel_diff < 1e-4 and r.exporter == 'torchscript'
+    assert rs[0].export_s == rs[2].export_s  # one export per model
+    assert rs[0].ort_version and rs[2].ov_version and not rs[2].ort_version
+    ratios = compute_ratios(rs)
+    assert set(ratios) == {0, 2}
+    assert ratios[2][0] == pytest.approx(rs[2].time_median /
+                                         rs[3].time_median)
+    assert ratios[2][1] == pytest.approx(rs[2].peak_mem_mb /
+                                         rs[3].peak_mem_mb)
+    table = format_table(rs)
+    assert 'infer openvino' in table and 'infer onnxruntime' in table
+    assert 'ONNX Runtime ' in table and ' and OpenVINO ' in table
+    assert 'peak memory of each file in each runtime' in table
+    assert table.count('export time (s): pola_swin_t') == 1
+    r = benchmark_model(CONV, size=8, repeats=1, isolate=False,
+                        runtime='openvino')
+    assert r.error is None and r.runtime == 'openvino' and r.ov_version
+
+
 def test_cli_parses_the_onnxruntime_mode(monkeypatch):
     path = osp.join(REPO, 'tools', 'analysis', 'benchmark.py')
     tool = load_tool('analysis', 'benchmark.py')
@@ -271,9 +362,15 @@ def test_cli_parses_the_onnxruntime_mode(monkeypatch):
         monkeypatch.setattr(sys, 'argv', [
             path, '--runtime', 'onnxruntime', '--models', 'pvt_t'] + extra)
         assert tool.parse_args().ort_profile == runs
-    monkeypatch.setattr(sys, 'argv', [path, '--ort-profile'])
-    with pytest.raises(SystemExit):  # profiles ONNX Runtime only
-        tool.parse_args()
+    monkeypatch.setattr(sys, 'argv', [
+        path, '--runtime', 'onnxruntime', 'openvino', '--models', 'pvt_t'])
+    args = tool.parse_args()
+    assert args.runtimes == args.runtime == ['onnxruntime', 'openvino']
+    for bad in ([], ['--runtime', 'openvino'],
+                ['--runtime', 'pytorch', 'openvino']):
+        monkeypatch.setattr(sys, 'argv', [path, '--ort-profile'] + bad)
+        with pytest.raises(SystemExit):  # profiles ONNX Runtime only
+            tool.parse_args()
     for bad in (['--mode', 'train'], ['--batch', '2'], ['--dtype', 'bf16'],
                 ['--seqlen', '64'], ['--ort-profile', '0']):
         monkeypatch.setattr(sys, 'argv',

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Time and peak memory of Pola and softmax backbones, side by side.
 
-Each model runs in its own process. Examples::
+Each model runs in its own process (exported models: exported once, then
+the files of a case timed alternately in one process). Examples::
 
     # the performance goals (CPU; the large sizes take minutes and ~10 GB)
     python tools/analysis/benchmark.py --preset goals --rounds 2
@@ -13,11 +14,16 @@ Each model runs in its own process. Examples::
     # PolaPP-b2 (PolaFormer++): PaCS kernel vs plain formula vs Pola-Swin-T
     python tools/analysis/benchmark.py --preset polapp
 
-    # what is deployed: each backbone exported (checked against PyTorch)
-    # and timed in ONNX Runtime on the CPU, with the same ratios
+    # what is deployed: each backbone exported once (checked against
+    # PyTorch), the files timed alternately in ONNX Runtime on the CPU,
+    # with the same ratios
     python tools/analysis/benchmark.py --runtime onnxruntime \\
         --models pola_swin_t swin_t pola_pvt_t pvt_t --size 800x1344 \\
-        --threads 2
+        --threads 2 --rounds 3
+
+    # the same files in ONNX Runtime and OpenVINO (ratios within each)
+    python tools/analysis/benchmark.py --runtime onnxruntime openvino \\
+        --models pola_swin_t swin_t --size 800x1344 --threads 2 --rounds 3
 
     # whole detectors exported by MMDeploy (stock static ONNX Runtime
     # deploy configs at --size), checked against PyTorch and timed in ONNX
@@ -149,18 +155,20 @@ def parse_args() -> argparse.Namespace:
                         help='torch.set_num_threads in each worker')
     parser.add_argument('--timeout', type=float, default=None,
                         help='seconds after which a worker is killed')
-    parser.add_argument('--runtime', choices=RUNTIMES, default='pytorch',
-                        help='onnxruntime: export each backbone (the '
-                        'project\'s export_onnx), check ONNX Runtime '
-                        'against PyTorch and time session.run (CPU, '
-                        'float32, inference; train cases of a preset are '
-                        'left out)')
+    parser.add_argument('--runtime', nargs='+', choices=RUNTIMES,
+                        default=['pytorch'],
+                        help='onnxruntime and/or openvino: export each '
+                        'backbone once (the project\'s export_onnx), check '
+                        'ONNX Runtime against PyTorch and time the files of '
+                        'a case alternately in one process in each runtime '
+                        '(CPU, float32, inference; train cases of a preset '
+                        'are left out)')
     parser.add_argument('--exporter', choices=['torchscript', 'dynamo'],
                         default='torchscript',
-                        help='exporter of --runtime onnxruntime (dynamo for '
-                        'a batch other than 1)')
+                        help='exporter of the exported runtimes (dynamo '
+                        'for a batch other than 1)')
     parser.add_argument('--opset', type=int, default=None,
-                        help='ONNX opset of --runtime onnxruntime (default: '
+                        help='ONNX opset of the exported runtimes (default: '
                         "the exporter's)")
     parser.add_argument('--ort-profile', type=int, nargs='?', const=2,
                         metavar='RUNS',
@@ -171,8 +179,8 @@ def parse_args() -> argparse.Namespace:
                         'operator, and for paired whole models the lowest '
                         'ratio any backbone could reach')
     whole = parser.add_argument_group(
-        'whole models (--runtime onnxruntime): exported by MMDeploy, '
-        'checked against PyTorch, timed in ONNX Runtime')
+        'whole models (--runtime onnxruntime [openvino]): exported by '
+        'MMDeploy, checked against PyTorch, timed in the runtimes')
     whole.add_argument('--whole', nargs='+', metavar='NAME|CONFIG',
                        help='whole models to measure instead of backbones: '
                        f'{", ".join(WHOLE_MODELS)}, or config files '
@@ -207,35 +215,58 @@ def parse_args() -> argparse.Namespace:
                      help='stop a method after a step slower than this '
                      '(default 60 s)')
     args = parser.parse_args()
+    # args.runtimes: the list; args.runtime: the runtime, or the list
+    args.runtimes = list(dict.fromkeys(args.runtime))
+    args.runtime = args.runtimes[0] if len(args.runtimes) == 1 else \
+        args.runtimes
+    exported = args.runtimes != ['pytorch']
+    if exported and 'pytorch' in args.runtimes:
+        parser.error('--runtime: pytorch, or onnxruntime and/or openvino')
     if args.whole or args.pair:
-        if args.runtime != 'onnxruntime':
-            parser.error('--whole measures in ONNX Runtime: add --runtime '
-                         'onnxruntime')
+        if not exported:
+            parser.error('--whole measures exported models: add --runtime '
+                         'onnxruntime (and/or openvino)')
         if args.preset or args.seqlen or len(args.size) != 1 or \
                 args.batch != 1 or args.opset is not None:
             parser.error('--whole takes one --size, batch 1, no --preset, '
                          '--seqlen or --opset (the deploy config sets the '
                          'opset)')
     if args.ort_profile is not None:
-        if args.runtime != 'onnxruntime':
+        if 'onnxruntime' not in args.runtimes:
             parser.error('--ort-profile profiles ONNX Runtime: add '
                          '--runtime onnxruntime')
         if args.ort_profile < 1:
             parser.error('--ort-profile takes a number of runs >= 1, got '
                          f'{args.ort_profile}')
-    if args.runtime == 'onnxruntime':
+    if exported:
         if args.seqlen:
-            parser.error('--runtime onnxruntime measures backbones, not '
-                         'the --seqlen mode')
+            parser.error('--runtime onnxruntime/openvino measures '
+                         'backbones, not the --seqlen mode')
         if args.device != 'cpu' or args.dtype != 'float32':
-            parser.error('--runtime onnxruntime runs on the CPU in float32')
+            parser.error('--runtime onnxruntime/openvino runs on the CPU in '
+                         'float32')
         if args.mode != 'infer' and not args.preset:
-            parser.error('--runtime onnxruntime measures inference only '
-                         '(--mode infer)')
+            parser.error('--runtime onnxruntime/openvino measures inference '
+                         'only (--mode infer)')
         if args.batch != 1 and args.exporter != 'dynamo':
-            parser.error('a batch other than 1 in ONNX Runtime needs '
+            parser.error('a batch other than 1 in an exported runtime needs '
                          '--exporter dynamo')
     return args
+
+
+def runtime_versions(args: argparse.Namespace, export: str) -> str:
+    """``'onnxruntime 1.x (EXPORT export), openvino 2025.x, '`` for the
+    exported runtimes of ``args`` ('' for PyTorch)."""
+    words = []
+    for rt in args.runtimes:
+        if rt != 'pytorch':
+            import importlib
+            version = importlib.import_module(rt).__version__.split('-')[0]
+            words.append(f'{rt} {version}')
+    if not words:
+        return ''
+    words[0] += f' ({export} export)'
+    return ', '.join(words) + ', '
 
 
 def run_watched(run: Callable[[], list]) -> Tuple[list, str]:
@@ -297,17 +328,17 @@ def whole_models(args: argparse.Namespace) -> List[dict]:
 
 def main_whole(args: argparse.Namespace) -> None:
     """The whole-model mode: run, print the table, write JSON."""
-    import onnxruntime
     import torch
     results, watched = run_watched(lambda: run_whole_benchmarks(
         whole_models(args), size=parse_size(args.size[0]),
-        rounds=args.rounds, warmup=args.warmup, repeats=args.repeats,
-        threads=args.threads, timeout=args.timeout,
-        profile_runs=args.ort_profile or 0))
+        rounds=args.rounds, runtimes=args.runtimes, warmup=args.warmup,
+        repeats=args.repeats, threads=args.threads, timeout=args.timeout,
+        profile_runs=args.ort_profile or 0,
+        log=lambda m: print(m, flush=True)))
     cpu = platform.processor() or platform.machine()
     print()
-    print(f'torch {torch.__version__}, onnxruntime {onnxruntime.__version__} '
-          f'(MMDeploy export), {cpu}, {os.cpu_count()} CPUs, threads '
+    print(f'torch {torch.__version__}, {runtime_versions(args, "MMDeploy")}'
+          f'{cpu}, {os.cpu_count()} CPUs, threads '
           f'{args.threads or "default"}, batch 1, float32, warm-up '
           f'{args.warmup}, median of {args.repeats} x {args.rounds} '
           f'round(s); {watched}')
@@ -331,30 +362,26 @@ def main() -> None:
             cases.append(
                 BenchmarkCase(f'{args.mode} {size_str(hw)} b{args.batch}',
                               tuple(args.models), args.mode, hw, args.batch))
-    if args.runtime == 'onnxruntime':
+    if args.runtimes != ['pytorch']:
         left = [c.title for c in cases if c.mode != 'infer']
         cases = [c for c in cases if c.mode == 'infer']
         if left:
-            print('ONNX Runtime measures inference only; left out: '
-                  + ', '.join(left))
+            print('exported models are measured in inference only; left '
+                  'out: ' + ', '.join(left))
         if any(c.batch != 1 for c in cases) and args.exporter != 'dynamo':
-            sys.exit('a batch other than 1 in ONNX Runtime needs '
+            sys.exit('a batch other than 1 in an exported runtime needs '
                      '--exporter dynamo')
     import torch
     results, watched = run_watched(lambda: run_benchmarks(
         cases, rounds=args.rounds, log=lambda m: print(m, flush=True),
         device=args.device, dtype=args.dtype, warmup=args.warmup,
         repeats=args.repeats, threads=args.threads, timeout=args.timeout,
-        runtime=args.runtime, exporter=args.exporter, opset=args.opset,
+        runtime=args.runtimes, exporter=args.exporter, opset=args.opset,
         profile_runs=args.ort_profile or 0))
     threads = sorted({r.threads for r in results if r.threads})
     print()
     cpu = platform.processor() or platform.machine()
-    runtime = ''
-    if args.runtime == 'onnxruntime':
-        import onnxruntime
-        runtime = (f'onnxruntime {onnxruntime.__version__} '
-                   f'({args.exporter} export), ')
+    runtime = runtime_versions(args, args.exporter)
     print(f'torch {torch.__version__}, {runtime}{cpu}, {os.cpu_count()} '
           f'CPUs, threads {threads}, device {args.device}, '
           f'dtype {args.dtype}, warm-up {args.warmup}, median of '

@@ -1,18 +1,20 @@
-"""Speed and memory benchmarks, each measurement in its own process.
+"""Speed and memory benchmarks, measured in worker processes.
 
 From the bottom up (each module imports only those above it):
 
 - :mod:`.worker`: the worker process and its launch, timed steps, peak
   memory;
-- :mod:`.results`: what a result holds, input sizes, rounds pooled;
-- :mod:`.onnxrt`: a backbone exported, checked and timed in ONNX Runtime
-  (``tools/analysis/benchmark.py --runtime onnxruntime``);
+- :mod:`.results`: what a result holds, input sizes, and the one runner of
+  every mode (rounds in alternating order, pooled, logged, a stop rule);
+- :mod:`.onnxrt`: models exported and checked once, their files timed
+  alternately in one process in ONNX Runtime and/or OpenVINO
+  (``tools/analysis/benchmark.py --runtime onnxruntime [openvino]``);
 - :mod:`.ortprofile`: ONNX Runtime's own profile of an exported model
   (``--ort-profile``);
 - :mod:`.whole`: whole detectors exported by MMDeploy, checked and timed
-  in ONNX Runtime (``--runtime onnxruntime --whole ...``);
+  as in :mod:`.onnxrt` (``--runtime onnxruntime --whole ...``);
 - :mod:`.backbones`: backbones, Pola and softmax side by side, in PyTorch
-  or ONNX Runtime (``tools/analysis/benchmark.py``);
+  or exported (``tools/analysis/benchmark.py``);
 - :mod:`.report`: ratios against the baselines, the table and the plot;
 - :mod:`.seqlen`: the attention alone against sequence length
   (``tools/analysis/benchmark.py --seqlen``).

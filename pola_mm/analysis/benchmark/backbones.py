@@ -16,23 +16,23 @@ backbones' ``arch_zoo``; the softmax baselines are mmdet's
 depths, heads and drop path), or any config dict the zoo's builder takes.
 mmdet is imported only when such a model is built, in the worker process.
 
-``runtime='onnxruntime'`` measures inference of the exported backbone in
-ONNX Runtime instead, checked against PyTorch first (see
+``runtime='onnxruntime'`` and/or ``'openvino'`` measure inference of the
+exported backbones instead, each exported and checked against PyTorch once,
+the files of a case timed alternately in one process (see
 :mod:`pola_mm.analysis.benchmark.onnxrt`).
 """
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from mmengine.logging import print_log
-
 from ..zoo import Spec, backbone_config, build
-from .onnxrt import DEFAULT_EXPORTER, run_onnxruntime
+from .onnxrt import (DEFAULT_EXPORTER, EXPORTED_RUNTIMES, RUNTIMES,
+                     VERSION_KEYS, measure_exported)
 from .results import BenchmarkResult, measure_in_rounds, parse_size
 from .worker import Size, measure_in, timed_steps
 
 __all__ = ['BenchmarkCase', 'PRESETS', 'measure', 'benchmark_model',
-           'run_benchmarks']
+           'measure_case_exported', 'run_benchmarks']
 
 
 @dataclass
@@ -183,10 +183,7 @@ def benchmark_model(model: Spec,
                     name: Optional[str] = None,
                     preload: Sequence[str] = (),
                     runtime: str = 'pytorch',
-                    exporter: Optional[str] = None,
-                    opset: Optional[int] = None,
-                    rtol: float = 1e-4,
-                    profile_runs: int = 0) -> BenchmarkResult:
+                    **exported: Any) -> BenchmarkResult:
     """Time and peak memory of one backbone step.
 
     Args:
@@ -212,19 +209,16 @@ def benchmark_model(model: Spec,
         preload: modules the worker imports before building the model (the
             same for every model of a comparison, so that library memory
             does not bias the peak-memory ratio).
-        runtime: ``'pytorch'``, or ``'onnxruntime'``: export the backbone,
-            check ONNX Runtime against PyTorch, time ``session.run`` (CPU,
-            float32, inference only; see
+        runtime: ``'pytorch'``, ``'onnxruntime'`` or ``'openvino'``: export
+            the backbone, check ONNX Runtime against PyTorch, time the file
+            (CPU, float32, inference only; see
             :mod:`pola_mm.analysis.benchmark.onnxrt`).
-        exporter: the exporter of the ONNX Runtime mode (default
-            ``'torchscript'``; ``'dynamo'`` for a batch other than 1).
-        opset: the ONNX opset of the ONNX Runtime mode (default: the
-            exporter's).
-        rtol: the ONNX Runtime mode fails a model whose outputs differ from
-            PyTorch's by more than this fraction of their scale.
-        profile_runs: the ONNX Runtime mode, if positive: after the timed
-            runs, this many runs under ONNX Runtime's profiler give
-            ``ort_profile`` (see
+        **exported: the options of those runtimes: ``exporter`` (default
+            ``'torchscript'``; ``'dynamo'`` for a batch other than 1),
+            ``opset`` (default: the exporter's), ``rtol`` (a model whose
+            outputs differ from PyTorch's by more than this fraction of
+            their scale fails; default 1e-4), ``profile_runs`` (ONNX
+            Runtime's profile of that many runs, ``ort_profile``; see
             :mod:`pola_mm.analysis.benchmark.ortprofile`).
 
     Returns:
@@ -233,60 +227,89 @@ def benchmark_model(model: Spec,
     hw = parse_size(size)
     if name is None:
         name = model if isinstance(model, str) else 'custom'
-    result = BenchmarkResult(
-        name=name, mode=mode, size=hw, batch=batch, device=device,
-        dtype=dtype, runtime=runtime)
-    if runtime == 'onnxruntime':
-        return _benchmark_onnxruntime(result, model, warmup, repeats,
-                                      threads, isolate, timeout, preload,
-                                      exporter, opset, rtol, profile_runs)
-    if runtime != 'pytorch':
-        raise ValueError(f"runtime must be 'pytorch' or 'onnxruntime', got "
+    if runtime not in RUNTIMES:
+        raise ValueError(f'runtime must be one of {RUNTIMES}, got '
                          f'{runtime!r}')
+    if runtime != 'pytorch':
+        return measure_case_exported(
+            BenchmarkCase('', (name, ), mode, hw, batch), {name: model},
+            (runtime, ), device=device, dtype=dtype, warmup=warmup,
+            repeats=repeats, threads=threads, isolate=isolate,
+            timeout=timeout, preload=preload, log=lambda _: None,
+            **exported)[0]
     job = dict(model=model, mode=mode, size=list(hw), batch=batch,
                device=device, dtype=dtype, warmup=warmup, repeats=repeats,
                threads=threads, preload=list(preload))
     out = measure_in('pola_mm.analysis.benchmark.backbones:measure', job,
                      isolate, timeout)
-    return result.take(out, ('torch_version', 'num_params'))
+    return BenchmarkResult(name, mode, hw, batch, device, dtype).take(
+        out, ('torch_version', 'num_params'))
 
 
-def _benchmark_onnxruntime(result: BenchmarkResult, model: Spec,
-                           warmup: int, repeats: int,
-                           threads: Optional[int], isolate: bool,
-                           timeout: Optional[float],
-                           preload: Sequence[str], exporter: Optional[str],
-                           opset: Optional[int], rtol: float,
-                           profile_runs: int) -> BenchmarkResult:
-    """The ONNX Runtime mode of :func:`benchmark_model`, filling
-    ``result``."""
-    result.exporter = exporter or DEFAULT_EXPORTER
-    if result.mode != 'infer' or result.device != 'cpu' or \
-            result.dtype not in ('float32', 'fp32'):
-        result.error = ('the onnxruntime runtime measures inference on the '
-                        'CPU in float32 only (got mode '
-                        f'{result.mode}, device {result.device}, dtype '
-                        f'{result.dtype})')
-        return result
-    out = run_onnxruntime(model, size=result.size, batch=result.batch,
-                          warmup=warmup, repeats=repeats, threads=threads,
-                          exporter=result.exporter, opset=opset, rtol=rtol,
-                          isolate=isolate, timeout=timeout, preload=preload,
-                          profile_runs=profile_runs)
-    return result.take(out, ('onnx_rel_diff', 'opset', 'export_s',
-                             'torch_version', 'num_params', 'ort_version',
-                             'ort_profile'))
+def measure_case_exported(case: BenchmarkCase,
+                          specs: Dict[str, Spec],
+                          runtimes: Sequence[str] = ('onnxruntime', ),
+                          rounds: int = 1,
+                          device: str = 'cpu',
+                          dtype: str = 'float32',
+                          preload: Sequence[str] = (),
+                          exporter: Optional[str] = None,
+                          opset: Optional[int] = None,
+                          rtol: float = 1e-4,
+                          **kwargs: Any) -> List[BenchmarkResult]:
+    """The models of a case exported and timed in ``runtimes``
+    (:func:`~pola_mm.analysis.benchmark.onnxrt.measure_exported`).
+
+    Args:
+        case: the case (CPU, float32 inference only).
+        specs: model name -> the model (see :func:`benchmark_model`).
+        runtimes: some of ``('onnxruntime', 'openvino')``.
+        rounds, **kwargs: see :func:`~pola_mm.analysis.benchmark.onnxrt.
+            measure_exported` (warmup, repeats, threads, isolate, timeout,
+            profile_runs, log).
+        device, dtype, preload, exporter, opset, rtol: see
+            :func:`benchmark_model`.
+
+    Returns:
+        One result per runtime and model, runtime by runtime.
+    """
+    exporter = exporter or DEFAULT_EXPORTER
+    results = {(rt, n): BenchmarkResult(
+        n, case.mode, case.size, case.batch, device, dtype, runtime=rt,
+        exporter=exporter, title=case.title)
+        for rt in runtimes for n in case.models}
+    if case.mode != 'infer' or device != 'cpu' or \
+            dtype not in ('float32', 'fp32'):
+        for r in results.values():
+            r.error = ('exported models are measured in inference on the '
+                       'CPU in float32 only (got mode '
+                       f'{case.mode}, device {device}, dtype {dtype})')
+        return list(results.values())
+    jobs = {n: dict(model=specs[n], size=list(case.size), batch=case.batch,
+                    exporter=exporter, opset=opset,
+                    threads=kwargs.get('threads'), rtol=rtol,
+                    preload=list(preload)) for n in case.models}
+    outs = measure_exported(
+        'pola_mm.analysis.benchmark.onnxrt:export_and_check', jobs,
+        runtimes, rounds=rounds, title=case.title, **kwargs)
+    return [r.take(outs[key], ('onnx_rel_diff', 'opset', 'export_s',
+                               'torch_version', 'num_params', 'ort_profile',
+                               VERSION_KEYS[key[0]]))
+            for key, r in results.items()]
 
 
 def run_benchmarks(cases: Sequence[BenchmarkCase],
                    rounds: int = 1,
                    log: Optional[Callable[[str], None]] = None,
+                   runtime: Union[str, Sequence[str]] = 'pytorch',
                    **kwargs: Any) -> List[BenchmarkResult]:
-    """Measure every model of every case, each in its own process.
+    """Measure every model of every case, each in its own process (the
+    exported runtimes: see :func:`measure_case_exported`).
 
     With ``rounds > 1`` every case is measured ``rounds`` times, the models
     of a case alternating in order from round to round, so that a change of
-    the machine's load during the run falls on both sides of a ratio. The
+    the machine's load during the run falls on both sides of a ratio
+    (:func:`~pola_mm.analysis.benchmark.results.measure_in_rounds`). The
     times of all rounds are pooled (median over all), the peak memory is the
     largest of the rounds.
 
@@ -294,32 +317,41 @@ def run_benchmarks(cases: Sequence[BenchmarkCase],
         cases: the cases to run.
         rounds: how many times to measure each case.
         log: called with a line after each measurement (default: print_log).
+        runtime: ``'pytorch'``, or one or more of ``'onnxruntime'`` and
+            ``'openvino'`` (timed from one export).
         **kwargs: passed to :func:`benchmark_model` (device, dtype, warmup,
-            repeats, threads, timeout, isolate, runtime, exporter, opset,
+            repeats, threads, timeout, isolate, exporter, opset, rtol,
             profile_runs).
 
     Returns:
-        list[BenchmarkResult]: one per case and model, in case order.
+        list[BenchmarkResult]: one per case and model (and runtime), in case
+        order.
     """
-    if log is None:
-        def log(msg: str) -> None:
-            print_log(msg, logger='current')
+    runtimes = [runtime] if isinstance(runtime, str) else list(runtime)
+    exported = [r for r in runtimes if r in EXPORTED_RUNTIMES]
+    if runtimes != ['pytorch'] and exported != runtimes:
+        raise ValueError(f"runtime must be 'pytorch' or some of "
+                         f'{EXPORTED_RUNTIMES}, got {runtime!r}')
     results: List[BenchmarkResult] = []
     for case in cases:
         # Every process of a comparison imports the same libraries.
         specs = {m: backbone_config(m) for m in case.models}
         preload = ['mmdet.models'] if any(
             s['_scope_'] == 'mmdet' for s in specs.values()) else []
+        if exported:
+            results += measure_case_exported(case, specs, exported, rounds,
+                                             log=log, preload=preload,
+                                             **kwargs)
+            continue
 
         def measure_one(name: str, specs: dict = specs, case: Any = case,
                         preload: List[str] = preload) -> BenchmarkResult:
-            res = benchmark_model(specs[name], name=name,
-                                  mode=case.mode, size=case.size,
-                                  batch=case.batch, preload=preload,
-                                  **kwargs)
+            res = benchmark_model(specs[name], name=name, mode=case.mode,
+                                  size=case.size, batch=case.batch,
+                                  preload=preload, **kwargs)
             res.title = case.title
             return res
 
-        results.extend(measure_in_rounds(case.models, rounds, measure_one,
-                                         log, case.title))
+        results += measure_in_rounds(case.models, measure_one, rounds, log,
+                                     case.title)
     return results

@@ -104,14 +104,15 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
 
     Columns: case, model, mode, size, batch, median time (s), min time,
     peak memory (MiB), memory added by the step (MiB), time and memory
-    ratio over the family's softmax baseline in the same case; with ONNX
-    Runtime results also the runtime in the mode column and the difference
-    ONNX Runtime vs PyTorch relative to the output scale. Followed by the
-    growth lines of :func:`compute_growth` and notes on the fused CPU loops
-    (PyTorch) or the export (ONNX Runtime).
+    ratio over the family's softmax baseline in the same case (and
+    runtime); with ONNX Runtime or OpenVINO results also the runtime in the
+    mode column and the difference ONNX Runtime vs PyTorch of the exported
+    file relative to the output scale. Followed by the growth lines of
+    :func:`compute_growth` and notes on the export, how memory and time of
+    exported files were measured, and ONNX Runtime's profile.
     """
     ratios = compute_ratios(results)
-    ort = any(r.runtime == 'onnxruntime' for r in results)
+    ort = any(r.runtime != 'pytorch' for r in results)
     cols = ['case', 'model', 'mode', 'size', 'batch', 'time (s)', 'min (s)',
             'peak mem (MiB)', 'step mem (MiB)', 'time ratio', 'mem ratio']
     if ort:
@@ -144,21 +145,26 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
     if exported:
         how = sorted({f'{r.exporter} exporter, opset {r.opset}'
                       for r in exported})
-        versions = sorted({r.ort_version for r in exported if r.ort_version})
         lines.append('')
         lines.append(
-            'ONNX Runtime ' + (', '.join(versions) or '?') + ' (CPU), '
-            + '; '.join(how) + '; export time (s): ' + ', '.join(
-                f'{r.name} {r.export_s:.1f}' for r in exported))
+            _runtimes(exported) + ' (CPU), ' + '; '.join(how)
+            + '; export time (s): ' + ', '.join(
+                f'{n} {t:.1f}' for n, t in
+                {r.name: r.export_s for r in exported}.items()))
+    whole = [r for r in results if r.exporter == 'mmdeploy']
     notes = whole_notes(results)
     if notes:
-        versions = sorted({r.ort_version for r in results
-                           if r.exporter == 'mmdeploy' and r.ort_version})
         lines.append('')
-        lines.append('Whole models in ONNX Runtime ' + (
-            ', '.join(versions) or '?') + ' (CPU), ratios against the '
-            'named baseline:')
+        lines.append('Whole models in ' + _runtimes(whole) + ' (CPU), '
+                     'ratios against the named baseline:')
         lines.extend('- ' + n for n in notes)
+    if ort:
+        lines.append('')
+        lines.append('Exported models: each exported and checked once; '
+                     'peak memory of each file in each runtime in a process '
+                     'of its own (session loaded, warm-up and one run); the '
+                     'times of a case\'s files in one process, alternating '
+                     'from round to round.')
     profiled = profile_lines(results)
     if profiled:
         lines.append('')
@@ -166,6 +172,19 @@ def format_table(results: Sequence[BenchmarkResult]) -> str:
                      'by operator, share of the model\'s kernel time):')
         lines.extend('- ' + p for p in profiled)
     return '\n'.join(lines)
+
+
+def _runtimes(results: Sequence[BenchmarkResult]) -> str:
+    """The runtimes of exported results with their versions, e.g.
+    ``'ONNX Runtime 1.20.1 and OpenVINO 2025.1.0'``."""
+    words = []
+    for rt, label, key in (('onnxruntime', 'ONNX Runtime', 'ort_version'),
+                           ('openvino', 'OpenVINO', 'ov_version')):
+        if any(r.runtime == rt for r in results):
+            versions = sorted({getattr(r, key) for r in results
+                               if getattr(r, key)})
+            words.append(f'{label} {", ".join(versions) or "?"}')
+    return ' and '.join(words)
 
 
 def plot_results(results: Sequence[BenchmarkResult], path: str) -> None:

@@ -1,15 +1,20 @@
-"""What a benchmark result holds and how rounds of results are pooled:
+"""What a benchmark result holds and the one runner of every mode:
 :class:`BenchmarkResult` (one model under one set of conditions, in any
 runtime), input sizes (:func:`parse_size`, :func:`size_str`) and
-:func:`measure_in_rounds`. The modes (:mod:`.backbones`, :mod:`.onnxrt`,
-:mod:`.whole`) fill results, :mod:`.report` compares and prints them."""
-import statistics
+:func:`measure_in_rounds` (rounds in alternating order, pooled and logged,
+with an optional stop rule). The modes (:mod:`.backbones`, :mod:`.onnxrt`,
+:mod:`.whole`, :mod:`.seqlen`) go through it, :mod:`.report` compares and
+prints their results."""
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import (Any, Callable, Dict, List, Optional, Sequence, TypeVar,
+                    Union)
+
+from mmengine.logging import print_log
 
 from .worker import Size, StepMemory
 
-__all__ = ['BenchmarkResult', 'parse_size', 'size_str', 'measure_in_rounds']
+__all__ = ['BenchmarkResult', 'parse_size', 'size_str', 'measure_in_rounds',
+           'print_line']
 
 
 @dataclass
@@ -35,16 +40,19 @@ class BenchmarkResult(StepMemory, _BackboneKey):
     torch_version: Optional[str] = None
     num_params: Optional[int] = None
     title: str = ''
-    #: ``'pytorch'`` or ``'onnxruntime'``; the ONNX Runtime mode also fills
-    #: the fields below (see :mod:`pola_mm.analysis.benchmark.onnxrt`).
+    #: ``'pytorch'``, ``'onnxruntime'`` or ``'openvino'``; the last two
+    #: time an exported file and fill the fields below (see
+    #: :mod:`pola_mm.analysis.benchmark.onnxrt`).
     runtime: str = 'pytorch'
     #: Largest max abs difference ONNX Runtime vs PyTorch over the outputs,
-    #: relative to each output's scale.
+    #: relative to each output's scale (the check of the exported file, in
+    #: either runtime's rows).
     onnx_rel_diff: Optional[float] = None
     exporter: Optional[str] = None
     opset: Optional[int] = None
     export_s: Optional[float] = None
     ort_version: Optional[str] = None
+    ov_version: Optional[str] = None
     #: The model the ratios compare this one with; None: the family's
     #: baseline (:func:`baseline_of`). Whole models set it (see
     #: :mod:`pola_mm.analysis.benchmark.whole`).
@@ -59,18 +67,22 @@ class BenchmarkResult(StepMemory, _BackboneKey):
     #: :func:`~pola_mm.analysis.benchmark.ortprofile.profile_onnxruntime`).
     ort_profile: Optional[Dict[str, Any]] = None
 
+    def record(self, out: Dict[str, Any]) -> None:
+        """The steps of :meth:`StepMemory.record` and the fastest one."""
+        super().record(out)
+        self.time_min = min(self.times)
+
     def take(self, out: Dict[str, Any], keys: Sequence[str]
              ) -> 'BenchmarkResult':
         """Fill this result from a worker's ``out``: the fields ``keys``,
-        then its ``error``, or its steps (:meth:`record`) and fastest step.
-        Returns ``self``."""
+        then its ``error``, or its steps (:meth:`record`). Returns
+        ``self``."""
         for key in keys:
             setattr(self, key, out.get(key))
         if 'error' in out:
             self.error = out['error']
-            return self
-        self.record(out)
-        self.time_min = min(self.times)
+        else:
+            self.record(out)
         return self
 
 
@@ -94,45 +106,56 @@ def size_str(size: Size) -> str:
     return str(size[0]) if size[0] == size[1] else f'{size[0]}x{size[1]}'
 
 
-def _merge(a: BenchmarkResult, b: BenchmarkResult) -> BenchmarkResult:
-    """Pool the rounds of one measurement: all times, the largest peak (and
-    the largest ONNX Runtime difference)."""
-    if a.error or b.error:
-        return a if a.error else b
-    a.times = a.times + b.times
-    a.time_median = statistics.median(a.times)
-    a.time_min = min(a.times)
-    a.peak_mem_mb = max(a.peak_mem_mb, b.peak_mem_mb)
-    a.base_mem_mb = max(a.base_mem_mb, b.base_mem_mb)
-    if a.onnx_rel_diff is not None and b.onnx_rel_diff is not None:
-        a.onnx_rel_diff = max(a.onnx_rel_diff, b.onnx_rel_diff)
-    a.ort_profile = a.ort_profile or b.ort_profile
-    return a
+def print_line(msg: str) -> None:
+    """The default log of the benchmarks: mmengine's current logger."""
+    print_log(msg, logger='current')
 
 
-def measure_in_rounds(names: Sequence[str], rounds: int,
-                      measure: Callable[[str], BenchmarkResult],
-                      log: Callable[[str], None],
-                      title: str) -> List[BenchmarkResult]:
-    """``measure`` each of ``names`` ``rounds`` times, the order
-    alternating from round to round (so that a change of the machine's load
-    falls on both sides of a ratio), logging a line after each; the rounds
-    of a name are pooled (:func:`_merge`). Returns one result per name, in
-    order."""
-    pooled: Dict[str, BenchmarkResult] = {}
+R = TypeVar('R', bound=StepMemory)
+
+
+def measure_in_rounds(names: Sequence[str],
+                      measure: Callable[[str], R],
+                      rounds: int = 1,
+                      log: Optional[Callable[[str], None]] = None,
+                      title: str = '',
+                      stop: Optional[Callable[[R], Optional[str]]] = None,
+                      skip: Optional[Callable[[str, str], R]] = None
+                      ) -> List[R]:
+    """The runner of every benchmark mode: ``measure`` each of ``names``
+    ``rounds`` times, the order alternating from round to round (ABC, CBA,
+    ...: a change of the machine's load falls on both sides of a ratio),
+    logging a line after each (``[title] round r/R name: ...``, without
+    the round when there is one), the rounds of a name pooled
+    (:meth:`~pola_mm.analysis.benchmark.worker.StepMemory.pool`). A name
+    whose result has no times (failed or skipped) is not measured again.
+
+    Args:
+        names: what to measure, in the order of the first round.
+        measure: one measurement of a name.
+        rounds: how many times to measure each name.
+        log: called with each line (default :func:`print_line`).
+        title: the title of the log lines.
+        stop: called with each result; a reason (a string) stops the
+            runner: the names not measured yet are not measured, their
+            results are ``skip(name, reason)``.
+        skip: see ``stop``.
+
+    Returns:
+        One result per name, in the order of ``names``.
+    """
+    log = log or print_line
+    pooled: Dict[str, R] = {}
+    reason: Optional[str] = None
     for r in range(rounds):
-        order = list(names) if r % 2 == 0 else list(reversed(names))
-        for name in order:
-            res = measure(name)
-            if res.error:
-                what = f'error {res.error}'
-            else:
-                what = (f'{res.time_median:.3f} s, '
-                        f'peak {res.peak_mem_mb:.0f} MiB')
-                if res.check:
-                    what += (f', export and check {res.export_s:.0f} s, '
-                             f'{res.check}')
-            log(f'[{title}] round {r + 1}/{rounds} {name}: {what}')
-            pooled[name] = _merge(pooled[name], res) if name in pooled \
-                else res
+        for name in (names if r % 2 == 0 else list(reversed(names))):
+            old = pooled.get(name)
+            if old is not None and (reason is not None or not old.times):
+                continue
+            res = measure(name) if reason is None else skip(name, reason)
+            log(f'[{title}] ' + (f'round {r + 1}/{rounds} ' if rounds > 1
+                                 else '') + f'{name}: {res.summary()}')
+            pooled[name] = res if old is None else old.pool(res)
+            if stop is not None and reason is None:
+                reason = stop(res)
     return [pooled[name] for name in names]

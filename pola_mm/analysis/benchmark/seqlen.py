@@ -5,15 +5,17 @@ Polarity attention (the op, :func:`pola_mm.ops.polarity_attention`, plus
 the depth-wise conv on v, as a block computes it), torch's
 ``scaled_dot_product_attention`` and softmax written out, forward and
 forward + backward, each length in its own process (see
-:mod:`pola_mm.analysis.benchmark.worker`); log-log slopes of time and
+:mod:`pola_mm.analysis.benchmark.worker`), the lengths of a method run by
+the benchmarks' runner with a stop rule
+(:func:`~pola_mm.analysis.benchmark.results.measure_in_rounds`); log-log
+slopes of time and
 memory against the number of tokens tell linear from quadratic.
 """
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from mmengine.logging import print_log
-
+from .results import measure_in_rounds
 from .worker import Size, StepMemory, run_in_worker, timed_steps
 
 #: Attention methods of the sequence-length mode: polarity attention (the
@@ -47,6 +49,10 @@ class SeqLenResult(StepMemory, _SeqLenKey):
     ``skipped`` says why a case was not run (a cap would be exceeded).
     """
     skipped: Optional[str] = None
+
+    def summary(self) -> str:
+        return f'skipped ({self.skipped})' if self.skipped else \
+            super().summary()
 
 
 def seq_grid(tokens: int) -> Size:
@@ -161,50 +167,59 @@ def run_seqlen(tokens: Sequence[int],
     Returns:
         list[SeqLenResult], one per (mode, method, length) in that order.
     """
-    if log is None:
-        def log(msg: str) -> None:
-            print_log(msg, logger='current')
     bad = [m for m in methods if m not in SEQ_METHODS]
     bad += [m for m in modes if m not in SEQ_MODES]
     if bad:
         raise ValueError(f'unknown methods/modes {bad}; methods '
                          f'{SEQ_METHODS}, modes {SEQ_MODES}')
     timeout = 2 * time_cap_s * (warmup + repeats) + 60
-    results = []
-    for mode in modes:
-        for method in methods:
-            stop: Optional[str] = None
-            for n in sorted(tokens):
-                r = SeqLenResult(method, mode, int(n), seq_grid(int(n)),
-                                 batch, heads, head_dims, device)
-                need = naive_bytes(n, batch, heads, mode) / 2**20
-                if stop is not None:
-                    r.skipped = stop
-                elif method == 'naive' and need > mem_cap_mb:
-                    r.skipped = (f'N x N matrices need {need / 1024:.1f} '
-                                 f'GiB > cap {mem_cap_mb / 1024:.1f} GiB')
-                else:
-                    out = run_in_worker(
-                        'pola_mm.analysis.benchmark.seqlen:measure_seqlen',
-                        dict(method=method, mode=mode, tokens=int(n),
-                             batch=batch, heads=heads, head_dims=head_dims,
-                             device=device, warmup=warmup, repeats=repeats,
-                             threads=threads), timeout)
-                    if 'error' in out:
-                        r.error = out['error']
-                        stop = f'stopped after {n} tokens failed'
-                    else:
-                        r.record(out)
-                        if r.time_median > time_cap_s:
-                            stop = (f'stopped: {n} tokens took '
-                                    f'{r.time_median:.1f} s > cap '
-                                    f'{time_cap_s:g} s')
-                log(f'[seqlen {mode}] {method} N={n}: ' + (
-                    f'skipped ({r.skipped})' if r.skipped else
-                    f'error {r.error}' if r.error else
-                    f'{r.time_median:.4f} s, peak {r.peak_mem_mb:.0f} MiB'))
-                results.append(r)
-    return results
+
+    def sweep(mode: str, method: str) -> List[SeqLenResult]:
+        """The lengths of one method in one mode, through the runner."""
+        lengths = {f'{method} N={n}': int(n) for n in sorted(tokens)}
+
+        def new(label: str) -> SeqLenResult:
+            n = lengths[label]
+            return SeqLenResult(method, mode, n, seq_grid(n), batch, heads,
+                                head_dims, device)
+
+        def measure(label: str) -> SeqLenResult:
+            r = new(label)
+            need = naive_bytes(r.tokens, batch, heads, mode) / 2**20
+            if method == 'naive' and need > mem_cap_mb:
+                r.skipped = (f'N x N matrices need {need / 1024:.1f} GiB > '
+                             f'cap {mem_cap_mb / 1024:.1f} GiB')
+                return r
+            out = run_in_worker(
+                'pola_mm.analysis.benchmark.seqlen:measure_seqlen',
+                dict(method=method, mode=mode, tokens=r.tokens, batch=batch,
+                     heads=heads, head_dims=head_dims, device=device,
+                     warmup=warmup, repeats=repeats, threads=threads),
+                timeout)
+            if 'error' in out:
+                r.error = out['error']
+            else:
+                r.record(out)
+            return r
+
+        def stop(r: SeqLenResult) -> Optional[str]:
+            if r.error:
+                return f'stopped after {r.tokens} tokens failed'
+            if r.time_median is not None and r.time_median > time_cap_s:
+                return (f'stopped: {r.tokens} tokens took '
+                        f'{r.time_median:.1f} s > cap {time_cap_s:g} s')
+            return None
+
+        def skip(label: str, reason: str) -> SeqLenResult:
+            r = new(label)
+            r.skipped = reason
+            return r
+
+        return measure_in_rounds(list(lengths), measure, 1, log,
+                                 f'seqlen {mode}', stop, skip)
+
+    return [r for mode in modes for method in methods
+            for r in sweep(mode, method)]
 
 
 def fit_slopes(results: Sequence[SeqLenResult]

@@ -1,10 +1,10 @@
-"""Whole detectors in ONNX Runtime: exported by MMDeploy, checked against
-PyTorch and timed, Pola and softmax side by side.
+"""Whole detectors in ONNX Runtime (and OpenVINO): exported by MMDeploy,
+checked against PyTorch and timed, Pola and softmax side by side.
 
 ``tools/analysis/benchmark.py --runtime onnxruntime --whole NAME|CONFIG ...``
-measures each model in two worker processes (see
-:mod:`pola_mm.analysis.benchmark.worker`), as the backbone mode
-(:mod:`pola_mm.analysis.benchmark.onnxrt`) does for backbones:
+measures the models through the steps of the backbone mode
+(:func:`pola_mm.analysis.benchmark.onnxrt.measure_exported`, each in
+worker processes), with MMDeploy's export:
 
 1. :func:`export_whole` reads the model config, drops its pretrained
    weights (``model.pretrained`` and the backbone's ``init_cfg`` become
@@ -19,11 +19,9 @@ measures each model in two worker processes (see
    then MMDeploy's ONNX Runtime backend model and PyTorch on the same image
    (a seeded noise image unless the model names one), every confident
    detection compared. A file that disagrees fails the model.
-2. :func:`pola_mm.analysis.benchmark.onnxrt.measure_onnxruntime`, in a
-   fresh process, times ``session.run`` of the file on the CPU
-   (``intra_op_num_threads`` = the benchmark's threads) with the same
-   warm-up and repeats as the other modes, on a seeded normal input of the
-   file's (static) input shape; peak memory is that process's peak RSS.
+2. Peak memory of each file in each runtime in a process of its own, then
+   all files timed alternately in one process, on a seeded normal input of
+   the file's (static) input shape, as for backbones.
 
 Each result names its baseline (``baseline``), the model its time and
 memory ratios are computed against.
@@ -40,17 +38,16 @@ import copy
 import os
 import os.path as osp
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
-from .onnxrt import export_then_time, opset_of
-from .results import BenchmarkResult, measure_in_rounds, parse_size, size_str
+from .onnxrt import VERSION_KEYS, measure_exported, opset_of
+from .results import BenchmarkResult, parse_size, size_str
 from .worker import Size
 
 __all__ = [
     'WHOLE_MODELS', 'STOCK_DEPLOY_CONFIGS', 'WholeSpec', 'resolve_config',
     'stock_deploy_config', 'whole_spec',
-    'export_whole', 'run_whole',
-    'run_whole_benchmarks', 'whole_notes'
+    'export_whole', 'run_whole_benchmarks', 'whole_notes'
 ]
 
 #: A whole model: a zoo name, a config file or a dict with ``config`` and
@@ -301,80 +298,49 @@ def export_whole(model: WholeSpec,
                 num_params=num_params, torch_version=torch.__version__)
 
 
-def run_whole(model: WholeSpec,
-              size: Size = (800, 1344),
-              warmup: int = 1,
-              repeats: int = 3,
-              threads: Optional[int] = None,
-              isolate: bool = True,
-              timeout: Optional[float] = None,
-              preload: Sequence[str] = (),
-              profile_runs: int = 0) -> Dict[str, Any]:
-    """Export and check, then time, one whole model in ONNX Runtime (each
-    in its own worker process unless ``isolate`` is False); ``timeout``
-    applies to each worker; ``profile_runs`` as in
-    :func:`~pola_mm.analysis.benchmark.onnxrt.export_then_time`. The files
-    live in a temporary directory removed afterwards.
-
-    Returns:
-        The keys of :func:`export_whole` and
-        :func:`~pola_mm.analysis.benchmark.onnxrt.measure_onnxruntime`
-        together, or ``error``.
-    """
-    job = dict(model=whole_spec(model), size=list(size), threads=threads,
-               preload=list(preload))
-    return export_then_time('pola_mm.analysis.benchmark.whole:export_whole',
-                            job, 'end2end.onnx', warmup, repeats, threads,
-                            isolate, timeout, profile_runs)
-
-
-def _whole_result(spec: Dict[str, Any], size: Size, title: str,
-                  out: Dict[str, Any]) -> Any:
-    r = BenchmarkResult(name=spec['name'], mode='infer', size=tuple(size),
-                        batch=1, device='cpu', dtype='float32',
-                        runtime='onnxruntime', title=title,
-                        exporter='mmdeploy', baseline=spec['baseline'])
-    return r.take(out, ('export_s', 'opset', 'torch_version', 'num_params',
-                        'ort_version', 'check', 'deploy_cfg', 'weights',
-                        'ort_profile'))
-
-
 def run_whole_benchmarks(models: Sequence[WholeSpec],
                          size: Size = (800, 1344),
                          rounds: int = 1,
-                         log: Optional[Callable[[str], None]] = None,
                          title: Optional[str] = None,
+                         runtimes: Sequence[str] = ('onnxruntime', ),
+                         threads: Optional[int] = None,
                          **kwargs: Any) -> List[Any]:
-    """Measure every whole model (:func:`run_whole`), the order alternating
-    from round to round as in
-    :func:`~pola_mm.analysis.benchmark.backbones.run_benchmarks` (times
-    pooled, the largest peak kept).
+    """Export and check every whole model once (:func:`export_whole`) and
+    time the files in ``runtimes``, alternating in one process
+    (:func:`~pola_mm.analysis.benchmark.onnxrt.measure_exported`, times
+    pooled over the rounds).
 
     Args:
         models: zoo names, config files or dicts (:func:`whole_spec`).
         size: the input (H, W) of every model.
-        rounds: how many times to measure each model.
-        log: called with a line after each measurement.
+        rounds: how many rounds of timed runs.
         title: the case title of the results (default ``'whole HxW'``).
-        **kwargs: passed to :func:`run_whole` (warmup, repeats, threads,
-            isolate, timeout, profile_runs).
+        runtimes: ``'onnxruntime'`` and/or ``'openvino'``.
+        threads: threads of the export, PyTorch and the runtimes.
+        **kwargs: passed to :func:`~pola_mm.analysis.benchmark.onnxrt.
+            measure_exported` (warmup, repeats, isolate, timeout,
+            profile_runs, log).
 
     Returns:
-        list[BenchmarkResult]: one per model, in the given order, with
-        ``exporter='mmdeploy'`` and ``baseline`` the name of the model the
-        ratios use.
+        list[BenchmarkResult]: one per runtime and model, runtime by
+        runtime, with ``exporter='mmdeploy'`` and ``baseline`` the name of
+        the model the ratios use.
     """
     hw = parse_size(size)
     specs = {s['name']: s for s in (whole_spec(m) for m in models)}
     title = title or f'whole {size_str(hw)}'
-    if log is None:
-        def log(msg: str) -> None:
-            print(msg, flush=True)
-    return measure_in_rounds(
-        list(specs), rounds,
-        lambda name: _whole_result(specs[name], hw, title,
-                                   run_whole(specs[name], size=hw,
-                                             **kwargs)), log, title)
+    outs = measure_exported(
+        'pola_mm.analysis.benchmark.whole:export_whole',
+        {n: dict(model=s, size=list(hw), threads=threads)
+         for n, s in specs.items()}, runtimes, rounds=rounds,
+        threads=threads, title=title, **kwargs)
+    return [BenchmarkResult(
+        n, 'infer', hw, 1, 'cpu', 'float32', runtime=rt, title=title,
+        exporter='mmdeploy', baseline=s['baseline']).take(
+            outs[rt, n], ('export_s', 'opset', 'torch_version', 'num_params',
+                          'check', 'deploy_cfg', 'weights', 'ort_profile',
+                          VERSION_KEYS[rt]))
+        for rt in runtimes for n, s in specs.items()]
 
 
 def whole_notes(results: Sequence[Any]) -> List[str]:

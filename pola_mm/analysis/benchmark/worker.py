@@ -6,7 +6,8 @@ one model is not polluted by another (peak RSS is a high-water mark of the
 whole process on CPU). The parent sends a JSON job on the worker's stdin
 (:func:`run_in_worker`); the worker (:func:`serve`) calls the benchmark's
 measuring function with it and writes the result as one marked JSON line on
-stdout.
+stdout (and, when the parent logs, marked log lines that the parent passes
+on as they come).
 
 Peak memory is the peak resident set size of the worker process (``VmHWM``
 of ``/proc/self/status``; ``resource.getrusage`` where there is none) on
@@ -23,13 +24,15 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = [
-    'RESULT_MARK', 'Size', 'StepMemory', 'current_rss_mb', 'peak_rss_mb',
-    'timed_steps', 'serve', 'run_in_worker', 'measure_in'
+    'RESULT_MARK', 'LOG_MARK', 'Size', 'StepMemory', 'current_rss_mb',
+    'peak_rss_mb', 'timed_steps', 'serve', 'run_in_worker', 'measure_in'
 ]
 
 #: ``(height, width)`` of an input or a grid.
@@ -37,6 +40,8 @@ Size = Tuple[int, int]
 
 #: Marks the result line among whatever else a worker prints.
 RESULT_MARK = '@@POLA_BENCHMARK_RESULT@@'
+#: Marks a log line of a worker, passed on to the parent's log.
+LOG_MARK = '@@POLA_BENCHMARK_LOG@@'
 
 
 @dataclass
@@ -79,6 +84,29 @@ class StepMemory:
         self.peak_mem_mb = out.get('peak_mem_mb')
         self.base_mem_mb = out.get('base_mem_mb')
         self.threads = out.get('threads')
+
+    def pool(self, other: 'StepMemory') -> 'StepMemory':
+        """This result with another round of the same measurement pooled
+        in: all times (their median), the largest peak and base memory; a
+        failed round wins. Returns the pooled result."""
+        if self.error or other.error:
+            return self if self.error else other
+        self.record(dict(
+            times=self.times + other.times, threads=self.threads,
+            **{k: max((v for v in (getattr(self, k), getattr(other, k))
+                       if v is not None), default=None)
+               for k in ('peak_mem_mb', 'base_mem_mb')}))
+        return self
+
+    def summary(self) -> str:
+        """The result in a few words, for the log."""
+        if self.error:
+            return f'error {self.error}'
+        if self.time_median is None:
+            return 'not measured'
+        return f'{self.time_median:.4f} s' + (
+            '' if self.peak_mem_mb is None else
+            f', peak {self.peak_mem_mb:.0f} MiB')
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dict: the fields (tuples as lists) and
@@ -180,13 +208,16 @@ def _resolve(measure: str) -> Callable[..., Dict[str, Any]]:
 
 
 def measure_in(measure: str, job: Dict[str, Any], isolate: bool = True,
-               timeout: Optional[float] = None) -> Dict[str, Any]:
+               timeout: Optional[float] = None,
+               log: Optional[Callable[[str], None]] = None
+               ) -> Dict[str, Any]:
     """``measure(**job)`` in a fresh worker process
     (:func:`run_in_worker`) or, without ``isolate``, in this one (where an
-    exception is raised rather than reported)."""
+    exception is raised rather than reported); with ``log``, ``measure``
+    takes a ``log`` argument too and its lines reach ``log``."""
     if isolate:
-        return run_in_worker(measure, job, timeout)
-    return _resolve(measure)(**job)
+        return run_in_worker(measure, job, timeout, log)
+    return _resolve(measure)(**job, **({'log': log} if log else {}))
 
 
 def serve(measure: str) -> None:
@@ -200,6 +231,8 @@ def serve(measure: str) -> None:
             the parent rather than raised there.
     """
     job = json.loads(sys.stdin.read())
+    if job.get('log'):  # the parent logs: marked lines on stdout
+        job['log'] = lambda msg: print(LOG_MARK + msg, flush=True)
     try:
         out = _resolve(measure)(**job)
     except Exception as e:  # reported to the parent, not raised there
@@ -215,7 +248,9 @@ def _package_root() -> str:
 
 
 def run_in_worker(measure: str, job: Dict[str, Any],
-                  timeout: Optional[float] = None) -> Dict[str, Any]:
+                  timeout: Optional[float] = None,
+                  log: Optional[Callable[[str], None]] = None
+                  ) -> Dict[str, Any]:
     """Run one measurement in a fresh Python process.
 
     Args:
@@ -223,6 +258,8 @@ def run_in_worker(measure: str, job: Dict[str, Any],
             :func:`serve`).
         job: its keyword arguments (JSON-serialisable).
         timeout: seconds after which the worker is killed.
+        log: if given, ``measure`` is called with a ``log`` argument whose
+            lines come here while the worker runs.
 
     Returns:
         The worker's result dict, or ``{'error': ...}`` for a failure in the
@@ -236,15 +273,39 @@ def run_in_worker(measure: str, job: Dict[str, Any],
     cmd = [sys.executable, '-c',
            'from pola_mm.analysis.benchmark.worker import serve; '
            f'serve({measure!r})']
-    try:
-        proc = subprocess.run(cmd, input=json.dumps(job), capture_output=True,
-                              text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    killed = []
+
+    def kill() -> None:
+        killed.append(True)
+        proc.kill()
+
+    with tempfile.TemporaryFile('w+') as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err,
+                                text=True, env=env)
+        timer = threading.Timer(timeout, kill) if timeout else None
+        if timer:
+            timer.start()
+        try:
+            proc.stdin.write(json.dumps(dict(job, log=True) if log else job))
+            proc.stdin.close()
+            lines = []
+            for line in proc.stdout:
+                if line.startswith(LOG_MARK) and log:
+                    log(line[len(LOG_MARK):].rstrip('\n'))
+                else:
+                    lines.append(line.rstrip('\n'))
+            proc.wait()
+        finally:
+            if timer:
+                timer.cancel()
+        err.seek(0)
+        stderr = err.read()
+    if killed:
         return dict(error=f'timeout after {timeout:g} s')
-    lines = [ln for ln in proc.stdout.splitlines()
-             if ln.startswith(RESULT_MARK)]
-    if not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    results = [ln for ln in lines if ln.startswith(RESULT_MARK)]
+    if not results:
+        tail = (stderr.strip() or '\n'.join(lines).strip()).splitlines()[-3:]
         return dict(error=f'worker exited with {proc.returncode}'
                     + (': ' + ' | '.join(tail) if tail else ''))
-    return json.loads(lines[-1][len(RESULT_MARK):])
+    return json.loads(results[-1][len(RESULT_MARK):])
