@@ -16,9 +16,9 @@ profiled runs (ms per run):
   detectors' ``TopK`` and NMS) is ``'(graph)'``.
 - **per operator type** (``Gemm``, ``Transpose``, ...), as executed.
 
-The benchmark's ``--ort-profile`` runs it in a worker process of its own,
-after the timed runs (profiling slows a run down), and prints the parts,
-the largest operators and, for a whole model paired with a baseline, the
+The benchmark's ``--ort-profile`` runs it in a worker process of its own
+per file, after the timed runs (profiling slows a run down), and prints the
+parts, the largest operators and, for a whole model paired with a baseline, the
 **floor** of the time ratio (:func:`ratio_floor`): what the model's neck,
 heads and post-processing alone cost against the baseline's whole kernel
 time, the lowest ratio any backbone could reach.
@@ -72,8 +72,8 @@ def profile_onnxruntime(path: str,
                         seed: int = 0) -> Dict[str, Any]:
     """Profile ``runs`` runs of the ONNX file ``path`` on the CPU after one
     warm-up (see the module docstring), on a seeded standard normal input of
-    ``(batch, C, H, W)`` as :func:`~pola_mm.analysis.benchmark.onnxrt.
-    measure_onnxruntime` times it.
+    ``(batch, C, H, W)``, the input the benchmark times
+    (:func:`~pola_mm.analysis.benchmark.onnxrt.open_session`).
 
     Returns:
         ``{'ort_profile': {'runs', 'kernel_ms', 'parts', 'ops'}}``:

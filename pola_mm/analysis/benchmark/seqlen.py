@@ -178,18 +178,17 @@ def run_seqlen(tokens: Sequence[int],
         """The lengths of one method in one mode, through the runner."""
         lengths = {f'{method} N={n}': int(n) for n in sorted(tokens)}
 
-        def new(label: str) -> SeqLenResult:
+        def new(label: str, skipped: Optional[str] = None) -> SeqLenResult:
             n = lengths[label]
             return SeqLenResult(method, mode, n, seq_grid(n), batch, heads,
-                                head_dims, device)
+                                head_dims, device, skipped=skipped)
 
         def measure(label: str) -> SeqLenResult:
-            r = new(label)
-            need = naive_bytes(r.tokens, batch, heads, mode) / 2**20
+            need = naive_bytes(lengths[label], batch, heads, mode) / 2**20
             if method == 'naive' and need > mem_cap_mb:
-                r.skipped = (f'N x N matrices need {need / 1024:.1f} GiB > '
-                             f'cap {mem_cap_mb / 1024:.1f} GiB')
-                return r
+                return new(label, f'N x N matrices need {need / 1024:.1f} '
+                           f'GiB > cap {mem_cap_mb / 1024:.1f} GiB')
+            r = new(label)
             out = run_in_worker(
                 'pola_mm.analysis.benchmark.seqlen:measure_seqlen',
                 dict(method=method, mode=mode, tokens=r.tokens, batch=batch,
@@ -210,13 +209,8 @@ def run_seqlen(tokens: Sequence[int],
                         f'{r.time_median:.1f} s > cap {time_cap_s:g} s')
             return None
 
-        def skip(label: str, reason: str) -> SeqLenResult:
-            r = new(label)
-            r.skipped = reason
-            return r
-
         return measure_in_rounds(list(lengths), measure, 1, log,
-                                 f'seqlen {mode}', stop, skip)
+                                 f'seqlen {mode}', stop, new)
 
     return [r for mode in modes for method in methods
             for r in sweep(mode, method)]

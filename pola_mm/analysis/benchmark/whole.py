@@ -344,9 +344,11 @@ def run_whole_benchmarks(models: Sequence[WholeSpec],
 
 
 def whole_notes(results: Sequence[Any]) -> List[str]:
-    """Lines saying how the whole models were exported: deploy config,
-    weights, opset, export and check time."""
-    whole = [r for r in results if r.exporter == 'mmdeploy']
+    """Lines saying how the whole models were exported (one per model, in
+    any number of runtimes): deploy config, weights, opset, export and
+    check time."""
+    whole = {r.name: r for r in results
+             if r.exporter == 'mmdeploy'}.values()  # once per model
     if not whole:
         return []
     lines = []
