@@ -154,15 +154,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--threads', type=int, default=None,
                         help='torch.set_num_threads in each worker')
     parser.add_argument('--timeout', type=float, default=None,
-                        help='seconds after which a worker is killed')
+                        help='seconds after which a worker is killed '
+                        '(the one timing exported files: this much per file '
+                        'and round)')
     parser.add_argument('--runtime', nargs='+', choices=RUNTIMES,
                         default=['pytorch'],
                         help='onnxruntime and/or openvino: export each '
                         'backbone once (the project\'s export_onnx), check '
-                        'ONNX Runtime against PyTorch and time the files of '
-                        'a case alternately in one process in each runtime '
-                        '(CPU, float32, inference; train cases of a preset '
-                        'are left out)')
+                        'ONNX Runtime against PyTorch, then time the files '
+                        'of a case (in each runtime) alternately in one '
+                        'process (CPU, float32, inference; train cases of a '
+                        'preset are left out)')
     parser.add_argument('--exporter', choices=['torchscript', 'dynamo'],
                         default='torchscript',
                         help='exporter of the exported runtimes (dynamo '
@@ -255,18 +257,12 @@ def parse_args() -> argparse.Namespace:
 
 
 def runtime_versions(args: argparse.Namespace, export: str) -> str:
-    """``'onnxruntime 1.x (EXPORT export), openvino 2025.x, '`` for the
+    """``'onnxruntime 1.x, openvino 2025.x (EXPORT export), '`` for the
     exported runtimes of ``args`` ('' for PyTorch)."""
-    words = []
-    for rt in args.runtimes:
-        if rt != 'pytorch':
-            import importlib
-            version = importlib.import_module(rt).__version__.split('-')[0]
-            words.append(f'{rt} {version}')
-    if not words:
-        return ''
-    words[0] += f' ({export} export)'
-    return ', '.join(words) + ', '
+    import importlib
+    words = [f'{rt} {importlib.import_module(rt).__version__.split("-")[0]}'
+             for rt in args.runtimes if rt != 'pytorch']
+    return f'{", ".join(words)} ({export} export), ' if words else ''
 
 
 def run_watched(run: Callable[[], list]) -> Tuple[list, str]:

@@ -52,7 +52,7 @@ from .worker import Size, StepMemory, measure_in, timed_steps
 
 __all__ = ['RUNTIMES', 'EXPORTED_RUNTIMES', 'VERSION_KEYS',
            'DEFAULT_EXPORTER', 'opset_of', 'export_and_check',
-           'open_session', 'exported_memory', 'time_exported', 'seeded_feed',
+           'open_session', 'exported_memory', 'time_exported', 'seeded_input',
            'measure_exported']
 
 #: What the benchmark can run a backbone in.
@@ -161,8 +161,7 @@ def open_session(runtime: str, path: str, shape: Sequence[int],
         A function running the model once, and ``{version key: the
         runtime's version}`` (:data:`VERSION_KEYS`).
     """
-    import numpy as np
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    x = seeded_input(shape, seed)
     if runtime == 'onnxruntime':
         import onnxruntime as ort
         opts = ort.SessionOptions()
@@ -257,15 +256,12 @@ def time_exported(files: Dict[str, Dict[str, Any]],
     return out
 
 
-def seeded_feed(sess: Any, size: Size, batch: int,
-                seed: int) -> Dict[str, Any]:
-    """The input of a session's first input: a seeded standard normal
-    float32 array ``(batch, C, H, W)`` (``C`` from the file, else 3)."""
+def seeded_input(shape: Sequence[int], seed: int = 0) -> Any:
+    """The input every exported runtime gets: a seeded standard normal
+    float32 array of ``shape``."""
     import numpy as np
-    inp = sess.get_inputs()[0]
-    c = inp.shape[1] if isinstance(inp.shape[1], int) else 3
-    return {inp.name: np.random.default_rng(seed).standard_normal(
-        (batch, c, size[0], size[1])).astype(np.float32)}
+    return np.random.default_rng(seed).standard_normal(shape).astype(
+        np.float32)
 
 
 def measure_exported(export: str,

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from .onnxrt import seeded_feed
+from .onnxrt import seeded_input
 from .worker import Size
 
 __all__ = ['GRAPH_PART', 'scope_of', 'profile_onnxruntime', 'ratio_floor',
@@ -72,7 +72,7 @@ def profile_onnxruntime(path: str,
                         seed: int = 0) -> Dict[str, Any]:
     """Profile ``runs`` runs of the ONNX file ``path`` on the CPU after one
     warm-up (see the module docstring), on a seeded standard normal input of
-    ``(batch, C, H, W)``, the input the benchmark times
+    ``(batch, 3, H, W)``, the input the benchmark times
     (:func:`~pola_mm.analysis.benchmark.onnxrt.open_session`).
 
     Returns:
@@ -98,7 +98,8 @@ def profile_onnxruntime(path: str,
         opts.log_severity_level = 3  # no warning on writing an NCHWc graph
         sess = ort.InferenceSession(path, opts,
                                     providers=['CPUExecutionProvider'])
-        feed = seeded_feed(sess, size, batch, seed)
+        feed = {sess.get_inputs()[0].name: seeded_input(
+            (batch, 3) + tuple(size), seed)}
         for _ in range(runs + 1):
             sess.run(None, feed)
         with open(sess.end_profiling()) as f:
