@@ -73,23 +73,56 @@ def test_torch_compile_fullgraph_equals_eager(name):
     _assert_close(got, want)
 
 
-@pytest.mark.parametrize('exporter', ['torchscript', 'dynamo'])
-def test_onnx_dynamic_batch_and_hw(tmp_path, exporter):
-    """ONNX, one file with a free batch, height and width from either
-    exporter: the timm Pola-PVT's logits equal PyTorch at the export size,
-    three other sizes (none a multiple of 32, two larger) and batch 3, in
-    ONNX Runtime and OpenVINO. (Pola-Swin's dynamo refusal: the backbone
-    and whole-model tests in tests/deployment.)"""
+#: (model, exporter) pairs of the ONNX test; True: the export is refused
+#: (Pola-Swin's shifted windows under the dynamo exporter).
+ONNX_CASES = [('pola_pvt_tiny', 'torchscript', False),
+              ('pola_pvt_tiny', 'dynamo', False),
+              ('pola_swin_tiny', 'torchscript', False),
+              ('pola_swin_tiny', 'dynamo', True),
+              ('polapp_b0', 'torchscript', False),
+              ('polapp_b0', 'dynamo', False)]
+
+
+@pytest.mark.parametrize('name,exporter,refused', ONNX_CASES)
+def test_onnx_dynamic_batch_and_hw(tmp_path, name, exporter, refused):
+    """ONNX, one file with a free batch, height and width: each timm
+    model's logits equal PyTorch at the export size, three other sizes
+    (none a multiple of 32, two larger) and batch 3, in ONNX Runtime and
+    OpenVINO; the file passes the ONNX checker's full check and stays
+    equal after onnxslim. Pola-Swin under the dynamo exporter is refused
+    with one ExportError naming the TorchScript exporter, and nothing is
+    written."""
     pytest.importorskip('onnxruntime')
     pytest.importorskip('openvino')
-    from pola_mm.deployment.onnx import check_sizes, export_and_verify
-    model = _model('pola_pvt_tiny')
+    from pola_mm.deployment import ExportError
+    from pola_mm.deployment.onnx import (check_sizes, example_inputs,
+                                         export_and_verify, verify_onnx)
+    model = _model(name)
     out = str(tmp_path / 'm.onnx')
-    checks = export_and_verify(model, (96, 128), out, exporter,
-                               dynamic_batch=True, dynamic_hw=True,
-                               runtimes=('onnxruntime', 'openvino'))
+    kwargs = dict(dynamic_batch=True, dynamic_hw=True,
+                  runtimes=('onnxruntime', 'openvino'))
+    if refused:
+        with pytest.raises(ExportError) as info:
+            export_and_verify(model, (96, 128), out, exporter, **kwargs)
+        msg = str(info.value)
+        assert msg.startswith('the dynamo exporter cannot export PolaSwin '
+                              'with a dynamic height/width')
+        assert '--exporter torchscript' in msg
+        assert list(tmp_path.iterdir()) == []
+        return
+    checks = export_and_verify(model, (96, 128), out, exporter, **kwargs)
     assert len(checks) == 2 * 5  # runtimes x inputs, one output
     assert all(c.ok for c in checks)
     assert max(c.max_abs_diff / c.scale for c in checks) < 1e-4
     assert sorted({c.shape for c in checks}) == [(1, 7), (3, 7)]
     assert all(h % 32 and w % 32 for h, w in check_sizes((96, 128)))
+    onnx = pytest.importorskip('onnx')
+    onnx.checker.check_model(out, full_check=True)
+    onnxslim = pytest.importorskip('onnxslim')
+    slim = str(tmp_path / 'slim.onnx')
+    onnx.save(onnxslim.slim(onnx.load(out)), slim)
+    sizes = check_sizes((96, 128))
+    inputs = [example_inputs(model, hw, seed=3) for hw in sizes]
+    inputs.append(example_inputs(model, sizes[-1], batch=3, seed=4))
+    checks = verify_onnx(model, slim, inputs)
+    assert len(checks) == 4 and all(c.ok for c in checks)
