@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ...type_aliases import Size2
 from .bricks import build_norm_layer
+from .token_map import to_tokens
 from .window import known_zeros, pad_map
 
 
@@ -80,7 +81,7 @@ class PatchEmbed(BaseModule):
         patch))`` (likewise ``W'``)."""
         x = self.proj(pad_for_stride(x, self.patch_size, self.pad_input))
         hw = (x.shape[2], x.shape[3])
-        x = x.flatten(2).transpose(1, 2)
+        x = to_tokens(x)
         if self.norm is not None:
             x = self.norm(x)
         return x, hw

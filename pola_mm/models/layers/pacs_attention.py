@@ -24,7 +24,7 @@ from ...ops import depthwise_conv2d, gate_linear, pacs_attention
 from ...type_aliases import Size2
 from .attention_args import polarity_head_dims
 from .rotary import rotary_tables
-from .token_map import to_map
+from .token_map import to_map, to_tokens
 
 __all__ = ['PaCSAttention', 'add_pacs_temperatures',
            'reset_pacs_temperatures']
@@ -108,9 +108,8 @@ class PaCSAttention(BaseModule):
                            sin, cos).transpose(1, 2).reshape(B, N, C)
 
         # 3. lepe: a depth-wise conv of v over the stage map
-        y = y + depthwise_conv2d(to_map(v, hw), self.lepe.weight,
-                                 self.lepe.bias,
-                                 self.lepe.padding).flatten(2).transpose(1, 2)
+        y = y + to_tokens(depthwise_conv2d(to_map(v, hw), self.lepe.weight,
+                                           self.lepe.bias, self.lepe.padding))
 
         # 4. gate and output projection: proj(y * g)
         return gate_linear(y, g, self.proj)

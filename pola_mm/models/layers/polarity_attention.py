@@ -20,6 +20,7 @@ from ...type_aliases import Size2
 from .attention_args import polarity_head_dims
 from .embed import pad_for_stride
 from .pacs_attention import add_pacs_temperatures, reset_pacs_temperatures
+from .token_map import to_map, to_tokens
 
 FEATURE_MAPS = ('power', 'pacs')
 
@@ -179,11 +180,10 @@ class PolarityAttention(BaseModule):
             kv_x = x
             if self.sr_ratio > 1:  # like the authors' conv; a side shorter
                 # than r is padded to r
-                m = self.sr(pad_for_stride(
-                    x.transpose(1, 2).reshape(B, C, hw[0], hw[1]),
-                    self.sr_ratio, pad_input=False))
+                m = self.sr(pad_for_stride(to_map(x, hw), self.sr_ratio,
+                                           pad_input=False))
                 kv_hw = (m.shape[2], m.shape[3])
-                kv_x = self.norm(m.flatten(2).transpose(1, 2))
+                kv_x = self.norm(to_tokens(m))
             k, v = self.kv(kv_x).reshape(B, -1, 2, C).unbind(-2)
 
         # 2. polarity attention of the heads; the keys carry the positional
@@ -206,16 +206,18 @@ class PolarityAttention(BaseModule):
         y = y.squeeze(1) if h == 1 else y.transpose(1, 2).reshape(B, N, C)
 
         # 3. depth-wise conv of v over the stage map: the authors' per-head
-        # conv, its kernel repeated over the heads (one conv of C channels)
-        v_map = v.transpose(1, 2)  # (B, C, n)
-        if self.sr_ratio > 1:  # v back to the N tokens (linear along the
-            # token sequence, as the authors)
-            v_map = F.interpolate(v_map, size=N, mode='linear')
-        y = y + depthwise_conv2d(
-            v_map.reshape(B, C, hw[0], hw[1]),
-            self.dwc.weight.repeat(h, 1, 1, 1),
+        # conv, its kernel repeated over the heads (one conv of C channels);
+        # a reduced v first goes back to the N tokens, linear along the
+        # token sequence as the authors
+        if self.sr_ratio > 1:
+            v_map = F.interpolate(v.transpose(1, 2), size=N,
+                                  mode='linear').reshape(B, C, hw[0], hw[1])
+        else:
+            v_map = to_map(v, hw)
+        y = y + to_tokens(depthwise_conv2d(
+            v_map, self.dwc.weight.repeat(h, 1, 1, 1),
             None if self.dwc.bias is None else self.dwc.bias.repeat(h),
-            self.dwc.padding).flatten(2).transpose(1, 2)
+            self.dwc.padding))
 
         # 4. gate and output projection: proj(y * g)
         return self.proj_drop(gate_linear(y, g, self.proj))

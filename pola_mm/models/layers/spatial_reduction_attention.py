@@ -9,6 +9,7 @@ from ...ops import softmax_attention
 from ...type_aliases import Size2
 from .bricks import build_norm_layer
 from .embed import pad_for_stride
+from .token_map import to_map, to_tokens
 
 
 class SpatialReductionAttention(BaseModule):
@@ -64,9 +65,8 @@ class SpatialReductionAttention(BaseModule):
         q = self.q(x).reshape(B, N, h, C // h).transpose(1, 2)
         if self.sr_ratio > 1:
             r = self.sr_ratio
-            m = x.transpose(1, 2).reshape(B, C, hw[0], hw[1])
-            m = pad_for_stride(m, r, self.pad_input)
-            m = self.norm(self.sr(m).flatten(2).transpose(1, 2))
+            m = pad_for_stride(to_map(x, hw), r, self.pad_input)
+            m = self.norm(to_tokens(self.sr(m)))
         else:
             m = x
         k, v = self.kv(m).reshape(B, -1, 2, h, C // h).permute(
