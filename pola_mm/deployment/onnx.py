@@ -461,7 +461,8 @@ def export_onnx(model: nn.Module,
             warnings.simplefilter('ignore', torch.jit.TracerWarning)
             with torch.no_grad(), _unflatten_below_opset13(exporter, opset), \
                     _quiet_guard_errors():
-                torch.onnx.export(model, (x, ), out, **kwargs)
+                torch.onnx.export(_captured(model, x, kwargs), (x, ), out,
+                                  **kwargs)
     except Exception as exc:  # the exporters raise many kinds
         # in the chain, or raised and swallowed by a capture strategy the
         # exporter fell back from
@@ -494,6 +495,29 @@ def export_onnx(model: nn.Module,
             'dynamo=False, dynamic_axes=...)) for a dynamic height/width, '
             'or without --dynamic')
     return out
+
+
+def _captured(model: nn.Module, x: torch.Tensor, kwargs: dict) -> Any:
+    """What ``torch.onnx.export`` is given: for a dynamic dynamo export,
+    the program of torch.onnx's first capture strategy (``torch.export``,
+    non-strict), captured here so that a part's refusal ends the export at
+    once (torch.onnx would try its strict strategy next, about 30 s of a
+    tiny Pola-Swin, and fail the same way); ``kwargs`` then lose the
+    dynamic shapes the program carries. Any other failure of that capture
+    leaves the model to torch.onnx's strategies, as without this step."""
+    if 'dynamic_shapes' not in kwargs:
+        return model
+    from ..ops import DynamicShapeExportError
+    try:
+        program = torch.export.export(
+            model, (x, ), dynamic_shapes=kwargs['dynamic_shapes'],
+            strict=False)
+    except Exception:
+        if DynamicShapeExportError.last is not None:
+            raise
+        return model
+    del kwargs['dynamic_shapes']
+    return program
 
 
 def _refusal_message(exporter: str, model: nn.Module, refusal: str) -> str:
