@@ -23,6 +23,7 @@ from torch import Tensor
 from ...ops import depthwise_conv2d, gate_linear, pacs_attention
 from ...type_aliases import Size2
 from .attention_args import polarity_head_dims
+from .bricks import linear_chunks
 from .rotary import rotary_tables
 from .token_map import to_map, to_tokens
 
@@ -95,7 +96,7 @@ class PaCSAttention(BaseModule):
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dims
         # 1. project: q, k, v, g
-        q, k, v, g = self.qkvg(x).reshape(B, -1, 4, C).unbind(-2)
+        q, k, v, g = linear_chunks(self.qkvg, x, 4)
 
         # 2. PaCS attention of the heads, rotary encoding over the whole map
         def heads(t: Tensor) -> Tensor:  # (B, N, C) -> (B, h, N, d)

@@ -18,6 +18,7 @@ from ...ops.polarity_attention import check_token_grid
 from ...ops.position import check_resize_mode, resize_pos_table
 from ...type_aliases import Size2
 from .attention_args import polarity_head_dims
+from .bricks import linear_chunks
 from .embed import pad_for_stride
 from .pacs_attention import add_pacs_temperatures, reset_pacs_temperatures
 from .token_map import to_map, to_tokens
@@ -174,9 +175,9 @@ class PolarityAttention(BaseModule):
         # 1. project: q, k, v, g (k, v from the reduced map with sr_ratio > 1)
         kv_hw = hw
         if self.fused_qkvg:
-            q, k, v, g = self.qkvg(x).reshape(B, -1, 4, C).unbind(-2)
+            q, k, v, g = linear_chunks(self.qkvg, x, 4)
         else:
-            q, g = self.qg(x).reshape(B, -1, 2, C).unbind(-2)
+            q, g = linear_chunks(self.qg, x, 2)
             kv_x = x
             if self.sr_ratio > 1:  # like the authors' conv; a side shorter
                 # than r is padded to r
@@ -184,7 +185,7 @@ class PolarityAttention(BaseModule):
                                            pad_input=False))
                 kv_hw = (m.shape[2], m.shape[3])
                 kv_x = self.norm(to_tokens(m))
-            k, v = self.kv(kv_x).reshape(B, -1, 2, C).unbind(-2)
+            k, v = linear_chunks(self.kv, kv_x, 2)
 
         # 2. polarity attention of the heads; the keys carry the positional
         # table (resized to the map)

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from ...ops import softmax_attention
 from ...type_aliases import Size2
+from .bricks import linear_chunks
 from .rotary import rotary_tables, theta_shift
 from .token_map import to_map, to_tokens
 
@@ -53,7 +54,7 @@ class RotarySelfAttention(BaseModule):
         """``(B, N, C)`` tokens on the grid ``hw`` -> ``(B, N, C)``."""
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dims
-        q, k, v, o = self.qkvo(x).reshape(B, N, 4, C).unbind(-2)
+        q, k, v, o = linear_chunks(self.qkvo, x, 4)
         lepe = to_tokens(self.lepe(to_map(v, hw)))
         sin, cos = rotary_tables(hw, d, device=x.device, dtype=x.dtype)
         q = theta_shift(q.reshape(B, N, h, d).transpose(1, 2), sin, cos)
