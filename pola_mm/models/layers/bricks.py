@@ -186,10 +186,12 @@ def linear_chunks(linear: nn.Linear, x: Tensor,
     of one product are strided and an exported ``Split`` copies them.
     Measured on 2 CPU cores at 800x1344: Pola-Swin-T's PyTorch inference
     1.12 -> 1.04 s (medians of 9 alternated processes), its ONNX Runtime
-    file 1.31 -> 1.27 s and its OpenVINO file 0.85 -> 0.82 s. On the GPU, and where the module is
-    observed or replaced (a hook, as FLOP counters and feature extractors
-    add; a subclass or wrapper of ``nn.Linear``), the module is called
-    once and the parts are views of its output.
+    file 1.31 -> 1.27 s and its OpenVINO file 0.85 -> 0.82 s.
+
+    On the GPU, and where the module is observed or replaced (a hook, as
+    FLOP counters and feature extractors add; a subclass or wrapper of
+    ``nn.Linear``), the module is called once and the parts are views of
+    its output.
     """
     if x.device.type == 'cuda' or type(linear) is not nn.Linear or \
             linear._forward_hooks or linear._forward_pre_hooks or \
