@@ -170,9 +170,9 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
     """Count calls into every fast implementation of :mod:`pola_mm.ops`
     (where the ops look them up), by name: the polarity and PaCS kernels
     (with and without autograd), the lean training functions (gate, GELU,
-    depth-wise conv), PyTorch's SDPA, the fused CPU loops and the cached
-    table resize. None of them may run with the fast paths off or while a
-    graph is captured."""
+    depth-wise conv), PyTorch's SDPA, the fused CPU loops, the cached
+    table resize and the separable one. None of them may run with the fast
+    paths off or while a graph is captured."""
     import importlib
 
     import torch.nn.functional as F
@@ -201,6 +201,7 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
         'DepthwiseConv2d': [(depthwise_conv._DepthwiseConv2d, 'apply')],
         'sdpa': [(F, 'scaled_dot_product_attention')],
         'cached_resize': [(position, '_cached_resize')],
+        'separable_resize': [(position, '_separable_resize')],
     }
     calls: Dict[str, List[int]] = {}
     for key, places in spies.items():

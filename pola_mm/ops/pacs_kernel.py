@@ -15,6 +15,11 @@ rearranged:
   normalisers share ``mean_N(k')``. (Unlike PolaFormer's power, the two
   flows have their own temperatures, so the query features cannot be shared
   by swapping halves.)
+- Products over tokens that fill a GPU (:func:`~.token_product.
+  token_product`, split into chunks of tokens where the device would be
+  mostly idle); without rotary tables the normaliser ``sum(k')`` is a
+  column of ones beside ``v`` in the key product, and the backward's
+  ``qf^T da`` and ``qf^T dz`` are one product.
 - Recomputation. A custom autograd function saves ``q``, ``k``, ``v``, the
   output, the normalisers ``1 / z`` ``(B, h, N, 2)``, ``M`` and ``mean(k')``,
   never an ``(N, 2d)`` feature map; backward recomputes the features
@@ -47,6 +52,7 @@ from torch import Tensor
 from .dispatch import records_grad
 from .features import EPS, pacs_features, polar_halves, split_signs_grad
 from .rotary import rotate_every_two, theta_shift
+from .token_product import token_product
 
 __all__ = ['pacs_attention_kernel', 'PaCSAttentionFunction']
 
@@ -116,8 +122,12 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
     half = d // 2
     r = _rotary(sin, cos)
     kf = pacs_features(k)
-    k_mean = kf.mean(dim=-2, keepdim=True).transpose(-2, -1)
-    M = _rot(kf, r).transpose(-2, -1) @ v / N
+    if r[0] is None:  # the normaliser in the same product: k'^T [v, 1]
+        R = token_product(kf, v, ones=True).div_(N)
+        M, k_mean = R[..., :d], R[..., d:]
+    else:
+        k_mean = kf.mean(dim=-2, keepdim=True).transpose(-2, -1)
+        M = token_product(_rot(kf, r), v).div_(N)
     del kf
     outs, rzs = [], []
     for t, swap, Mc in ((t1, False, M[..., :half]), (t2, True, M[..., half:])):
@@ -163,10 +173,15 @@ class PaCSAttentionFunction(torch.autograd.Function):
             dxj = dx[..., cols]
             da = dxj * rz_j  # d(numerator)
             dz = -(dxj * x[..., cols]).sum(-1, keepdim=True) * rz_j
-            dM.append(_rot(qf, r).transpose(-2, -1) @ da)
+            if r[0] is None:  # one product for both: qf^T [da, dz]
+                both = token_product(qf, torch.cat([da, dz], -1))
+                dM.append(both[..., :half])
+                part = both[..., half:]  # (B, h, 2d, 1)
+            else:
+                dM.append(token_product(_rot(qf, r), da))
+                part = token_product(qf, dz)
             dqf = _rot_t(da @ M[..., cols].transpose(-2, -1), r)
             dqf = dqf.add_(dz * k_mean.transpose(-2, -1))
-            part = qf.transpose(-2, -1) @ dz  # (B, h, 2d, 1)
             dk_mean = part if dk_mean is None else dk_mean.add_(part)
             dpre = dqf.mul_(qf.add_(1))  # d(c * t)
             dts.append((dpre * c).sum(dim=(0, 2), keepdim=True))

@@ -25,6 +25,10 @@ Computes exactly the published formula (see
 - Key bias. A positional table added to the keys (PolaFormer's
   ``positional_encoding``) can be passed as ``k_bias`` and is added inside
   the kernel, run by run, so ``k + table`` is never materialised or saved.
+- Products over tokens that fill a GPU: the key product with its
+  normaliser (a column of ones beside ``v``) and the backward's ``f^T du``
+  are :func:`~.token_product.token_product`, split into chunks of tokens
+  where the device would otherwise be mostly idle.
 - Cache-sized work on CPU: the forward's elementwise chains run on runs
   of tokens small enough to stay in cache (about 2x faster than streaming
   every intermediate through memory), in place in dense buffers reused by
@@ -48,6 +52,7 @@ from torch import Tensor
 from .dispatch import records_grad
 from .features import EPS, split_signs
 from .runs import RunBuffers, plan_runs, token_major, token_runs
+from .token_product import token_product
 
 __all__ = ['polarity_attention_kernel', 'PolarityAttentionFunction']
 
@@ -174,8 +179,7 @@ def _key_product(k: Tensor, v: Tensor, prm: _Params, step: int,
     for c in token_runs(N, step):
         f = _run_features(bufs, k[:, :, c], prm.p,
                           None if k_bias is None else k_bias[:, :, c])
-        rc = torch.cat([f.transpose(-2, -1) @ v[:, :, c],
-                        f.sum(-2).unsqueeze(-1)], dim=-1)
+        rc = token_product(f, v[:, :, c], ones=True)
         r = rc if r is None else r.add_(rc)
     assert r is not None
     return r
@@ -324,7 +328,7 @@ def _backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
     du = torch.cat([(dxh * rz.unsqueeze(-1)).flatten(-2), dz * rz], -1)
     f, dq, w = _run_feature_grads(du @ S_flip.transpose(-2, -1), q, prm,
                                   False, pinv)
-    dS = f.transpose(-2, -1) @ du
+    dS = token_product(f, du)
     dS = torch.cat([dS[..., :d], -dS[..., d:]], -1)
 
     # keys and values: S = mix(R), R = [f+, f-]^T [v, 1]

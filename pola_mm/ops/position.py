@@ -1,18 +1,25 @@
 """Resizing of learned position tables to other grids: the op.
 
-:func:`resize_pos_table` resizes a table on every call where autograd needs
-its gradient, with the fast paths off and while a graph is captured (a
-traced graph would hold a cached table as a constant of one size); in
-inference it keeps the resized table for the last grid and reuses it until
-the table changes.
+:func:`resize_pos_table` resizes a ``(1, Hr * Wr, C)`` table to an
+``H x W`` grid with the weights of ``F.interpolate(mode=...,
+align_corners=False)``. Its fast path writes the resize as two small
+products with separable interpolation matrices (:func:`resize_matrix`,
+cached per size, device and dtype): the same weights and border handling
+as ``F.interpolate``, but forward and backward are products, without the
+atomic additions of ``upsample_bicubic2d_backward``. Where no gradient is
+needed it keeps the resized table per grid and reuses it until the table
+changes.
 
-While a graph is captured the table is resized on every call, also at its
-own size (an exact identity for both modes), to the grid it is given: in a
-traced graph (the TorchScript ONNX exporter, MMDeploy) that grid comes
-from the tensors' shapes, so the exported ``Resize`` takes its size from
-the graph's input and a file with a dynamic height/width resizes to the
-size it is run at.
+With the fast paths off and while a graph is captured the table goes
+through ``F.interpolate`` (:func:`resize_pos_table_pytorch`), on every call
+and also at its own size (an exact identity for both modes), to the grid
+it is given: in a traced graph (the TorchScript ONNX exporter, MMDeploy)
+that grid comes from the tensors' shapes, so the exported ``Resize`` takes
+its size from the graph's input and a file with a dynamic height/width
+resizes to the size it is run at.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -20,7 +27,7 @@ from torch import Tensor
 from ..type_aliases import Size2
 from .dispatch import capturing, records_grad, use_fast
 
-__all__ = ['resize_pos_table', 'resize_pos_table_pytorch',
+__all__ = ['resize_pos_table', 'resize_pos_table_pytorch', 'resize_matrix',
            'check_resize_mode', 'RESIZE_MODES']
 
 
@@ -42,21 +49,83 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2,
     """Resize a learned ``(1, Hr * Wr, C)`` token table to ``(1, H * W, C)``.
 
     ``mode`` (``'bicubic'`` or ``'bilinear'``), ``align_corners=False``, on
-    the 2-D grid; the table itself is returned at its reference size. Where
-    no gradient is needed (inference, frozen tables) and no graph is
-    captured, the resized table is cached on ``table`` for the last ``hw``
-    and reused until the table changes (in place or by a move); the result
-    must not be modified in place. While a graph is captured the table is
-    always resized (no comparison of sizes, which a trace would fix), with
-    the size taken as given: traced shapes keep it dynamic.
+    the 2-D grid; the table itself is returned at its reference size. The
+    fast path computes it as two products with :func:`resize_matrix`; where
+    no gradient is needed (inference, frozen tables) the resized table is
+    cached on ``table`` per ``hw`` until the table changes (in place or by
+    a move), and must not be modified in place. While a graph is captured
+    the table is always resized by ``F.interpolate`` (no comparison of
+    sizes, which a trace would fix), with the size taken as given: traced
+    shapes keep it dynamic.
     """
     if capturing():
         return resize_pos_table_pytorch(table, ref_hw, hw, mode)
     if hw[0] == ref_hw[0] and hw[1] == ref_hw[1]:
         return table
-    if use_fast(table) and not records_grad(table):
-        return _cached_resize(table, ref_hw, hw, mode)
-    return resize_pos_table_pytorch(table, ref_hw, hw, mode)
+    if not use_fast(table):
+        return resize_pos_table_pytorch(table, ref_hw, hw, mode)
+    if records_grad(table):
+        return _separable_resize(table, ref_hw, hw, mode)
+    return _cached_resize(table, ref_hw, hw, mode)
+
+
+def _cubic_weights(t: Tensor, a: float = -0.75) -> Tensor:
+    """The four weights of taps ``-1, 0, 1, 2`` at the fractions ``t``
+    (Keys' cubic convolution with ``a = -0.75``, PyTorch's)."""
+    def near(x: Tensor) -> Tensor:  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: Tensor) -> Tensor:  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return torch.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], -1)
+
+
+@functools.lru_cache(maxsize=64)
+def resize_matrix(size_in: int, size_out: int, mode: str,
+                  device: torch.device, dtype: torch.dtype) -> Tensor:
+    """The ``(size_out, size_in)`` matrix of a 1-D resize along one axis
+    with ``F.interpolate(mode=mode, align_corners=False)``'s weights.
+
+    Output ``i`` samples the input at ``x = (i + 0.5) size_in / size_out -
+    0.5``. ``'bicubic'``: taps ``floor(x) - 1 ... floor(x) + 2`` with Keys'
+    cubic weights, indices clamped to the border (a clamped tap adds its
+    weight to the edge sample). ``'bilinear'``: ``x`` clamped to ``>= 0``,
+    taps ``floor(x)`` and the next one (the last sample at the border).
+    Bicubic and bilinear resizes of a grid are separable, so a 2-D resize
+    is ``Wh @ grid @ Ww^T``. Weights are computed in float64, then cast.
+    """
+    check_resize_mode(mode)
+    i = torch.arange(size_out, dtype=torch.float64)
+    x = (i + 0.5) * (size_in / size_out) - 0.5
+    if mode == 'bilinear':
+        x = x.clamp_min(0)
+    base = x.floor()
+    t = x - base
+    if mode == 'bicubic':
+        taps = base.long().unsqueeze(-1) + torch.arange(-1, 3)
+        weights = _cubic_weights(t)
+    else:
+        taps = base.long().unsqueeze(-1) + torch.arange(0, 2)
+        weights = torch.stack([1 - t, t], -1)
+    m = torch.zeros(size_out, size_in, dtype=torch.float64)
+    m.scatter_add_(1, taps.clamp(0, size_in - 1), weights)
+    return m.to(device=device, dtype=dtype)
+
+
+def _separable_resize(table: Tensor, ref_hw: Size2, hw: Size2,
+                      mode: str) -> Tensor:
+    """:func:`resize_pos_table_pytorch` as ``Wh @ grid @ Ww^T``: two
+    products forward and backward (same weights, float32 at least)."""
+    (Hr, Wr), (H, W) = (int(ref_hw[0]), int(ref_hw[1])), (int(hw[0]),
+                                                           int(hw[1]))
+    C = table.shape[-1]
+    dt = torch.promote_types(table.dtype, torch.float32)
+    wh = resize_matrix(Hr, H, mode, table.device, dt)
+    ww = resize_matrix(Wr, W, mode, table.device, dt)
+    rows = wh @ table.to(dt).reshape(Hr, Wr * C)  # (H, Wr * C)
+    grid = ww @ rows.view(H, Wr, C)  # (H, W, C), token-major
+    return grid.reshape(1, H * W, C).to(table.dtype)
 
 
 def resize_pos_table_pytorch(table: Tensor, ref_hw: Size2, hw: Size2,
@@ -73,17 +142,26 @@ def resize_pos_table_pytorch(table: Tensor, ref_hw: Size2, hw: Size2,
     return grid.flatten(2).transpose(1, 2).to(table.dtype)
 
 
+#: Grids kept per table in inference (several test scales, the sizes of a
+#: batch's padded images).
+CACHED_GRIDS = 8
+
+
 def _cached_resize(table: Tensor, ref_hw: Size2, hw: Size2,
                    mode: str) -> Tensor:
-    """:func:`resize_pos_table_pytorch`, cached on ``table`` for the last
-    ``hw``."""
-    key = (tuple(int(i) for i in hw), tuple(ref_hw), mode, table._version,
-           table.data_ptr(), table.dtype, table.device)
-    hit = getattr(table, '_pola_resized', None)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    # token-major in memory, as the keys it is added to (the resize gives
-    # a channel-major view)
-    out = resize_pos_table_pytorch(table, ref_hw, hw, mode).contiguous()
-    table._pola_resized = (key, out)
+    """:func:`_separable_resize`, cached on ``table`` per ``hw`` (up to
+    :data:`CACHED_GRIDS`); the cache is dropped when the table changes."""
+    owner = (table._version, table.data_ptr(), table.dtype, table.device,
+             tuple(ref_hw), mode)
+    cache = getattr(table, '_pola_resized', None)
+    if cache is None or cache[0] != owner:
+        cache = (owner, {})
+        table._pola_resized = cache
+    grids = cache[1]
+    key = (int(hw[0]), int(hw[1]))
+    out = grids.get(key)
+    if out is None:
+        if len(grids) >= CACHED_GRIDS:
+            grids.pop(next(iter(grids)))
+        out = grids[key] = _separable_resize(table, ref_hw, hw, mode)
     return out

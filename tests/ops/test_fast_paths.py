@@ -296,7 +296,8 @@ OP_FAST_CODE = {
     'gate_linear': (set(), {'GateLinearFunction'}),
     'gelu_linear': (set(), {'GeluLinearFunction'}),
     'gelu_mlp': ({'gelu_mlp_runs'}, {'GeluLinearFunction'}),
-    'resize_pos_table': ({'cached_resize'}, set()),
+    'resize_pos_table': ({'cached_resize', 'separable_resize'},
+                         {'separable_resize'}),
 }
 
 

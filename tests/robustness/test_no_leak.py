@@ -1,7 +1,8 @@
 """No slow leak: 500 inference calls over changing input sizes (what
 multi-scale testing and the inferencers do, at its harshest: a new size
 every call) keep memory bounded, and pola_mm's resized-table cache holds
-one table per positional table, not one per size seen.
+at most ``CACHED_GRIDS`` tables per positional table, not one per size
+seen.
 
 Measured in a fresh subprocess (peak RSS of the pytest process says
 nothing): after a warm-up at the largest size, the peak RSS may still grow
@@ -14,6 +15,8 @@ import textwrap
 
 import pytest
 from helpers import REPO, stage_grids
+
+from pola_mm.ops.position import CACHED_GRIDS
 
 CHILD = textwrap.dedent('''
     import gc, json, random, resource, sys
@@ -54,8 +57,10 @@ CHILD = textwrap.dedent('''
     print('RESULT', json.dumps(dict(
         rss_growth_mb=rss1 - rss0, object_growth=objects1 - objects0,
         tables=len(tables),
-        cached_sizes=[None if c is None else list(c[0][0]) for c in cached],
-        cached_numel=[0 if c is None else c[1].numel() for c in cached],
+        cached_sizes=[None if c is None else [list(k) for k in c[1]]
+                      for c in cached],
+        cached_numel=[0 if c is None else [t.numel() for t in c[1].values()]
+                      for c in cached],
         last_hw=list(hw))))
 ''')
 
@@ -67,7 +72,8 @@ def test_500_calls_over_changing_sizes(kind):
     backbones, the same with the fast paths off; about half of it is
     oneDNN's primitive cache, ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`` leaves
     24 MB), Python objects do not accumulate, and every positional table
-    caches one resized copy, for the last size."""
+    caches at most CACHED_GRIDS resized copies, the newest for the last
+    size."""
     proc = subprocess.run([sys.executable, '-c', CHILD, kind, '500'],
                           cwd=REPO, capture_output=True, text=True,
                           timeout=600)
@@ -80,11 +86,16 @@ def test_500_calls_over_changing_sizes(kind):
     assert r['object_growth'] < 50, r
     assert r['tables'] >= 4
     # a table at its own grid is used as is (no copy); otherwise it holds
-    # one copy, resized to a stage grid of the last input
+    # at most CACHED_GRIDS copies, one of them resized to a stage grid of
+    # the last input
     H, W = r['last_hw']
     grids = [list(g) for g in stage_grids(kind, H, W)]
-    cached = [size for size in r['cached_sizes'] if size is not None]
-    assert cached and all(size in grids for size in cached), r
-    channels = {numel // (size[0] * size[1]) for size, numel in zip(
-        r['cached_sizes'], r['cached_numel']) if size is not None}
+    cached = [sizes for sizes in r['cached_sizes'] if sizes]
+    assert cached and all(any(s in grids for s in sizes)
+                          for sizes in cached), r
+    assert max(len(sizes) for sizes in cached) <= CACHED_GRIDS, r
+    channels = {numel // (size[0] * size[1])
+                for sizes, numels in zip(r['cached_sizes'],
+                                         r['cached_numel']) if sizes
+                for size, numel in zip(sizes, numels)}
     assert max(channels) <= 512, r
