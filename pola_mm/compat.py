@@ -36,17 +36,27 @@ Applied on import, where needed (:data:`FIXES`):
    mmengine, unless the config names ``compile=dict(..., eval=True)``.
    Gate: :func:`runner_compiles_train_step`.
 
+3. ``'mmpretrain_multimodal'``: with transformers 5 installed,
+   mmpretrain 1.2.0 still imports its multimodal models, whose names
+   transformers 5 removed, and ``import mmpretrain.models`` fails (so do
+   ``mmdet.models`` and ``mmseg.models``). Where that would happen (checked
+   on the installed transformers when mmpretrain loads), mmpretrain
+   registers them as placeholders, as without transformers
+   (:mod:`pola_mm.compat_mmpretrain`). Gate:
+   :func:`~pola_mm.compat_mmpretrain.mmpretrain_would_fail` (both
+   installed), then :func:`~pola_mm.compat_mmpretrain.missing_names`.
+
 Called by the tools, not on import (they change nothing where CUDA is
 available):
 
-3. ``mmengine.dist.init_dist('pytorch')`` calls ``torch.cuda.set_device``
+4. ``mmengine.dist.init_dist('pytorch')`` calls ``torch.cuda.set_device``
    and the Runner's DDP wrapper passes ``device_ids=[LOCAL_RANK]``; both
    fail on a machine without a GPU. :func:`setup_cpu_distributed`
    initialises a gloo process group and sets the model wrapper to
    ``device_ids=None``, only when the launcher is ``'pytorch'`` and CUDA is
    unavailable. ``tools/train.py`` and ``tools/test.py`` call it.
 
-4. After a DDP run on gloo, tearing the interpreter down intermittently
+5. After a DDP run on gloo, tearing the interpreter down intermittently
    aborts a rank (see :func:`exit_process`); the tools end such runs with
    it.
 
@@ -70,6 +80,7 @@ from mmengine.registry import MODEL_WRAPPERS
 from mmengine.runner import Runner
 from torch.nn.parallel import DistributedDataParallel
 
+from . import compat_mmpretrain
 from .fileio.allow_list import (runner_checkpoint_safe_globals,
                                 torch_takes_safe_globals)
 
@@ -453,6 +464,11 @@ FIXES: List[Fix] = [
         "compile=True compiles the whole train_step; dynamo fails on the "
         "optimizer's ConfigDict param groups of any paramwise_cfg",
         runner_compiles_train_step, patch_runner_compile),
+    Fix('mmpretrain_multimodal',
+        "transformers 5 lacks names mmpretrain 1.2.0's BLIP imports: "
+        'import mmpretrain.models (and mmdet.models, mmseg.models) fails '
+        'with TypeError: NoneType takes no arguments',
+        compat_mmpretrain.mmpretrain_would_fail, compat_mmpretrain.install),
 ]
 
 #: The names of the fixes :func:`apply_needed_fixes` applied, in order.

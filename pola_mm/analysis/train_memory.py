@@ -610,7 +610,8 @@ def cuda_memory_check(spec: Spec, batch: int = 2,
     _check_args(batch, hw, precision, 'cuda')
     est = measure(spec, batch, hw, precision, 'cuda')
     built = build(spec)
-    model, forward = built.model.cuda().train(), built.forward
+    model, forward = built.model.cuda(), built.forward
+    model.train()  # not chained: mmdet's SwinTransformer.train returns None
     x = torch.randn(batch, 3, int(hw[0]), int(hw[1]), device='cuda')
     amp = _AMP_DTYPES.get(precision)
 

@@ -114,4 +114,5 @@ def backbone_from_config(config: Any,
         bcfg['out_indices'] = tuple(out_indices)
     backbone = build_in_scope(bcfg)
     backbone.init_weights()
-    return backbone.eval(), config
+    backbone.eval()
+    return backbone, config

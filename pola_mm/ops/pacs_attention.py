@@ -17,7 +17,7 @@ from .dispatch import capturing, use_fast
 from .features import EPS, pacs_features
 from .pacs_kernel import pacs_attention_kernel
 from .polarity_attention import (check_broadcastable, check_head_inputs,
-                                 param_shape)
+                                 no_queries, param_shape)
 from .precision import no_autocast
 from .rotary import theta_shift
 
@@ -55,12 +55,16 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
         ``(B, h, N, d)`` in the dtype of ``q``; computed in float32 at least.
 
     Raises:
-        TypeError: when an input is not a tensor.
+        TypeError: when an input is not a tensor, or ``q``, ``k``, ``v``
+            are not floating point.
         ValueError: on inputs of the wrong rank or mismatched shapes, with
-            the expected shape and the received ones.
+            the expected shape and the received ones, and on keys without
+            tokens. Queries without tokens give an empty output.
     """
     if not isinstance(q, torch.fx.Proxy):  # (nothing to check on a proxy)
         _check_inputs(q, k, v, s1, s2, sin, cos)
+        if no_queries(q):
+            return q.clone()
     dt = torch.promote_types(q.dtype, torch.float32)
     with no_autocast(q.device.type):
         args = [t.to(dt) for t in (q, k, v, s1, s2)]

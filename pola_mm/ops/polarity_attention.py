@@ -65,13 +65,18 @@ def polarity_attention(q: Tensor,
         ``(B, h, N, d)`` in the dtype of ``q``; computed in float32 at least.
 
     Raises:
-        TypeError: when an input is not a tensor.
+        TypeError: when an input is not a tensor, or ``q``, ``k``, ``v``
+            are not floating point.
         ValueError: on inputs of the wrong rank or mismatched shapes, with
             the expected shape and the received ones (sizes that are
-            symbolic while a graph is captured are not compared).
+            symbolic while a graph is captured are not compared), and on
+            keys without tokens (``n == 0``). Queries without tokens
+            (``N == 0``) give an empty output.
     """
     if not isinstance(q, torch.fx.Proxy):  # (nothing to check on a proxy)
         _check_inputs(q, k, v, scale, power, k_bias)
+        if no_queries(q):
+            return q.clone()
     with no_autocast(q.device.type):
         if use_fast(q):
             out = polarity_attention_kernel(q, k, v, scale, power, alpha,
@@ -194,6 +199,12 @@ def _signed_powers(t: Tensor, p: Tensor,
         t.abs().clamp_min(tiny))))
 
 
+def no_queries(q: Tensor) -> bool:
+    """Whether ``q`` ``(B, h, N, d)`` has no tokens (``N == 0``, a plain
+    int): the ops then return an empty output without computing."""
+    return _static(q.shape[2]) and q.shape[2] == 0
+
+
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
                   power: Tensor, k_bias: Optional[Tensor]) -> None:
     """The shape checks of :func:`polarity_attention` (``ValueError``
@@ -277,8 +288,14 @@ def check_head_inputs(op: str, q: Tensor, k: Tensor, v: Tensor,
             raise TypeError(f'{op}: {name} must be a tensor (B, h, '
                             f"{'N' if name == 'q' or same_length else 'n'}, "
                             f'd); got {type(t).__name__}')
+    for name, t in (('q', q), ('k', k), ('v', v)):
+        if not t.is_floating_point():
+            raise TypeError(f'{op}: {name} must be a floating-point tensor '
+                            f'(float32, float16, bfloat16 or float64); got '
+                            f'{t.dtype}: convert it first, e.g. '
+                            f'{name}.float()')
     qs, ks, vs = q.shape, k.shape, v.shape
-    if eager and len(qs) == len(ks) == len(vs) == 4:
+    if eager and len(qs) == len(ks) == len(vs) == 4 and ks[2] != 0:
         # eager: every size is an int; the common, valid case in one test
         if (qs[3] % 2 == 0 and ks == vs and ks[0] == qs[0]
                 and ks[1] == qs[1] and ks[3] == qs[3]
@@ -302,6 +319,10 @@ def _check_heads(op: str, q: Tensor, k: Tensor, v: Tensor,
         raise ValueError(f'{op}: the head width d must be even (v is split '
                          f'into two halves per head); got q {_shape(q)}, '
                          f'd = {d}')
+    if _static(k.shape[2]) and k.shape[2] == 0:
+        raise ValueError(f'{op}: k and v need at least one token (each '
+                         f'flow is normalised by a mean over the keys); '
+                         f'got k {_shape(k)}, v {_shape(v)}')
     want = (B, h, N if same_length else k.shape[2], d)
     for t in (k, v):
         if any(sizes_differ(a, b) for a, b in zip(t.shape, want)):

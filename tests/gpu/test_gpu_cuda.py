@@ -52,7 +52,8 @@ def _build(cfg: dict) -> torch.nn.Module:
     model = MODELS.build(dict(cfg, drop_path_rate=0.0))
     model.init_weights()
     helpers.randomise_attention(model)
-    return model.train()
+    model.train()
+    return model
 
 
 def _step(model: torch.nn.Module, x: torch.Tensor):

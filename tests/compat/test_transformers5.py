@@ -1,0 +1,126 @@
+"""transformers 5 beside mmpretrain 1.2.0 (pola_mm.compat_mmpretrain).
+
+A fake transformers 5 (its metadata and the modules mmpretrain's
+multimodal models import, without the names transformers 5 removed) is
+written into a temporary folder; no network. Without ``import pola_mm``
+mmpretrain's BLIP fails exactly as with the real package (the control).
+With it, ``mmdet.models``, ``mmseg.models`` and ``mmpretrain.models``
+import, every shipped detection and segmentation config builds its model,
+and building a BLIP model says why it is unavailable."""
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pola_mm.compat_mmpretrain import MULTIMODAL_IMPORTS
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+#: what transformers 5 removed from transformers.modeling_utils
+REMOVED = {'apply_chunking_to_forward', 'find_pruneable_heads_and_indices',
+           'prune_linear_layer'}
+
+
+def _fake_transformers(root: str, version: str = '5.0.0') -> None:
+    """A package ``transformers`` at ``version`` providing every name of
+    MULTIMODAL_IMPORTS except REMOVED (classes, functions, a logger)."""
+    for module, names in MULTIMODAL_IMPORTS.items():
+        path = osp.join(root, *module.split('.'))
+        os.makedirs(path, exist_ok=True)
+        lines = ['import logging as _logging', f'__version__ = {version!r}']
+        for n in names:
+            if n in REMOVED and module == 'transformers.modeling_utils':
+                continue
+            if n == 'logging':
+                lines.append('logging = _logging')
+            elif n[0].isupper():
+                lines.append(f'class {n}:\n    pass')
+            else:
+                lines.append(f'def {n}(*args, **kwargs):\n'
+                             '    return lambda f: f')
+        with open(osp.join(path, '__init__.py'), 'a') as f:
+            f.write('\n'.join(lines) + '\n')
+    dist = osp.join(root, f'transformers-{version}.dist-info')
+    os.makedirs(dist)
+    with open(osp.join(dist, 'METADATA'), 'w') as f:
+        f.write(f'Metadata-Version: 2.1\nName: transformers\n'
+                f'Version: {version}\n')
+
+
+def _run(code: str, root: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join(
+        [root, REPO] + [p for p in env.get('PYTHONPATH', '').split(
+            os.pathsep) if p])
+    return subprocess.run([sys.executable, '-c', textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=600,
+                          env=env, cwd=REPO)
+
+
+CONTROL = """
+import transformers
+assert transformers.__version__.startswith('5')
+import mmpretrain.models
+"""
+
+FIXED = """
+import glob, json, os.path as osp
+import torch
+import pola_mm
+from pola_mm.compat_mmpretrain import state
+import mmdet.models, mmseg.models, mmpretrain.models
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+built = []
+for path in sorted(glob.glob('configs/*.py')):
+    cfg = Config.fromfile(path)
+    if cfg.get('default_scope') not in ('mmdet', 'mmseg'):
+        continue
+    init_default_scope(cfg.default_scope)
+    registry = __import__(cfg.default_scope + '.registry',
+                          fromlist=['MODELS'])
+    cfg.model.backbone.init_cfg = None
+    with torch.device('meta'):
+        model = registry.MODELS.build(cfg.model)
+    built.append(osp.basename(path))
+from mmpretrain.registry import MODELS
+try:
+    MODELS.build(dict(type='BlipCaption'))
+    blip = 'built'
+except ImportError as exc:
+    blip = str(exc)
+print(json.dumps(dict(applied=pola_mm.applied_fixes(), patched=state,
+                      built=built, blip=blip)))
+"""
+
+
+@pytest.fixture(scope='module')
+def fake_root(tmp_path_factory):
+    pytest.importorskip('mmpretrain')
+    root = str(tmp_path_factory.mktemp('transformers5'))
+    _fake_transformers(root)
+    return root
+
+
+def test_without_the_fix_mmpretrain_fails_as_upstream(fake_root):
+    proc = _run(CONTROL, fake_root)
+    assert proc.returncode != 0
+    assert 'NoneType takes no arguments' in proc.stderr, proc.stderr[-2000:]
+
+
+def test_with_the_fix_every_detector_and_segmentor_builds(fake_root):
+    proc = _run(FIXED, fake_root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 'mmpretrain_multimodal' in got['applied']
+    assert sorted(got['patched']['patched']) == sorted(
+        f'transformers.modeling_utils.{n}' for n in REMOVED)
+    shipped = [n for n in sorted(os.listdir(osp.join(REPO, 'configs')))
+               if n.startswith(('retinanet', 'mask_rcnn', 'cascade',
+                                'sem_fpn', 'upernet', 'ham'))]
+    assert got['built'] == shipped
+    assert 'transformers<5' in got['blip'] and 'BlipCaption' in got['blip']
+    assert 'apply_chunking_to_forward' in got['blip']
