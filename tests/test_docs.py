@@ -1,7 +1,7 @@
 """The docs run as written, so they cannot drift from the code.
 
-- docs/attention.md: every ```python block executes, in order, in one fresh
-  namespace for the page (a later block may use an earlier block's names).
+- docs/attention.md: every ```python block executes on its own, in a fresh
+  namespace (a reader may copy any one block).
 - README.md: its ```python blocks are mmengine config fragments; each is
   written to a file and loaded with ``Config.fromfile`` (``pola_mm::`` bases
   resolve once pola_mm is imported), and where it defines
@@ -63,17 +63,16 @@ def test_page_has_python_blocks(page):
 
 
 @pytest.mark.parametrize('page', EXECUTED_PAGES)
-def test_page_blocks_execute(page):
-    """Each block runs, in order, in the page's namespace; an exception in
-    any block fails the test (its traceback names the page and the line of
-    the page)."""
+def test_page_blocks_execute_alone(page):
+    """Each block runs on its own, in a fresh namespace (a reader copies
+    one block); an exception in any block fails the test (its traceback
+    names the page and the line of the page)."""
     blocks = python_blocks(page)
     assert blocks
-    scope = {'__name__': '__main__'}
     for line, code in blocks:
         # pad so that traceback line numbers are the page's
         exec(compile('\n' * (line - 1) + code, osp.join(REPO, page), 'exec'),
-             scope)
+             {'__name__': '__main__'})
 
 
 def _missing_scopes(code: str) -> List[str]:

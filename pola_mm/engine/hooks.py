@@ -302,16 +302,18 @@ class InvalidLossHook(Hook):
             who = f'rank {rank}: ' if len(per_rank) > 1 else ''
             lines.append(f'{who}non-finite {", ".join(bad)} ({values})')
         last = osp.join(runner.work_dir, 'last_checkpoint')
+        fix = ('Lower the learning rate, lengthen the warm-up or clip '
+               'gradients (optim_wrapper.clip_grad)')
         if osp.isfile(last):
             with open(last) as f:
                 kept = f'the last good checkpoint is {f.read().strip()}'
+            then = f'{fix}, then --resume from it'
         else:
             kept = 'no checkpoint had been saved yet'
+            then = f'{fix}, then train again from the start'
         where = f'iteration {runner.iter + 1}'
         if isinstance(runner.train_loop, EpochBasedTrainLoop):
             where += f' (epoch {runner.epoch + 1})'
         return (f'training diverged at {where}: {"; ".join(lines)}. '
                 'Stopped before '
-                f'saving the broken weights; {kept}. Lower the learning '
-                'rate, lengthen the warm-up or clip gradients '
-                '(optim_wrapper.clip_grad), then --resume from it')
+                f'saving the broken weights; {kept}. {then}')

@@ -47,6 +47,15 @@ def test_invalid_loss_hook_names_iteration_and_terms(tmp_path):
         'training diverged at iteration 7: non-finite loss, loss_bbox '
         '(loss=inf, loss_cls=0.5, loss_bbox=inf). Stopped before saving '
         'the broken weights; the last good checkpoint is work/iter_6.pth.')
+    assert str(err.value).endswith('then --resume from it')
+    # before any checkpoint: nothing to resume from, and it says so
+    (tmp_path / 'last_checkpoint').unlink()
+    with pytest.raises(NonFiniteLossError) as err:
+        hook.after_train_iter(runner, 0, outputs=broken)
+    msg = str(err.value)
+    assert 'no checkpoint had been saved yet' in msg
+    assert msg.endswith('then train again from the start')
+    assert '--resume' not in msg
     with pytest.raises(ValueError, match='interval must be a positive'):
         InvalidLossHook(interval=0)
 
