@@ -7,8 +7,13 @@ What is compared, per image (MMDeploy task):
   scores, labels, masks pasted to the image). Every *confident* detection
   (score >= ``score_thr``) of either side must have a counterpart on the
   other side with the same label, a box within ``box_rtol`` of the image
-  scale (its longer side), a score within ``score_atol`` and, with masks, a
-  mask IoU >= ``mask_iou``. Detections below ``score_thr`` are not compared
+  scale (its longer side) at any score (one side's detection may fall just
+  below the threshold), a score within ``score_atol`` and, with masks, a
+  mask IoU >= ``mask_iou``. The order of tied scores does not matter:
+  unmatched detections of the two sides with equal scores are a swap (NMS
+  and the per-image cap break ties by order), and a detection the other
+  side cut at its full cap with a tie is excused; both are counted in the
+  check's detail. Detections below ``score_thr`` are not compared
   one to one: MMDeploy's post-processing keeps up to ``pre_top_k`` = 5000
   candidates per image before NMS where mmdet's test_cfg keeps ``nms_pre``,
   so the low-score tails legitimately differ.
@@ -28,7 +33,7 @@ With a deploy config that frees the height/width (MMDeploy's stock
 every image at its own size.
 """
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -84,57 +89,122 @@ def _mask_iou(a: Tensor, b: Tensor) -> float:
     return float((a & b).sum().item() / union)
 
 
-def _match(src: Any, dst: Any, score_thr: float) -> List[Tuple[int, int]]:
-    """For each confident detection of ``src``, the ``dst`` detection of the
-    same label with the largest box IoU (-1 when ``dst`` has none of the
-    label)."""
+def _counterparts(src: Any, dst: Any, score_thr: float,
+                  box_tol: float) -> List[Tuple[int, int]]:
+    """For each confident detection of ``src`` (score >= ``score_thr``),
+    the ``dst`` detection of the same label whose box is nearest (largest
+    coordinate difference), among those within ``box_tol`` and of any
+    score (a counterpart just below the threshold is a flip, not a miss);
+    -1 where there is none."""
     pairs = []
     keep = torch.nonzero(src.scores >= score_thr).flatten().tolist()
     for i in keep:
         same = torch.nonzero(dst.labels == src.labels[i]).flatten()
-        if same.numel() == 0:
-            pairs.append((i, -1))
-            continue
-        ious = _iou_matrix(src.bboxes[i:i + 1].float(),
-                           dst.bboxes[same].float())[0]
-        pairs.append((i, int(same[int(ious.argmax())])))
+        if same.numel():
+            diff = (dst.bboxes[same].float() -
+                    src.bboxes[i].float()).abs().amax(-1)
+            best = int(diff.argmin())
+            if float(diff[best]) <= box_tol:
+                pairs.append((i, int(same[best])))
+                continue
+        pairs.append((i, -1))
     return pairs
+
+
+def _tied_swaps(a: Any, a_lost: List[int], b: Any, b_lost: List[int],
+                score_atol: float, nms_iou: float
+                ) -> Tuple[int, List[int], List[int]]:
+    """Pair the unmatched detections of two sides that NMS may have swapped
+    by the order of a tie: the same label, equal scores (within
+    ``score_atol``) and boxes that overlap by more than NMS's IoU threshold
+    ``nms_iou`` (each would suppress the other): one side kept a box where
+    the other kept its tied partner.
+
+    Returns:
+        The number of pairs and the indices left unpaired on each side.
+    """
+    free = list(b_lost)
+    left_a = []
+    for i in a_lost:
+        partner = None
+        for j in free:
+            if (int(a.labels[i]) == int(b.labels[j])
+                    and abs(float(a.scores[i] - b.scores[j])) <= score_atol
+                    and float(_iou_matrix(a.bboxes[i:i + 1].float(),
+                                          b.bboxes[j:j + 1].float()))
+                    > nms_iou):
+                partner = j
+                break
+        if partner is None:
+            left_a.append(i)
+        else:
+            free.remove(partner)
+    return len(a_lost) - len(left_a), left_a, free
+
+
+def _cut_at_cap(score: float, other: Any, cap: Optional[int],
+                score_atol: float) -> bool:
+    """Whether a detection of ``score`` may be missing on the ``other``
+    side because that side is full at its per-image cap ``cap`` and cut it
+    with a tie: every detection it kept scores at least ``score -
+    score_atol``."""
+    return (cap is not None and len(other) >= cap > 0 and bool(
+        float(other.scores.min()) >= score - score_atol))
 
 
 def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
                        box_rtol: float, score_atol: float,
-                       mask_iou: float) -> List[Check]:
+                       mask_iou: float, cap: Optional[int] = None,
+                       nms_iou: float = 0.5) -> List[Check]:
     """Compare two ``InstanceData`` of detections (PyTorch ``ref``, backend
-    ``got``), both ways; see the module docstring."""
+    ``got``), both ways, independent of the order of tied scores.
+
+    Each confident detection needs a counterpart on the other side: the
+    same label and a box within ``box_rtol`` of ``scale``, at any score
+    (:func:`_counterparts`). Unmatched ones are excused only where ties
+    explain them: pairs of unmatched detections of one label with equal
+    scores that overlap by more than ``nms_iou`` (NMS swapped them,
+    :func:`_tied_swaps`), and
+    detections that the other side, full at the per-image cap ``cap`` (the
+    model's ``max_per_img``), cut with a tie. Matched pairs must agree in
+    score (``score_atol``) and, with masks, mask IoU.
+    """
     ref = ref.cpu()
     got = got.cpu()
+    tol = box_rtol * scale
     worst_box, worst_score, worst_iou = 0.0, 0.0, 1.0
-    unmatched = 0
     has_masks = 'masks' in ref and 'masks' in got
+    lost: Dict[bool, List[int]] = {True: [], False: []}
     for a, b, forward in ((ref, got, True), (got, ref, False)):
-        for i, j in _match(a, b, score_thr):
+        for i, j in _counterparts(a, b, score_thr, tol):
             if j < 0:
-                unmatched += 1
+                lost[forward].append(i)
                 continue
-            box = float((a.bboxes[i].float() - b.bboxes[j].float()).abs()
-                        .max())
-            if box > box_rtol * scale:
-                unmatched += 1
-            worst_box = max(worst_box, box)
+            worst_box = max(worst_box, float(
+                (a.bboxes[i].float() - b.bboxes[j].float()).abs().max()))
             worst_score = max(worst_score,
                               float((a.scores[i] - b.scores[j]).abs()))
             if has_masks:
                 r, g = (i, j) if forward else (j, i)
                 worst_iou = min(worst_iou,
                                 _mask_iou(ref.masks[r], got.masks[g]))
+    swaps, left_ref, left_got = _tied_swaps(ref, lost[True], got,
+                                            lost[False], score_atol, nms_iou)
+    capped = (sum(_cut_at_cap(float(ref.scores[i]), got, cap, score_atol)
+                  for i in left_ref) +
+              sum(_cut_at_cap(float(got.scores[i]), ref, cap, score_atol)
+                  for i in left_got))
+    unmatched = len(left_ref) + len(left_got) - capped
     n_ref = int((ref.scores >= score_thr).sum())
     n_got = int((got.scores >= score_thr).sum())
     checks = [
         Check('confident detections without a counterpart', unmatched, 0,
               detail=f'PyTorch {n_ref}, backend {n_got} with score >= '
-              f'{score_thr:g}',
-              data=dict(torch=n_ref, backend=n_got, score_thr=score_thr)),
-        Check('box max abs diff', worst_box, box_rtol * scale,
+              f'{score_thr:g}; {2 * swaps} swapped between tied scores, '
+              f'{capped} at the per-image cap with a tie',
+              data=dict(torch=n_ref, backend=n_got, score_thr=score_thr,
+                        tied_swaps=2 * swaps, capped=capped)),
+        Check('box max abs diff', worst_box, tol,
               detail=f'{box_rtol:g} of the image scale {scale:g}'),
         Check('score max abs diff', worst_score, score_atol),
     ]

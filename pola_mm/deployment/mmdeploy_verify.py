@@ -98,7 +98,23 @@ def compare_on_image(task_processor: Any, torch_model: Any,
     h, w = ref.metainfo['ori_shape'][:2]
     return shape, compare_detections(ref.pred_instances, got.pred_instances,
                                      float(max(h, w)), score_thr, box_rtol,
-                                     score_atol, mask_iou)
+                                     score_atol, mask_iou,
+                                     *detections_post_processing(torch_model))
+
+
+def detections_post_processing(model: Any) -> Tuple[Optional[int], float]:
+    """A detector's final post-processing from its test_cfg (two-stage:
+    ``rcnn``'s): the per-image cap ``max_per_img`` (None where it has none)
+    and NMS's IoU threshold (0.5 where it names none)."""
+    cfg = getattr(model, 'test_cfg', None) or {}
+    if hasattr(cfg, 'get') and cfg.get('rcnn') is not None:
+        cfg = cfg['rcnn']
+    if not hasattr(cfg, 'get'):
+        return None, 0.5
+    cap = cfg.get('max_per_img')
+    nms = cfg.get('nms') or {}
+    iou = nms.get('iou_threshold', 0.5) if hasattr(nms, 'get') else 0.5
+    return (None if cap is None else int(cap)), float(iou)
 
 
 def deploy_and_verify(deploy_cfg: Union[str, Config],

@@ -1,0 +1,81 @@
+"""Detection verification independent of the order of ties
+(:func:`pola_mm.deployment.mmdeploy_compare.compare_detections`): boxes
+with equal scores may swap, a full cap may cut a tied box, a box may flip
+below the threshold; a box that moved or vanished still fails."""
+import torch
+from mmengine.structures import InstanceData
+
+from pola_mm.deployment.mmdeploy_compare import compare_detections
+
+
+def _dets(boxes, scores, labels):
+    d = InstanceData()
+    d.bboxes = torch.tensor(boxes, dtype=torch.float32)
+    d.scores = torch.tensor(scores, dtype=torch.float32)
+    d.labels = torch.tensor(labels)
+    return d
+
+
+def _check(ref, got, cap=None):
+    checks = compare_detections(ref, got, scale=1000., score_thr=0.3,
+                                box_rtol=1e-3, score_atol=1e-4, mask_iou=0.99,
+                                cap=cap)
+    return {c.name: c for c in checks}
+
+
+BOXES = [[10, 10, 50, 50], [100, 100, 180, 160], [300, 40, 420, 200],
+         [500, 500, 600, 640]]
+
+
+def test_equal_detections_pass():
+    ref = _dets(BOXES, [0.9, 0.8, 0.5, 0.4], [1, 2, 1, 3])
+    assert all(c.ok for c in _check(ref, ref).values())
+
+
+def test_tied_boxes_swapped_by_nms_pass():
+    """Two overlapping boxes of one label tie at 0.5: NMS keeps the first
+    in its order, so PyTorch keeps one and the backend the other."""
+    ref = _dets(BOXES[:2] + [[300, 40, 420, 200]], [0.9, 0.8, 0.5], [1, 2, 1])
+    got = _dets(BOXES[:2] + [[310, 50, 430, 210]], [0.9, 0.8, 0.50004],
+                [1, 2, 1])
+    c = _check(ref, got)
+    assert all(x.ok for x in c.values()), [str(x) for x in c.values()]
+    assert c['confident detections without a counterpart'].data[
+        'tied_swaps'] == 2
+
+
+def test_cap_cuts_a_tied_box_pass():
+    """Both sides full (same count) and tied at the bottom: the backend's
+    last kept box is another one of the tie."""
+    ref = _dets(BOXES, [0.9, 0.8, 0.4, 0.4], [1, 2, 1, 3])
+    got = _dets(BOXES[:3] + [[700, 10, 760, 90]], [0.9, 0.8, 0.4, 0.4],
+                [1, 2, 1, 0])
+    c = _check(ref, got, cap=4)
+    assert all(x.ok for x in c.values())
+    assert c['confident detections without a counterpart'].data[
+        'capped'] == 2
+    # not at the cap: both boxes are real differences
+    assert not _check(ref, got, cap=100)[
+        'confident detections without a counterpart'].ok
+
+
+def test_flip_below_the_threshold_passes():
+    ref = _dets(BOXES, [0.9, 0.8, 0.5, 0.30002], [1, 2, 1, 3])
+    got = _dets(BOXES, [0.9, 0.8, 0.5, 0.29998], [1, 2, 1, 3])
+    assert all(x.ok for x in _check(ref, got).values())
+
+
+def test_a_missing_or_moved_box_fails():
+    ref = _dets(BOXES, [0.9, 0.8, 0.5, 0.4], [1, 2, 1, 3])
+    missing = _dets(BOXES[:3], [0.9, 0.8, 0.5], [1, 2, 1])
+    c = _check(ref, missing)['confident detections without a counterpart']
+    assert not c.ok and c.value == 1
+    moved = _dets(BOXES[:3] + [[560, 500, 660, 640]], [0.9, 0.8, 0.5, 0.4],
+                  [1, 2, 1, 3])
+    c = _check(ref, moved)['confident detections without a counterpart']
+    assert not c.ok and c.value == 2  # lost on both sides, no overlap
+    relabelled = _dets(BOXES, [0.9, 0.8, 0.5, 0.4], [1, 2, 1, 4])
+    assert not _check(ref, relabelled)[
+        'confident detections without a counterpart'].ok
+    rescored = _dets(BOXES, [0.9, 0.8, 0.5, 0.45], [1, 2, 1, 3])
+    assert not _check(ref, rescored)['score max abs diff'].ok
