@@ -32,10 +32,15 @@ __all__ = ['MULTIMODAL_IMPORTS', 'missing_names', 'mmpretrain_would_fail',
            'transformers_major', 'install', 'patch_dependency_module',
            'state']
 
-#: What mmpretrain 1.2.0's multimodal models import from transformers, by
-#: module (blip, blip2, ofa, ram, llava, chinese_clip).
+#: What mmpretrain 1.2.0 imports from transformers where
+#: ``WITH_MULTIMODAL`` holds, by module (its multimodal models, their
+#: tokenizers and its Hugging Face model registry).
 MULTIMODAL_IMPORTS: Dict[str, Tuple[str, ...]] = {
-    'transformers': ('PreTrainedModel', ),
+    'transformers': (
+        'PreTrainedModel', 'AutoConfig', 'AutoTokenizer', 'BartTokenizer',
+        'BasicTokenizer', 'BertTokenizer', 'BertTokenizerFast',
+        'LlamaTokenizer', 'WordpieceTokenizer', 'AutoModelForCausalLM'),
+    'transformers.models.auto.auto_factory': ('_BaseAutoModelClass', ),
     'transformers.activations': ('ACT2FN', ),
     'transformers.modeling_outputs': (
         'BaseModelOutputWithPastAndCrossAttentions',

@@ -47,5 +47,13 @@ POLA_MM_TORCH="${torch_spec% }" \
 POLA_MM_SELF_INSTALL=none \
 PIP_CONSTRAINT="$PWD/$constraints" \
   bash tools/setup_env.sh
+# what the stack adds beside the project's requirements (the newest stack:
+# the newest transformers, which a user's environment often has)
+extra="requirements/extra-$stack.txt"
+if [ -f "$extra" ]; then
+  echo "[setup-compat $(date +%H:%M:%S)] stack $stack: extras from $extra"
+  PIP_CONSTRAINT="$PWD/$constraints" \
+    ".venv-compat/$stack/bin/python" -m pip install -q -r "$extra"
+fi
 echo "[setup-compat $(date +%H:%M:%S)] stack $stack ready in" \
      "$((SECONDS - start)) s"

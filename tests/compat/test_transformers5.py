@@ -26,18 +26,27 @@ REMOVED = {'apply_chunking_to_forward', 'find_pruneable_heads_and_indices',
 
 def _fake_transformers(root: str, version: str = '5.0.0') -> None:
     """A package ``transformers`` at ``version`` providing every name of
-    MULTIMODAL_IMPORTS except REMOVED (classes, functions, a logger)."""
+    MULTIMODAL_IMPORTS except REMOVED: classes (with the class methods
+    mmpretrain's registry reads; the auto classes derive from
+    ``_BaseAutoModelClass``), decorator factories and a logger."""
     for module, names in MULTIMODAL_IMPORTS.items():
         path = osp.join(root, *module.split('.'))
         os.makedirs(path, exist_ok=True)
-        lines = ['import logging as _logging', f'__version__ = {version!r}']
+        lines = ['import logging as _logging', f'__version__ = {version!r}',
+                 'class _Fake:',
+                 '    from_config = from_pretrained = classmethod(',
+                 '        lambda cls, *a, **k: cls)']
         for n in names:
             if n in REMOVED and module == 'transformers.modeling_utils':
                 continue
             if n == 'logging':
                 lines.append('logging = _logging')
-            elif n[0].isupper():
-                lines.append(f'class {n}:\n    pass')
+            elif n.startswith('Auto') and n.endswith('LM'):
+                lines.append('from transformers.models.auto.auto_factory '
+                             'import _BaseAutoModelClass\n'
+                             f'class {n}(_BaseAutoModelClass):\n    pass')
+            elif n.lstrip('_')[0].isupper():
+                lines.append(f'class {n}(_Fake):\n    pass')
             else:
                 lines.append(f'def {n}(*args, **kwargs):\n'
                              '    return lambda f: f')
@@ -87,6 +96,7 @@ for path in sorted(glob.glob('configs/*.py')):
         model = registry.MODELS.build(cfg.model)
     built.append(osp.basename(path))
 from mmpretrain.registry import MODELS
+init_default_scope('mmpretrain')
 try:
     MODELS.build(dict(type='BlipCaption'))
     blip = 'built'

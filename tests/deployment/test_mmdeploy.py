@@ -456,6 +456,19 @@ def test_mask_rcnn_static_matches_pytorch(tmp_path, shapes_image, photo):
     assert any('mask IoU' in c.name for c in report.checks)
 
 
+def test_untrained_mask_rcnn_on_a_photo_verifies(tmp_path, photo):
+    """Untrained weights on a real photo: near-tied scores everywhere, so
+    NMS and the per-image cap keep tied boxes in an order of their own on
+    each side. The verification matches by label and box and counts the
+    tied swaps; it passes where no confident detection goes unexplained."""
+    report = deploy_and_verify(
+        stock('mmdet/instance-seg/instance-seg_onnxruntime_static.py'),
+        MASK_RCNN, None, photo, str(tmp_path / 'untrained'))
+    assert report.ok and osp.isfile(report.onnx_file), report
+    counted = [c for c in report.checks if 'without a counterpart' in c.name]
+    assert counted[0].data['torch'] > 0, counted[0].detail
+
+
 def test_cascade_mask_rcnn_static_matches_pytorch(tmp_path, shapes_images):
     """A trained Cascade Mask R-CNN (Pola-PVT; class-agnostic boxes in its
     three stages) through the same stock config on three shapes images:
