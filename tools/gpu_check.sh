@@ -8,7 +8,11 @@
 #      max_memory_allocated);
 #   3. the meta/fake-CUDA activation estimate against memory_allocated and
 #      max_memory_allocated (tools/analysis/train_memory.py --cuda-check);
-#   4. the sequence-length benchmark of the attention alone.
+#   4. the sequence-length benchmark of the attention alone;
+#   5. inference at batch 1 and a whole Mask R-CNN training step under fp16
+#      AMP against the same detector with mmdet's Swin-T;
+# and ends with one table of the Pola / softmax ratios against their goals
+# (tools/analysis/gpu_table.py table).
 # Everything goes to one report file: $GPU_CHECK_DIR (default
 # work_dirs/gpu_check)/report_<date>.md. Without a GPU it prints one line
 # and exits 0. PY (default .venv/bin/python, else python) picks the
@@ -69,14 +73,22 @@ step() {
     fi
 }
 
-step "CUDA tests" 200 "$PY" -m pytest tests/gpu -q -p no:cacheprovider -ra
 step "benchmark, float32" 120 "$PY" tools/analysis/benchmark.py \
     --models pola_swin_t swin_t pola_pvt_t pvt_t --mode train \
-    --size 800x1344 --batch 2 --device cuda --repeats 5 --timeout 45
+    --size 800x1344 --batch 2 --device cuda --repeats 5 --timeout 45 \
+    --json "$OUT/train_fp32.json"
 step "benchmark, fp16 autocast" 70 "$PY" tools/analysis/benchmark.py \
     --models pola_swin_t swin_t pola_pvt_t pvt_t --mode train \
     --size 800x1344 --batch 2 --device cuda --dtype fp16 --repeats 5 \
-    --timeout 45
+    --timeout 45 --json "$OUT/train_fp16.json"
+step "benchmark, inference batch 1" 70 "$PY" tools/analysis/benchmark.py \
+    --models pola_swin_t swin_t pola_pvt_t pvt_t --mode infer \
+    --size 800x1344 --batch 1 --device cuda --repeats 5 --timeout 45 \
+    --json "$OUT/infer_fp32.json"
+step "whole Mask R-CNN train step, fp16 AMP" 90 "$PY" \
+    tools/analysis/gpu_table.py whole configs/mask_rcnn_pola_swin_t.py \
+    --amp fp16 --json "$OUT/whole_amp.json"
+step "CUDA tests" 200 "$PY" -m pytest tests/gpu -q -p no:cacheprovider -ra
 step "activation estimate vs allocator, Pola-Swin-T" 40 "$PY" \
     tools/analysis/train_memory.py pola_swin_t --batch 2 --shape 800 1344 \
     --cuda-check
@@ -90,7 +102,16 @@ step "sequence-length benchmark" 80 "$PY" tools/analysis/benchmark.py \
     --seqlen 4096 16384 65536 200704 --device cuda --heads 1 \
     --head-dims 64 --repeats 3 --time-cap 10
 
+# the closing table: every ratio against its goal (what was not measured
+# says so)
+{
+    printf '\n## Pola / softmax, 800x1344\n\n'
+    "$PY" tools/analysis/gpu_table.py table "$OUT/train_fp32.json" \
+        "$OUT/train_fp16.json" "$OUT/infer_fp32.json" \
+        --whole "$OUT/whole_amp.json" 2>&1
+} >> "$REPORT"
 printf '\n%s s in all\n' "$(($(date +%s) - START))" >> "$REPORT"
+tail -n 12 "$REPORT"
 if [ "$FAILED" -ne 0 ]; then
     echo "gpu-check: FAILED (see $REPORT)"
     exit 1

@@ -24,11 +24,13 @@
 pola_optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
+    _scope_='mmengine',  # mmengine's own: no scope lookup, no warning
     optimizer=dict(
         type='AdamW', lr=2e-4, betas=(0.9, 0.999), weight_decay=1e-4))
 pola_seg_optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
+    _scope_='mmengine',  # mmengine's own: no scope lookup, no warning
     optimizer=dict(
         type='AdamW', lr=2e-4, betas=(0.9, 0.999), weight_decay=1e-4))
-pola_custom_hooks = [dict(type='InvalidLossHook')]
+pola_custom_hooks = [dict(type='InvalidLossHook', _scope_='mmengine')]

@@ -22,6 +22,7 @@
 pola_optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
+    _scope_='mmengine',  # mmengine's own: no scope lookup, no warning
     optimizer=dict(
         type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
     paramwise_cfg=dict(
@@ -32,6 +33,7 @@ pola_optim_wrapper = dict(
 pola_seg_optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
+    _scope_='mmengine',  # mmengine's own: no scope lookup, no warning
     optimizer=dict(
         type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
     paramwise_cfg=dict(
@@ -39,4 +41,4 @@ pola_seg_optim_wrapper = dict(
             'norm': dict(decay_mult=0.),
             'relative_position_bias_table': dict(decay_mult=0.),
         }))
-pola_custom_hooks = [dict(type='InvalidLossHook')]
+pola_custom_hooks = [dict(type='InvalidLossHook', _scope_='mmengine')]
