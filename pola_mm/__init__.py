@@ -13,14 +13,17 @@ from typing import List
 
 __version__ = '0.1.0'
 
+import sys  # noqa: E402
+
 from . import compat  # noqa: E402  (narrow fixes for the modern stack)
 from . import engine  # noqa: F401,E402  (checkpoint / divergence hooks)
 from . import mim_scope  # noqa: F401,E402  (pola_mm:: config bases)
 from . import models  # noqa: F401,E402  (registers the backbones)
-from .deployment import mmdeploy_fixes  # noqa: E402  (MMDeploy fixes)
 
 compat.apply_needed_fixes()
-mmdeploy_fixes.install_mmdeploy_fixes()
+if compat.mmdeploy_installed():  # the MMDeploy fixes wait for its import
+    from .deployment import mmdeploy_fixes  # noqa: E402
+    mmdeploy_fixes.install_mmdeploy_fixes()
 
 
 def applied_fixes() -> List[str]:
@@ -28,7 +31,8 @@ def applied_fixes() -> List[str]:
     :data:`pola_mm.compat.applied`, and ``'mmdeploy'`` where the MMDeploy
     fixes wait for (or ran on) ``mmdeploy.core``."""
     names = list(compat.applied)
-    if mmdeploy_fixes.applied['hook']:
+    fixes = sys.modules.get('pola_mm.deployment.mmdeploy_fixes')
+    if fixes is not None and fixes.applied['hook']:
         names.append('mmdeploy')
     return names
 

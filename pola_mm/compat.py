@@ -89,6 +89,7 @@ __all__ = [
     'torch_loads_weights_only_by_default', 'runner_compiles_train_step',
     'allow_runner_checkpoints', 'runner_checkpoint_safe_globals',
     'setup_cpu_distributed', 'finish_distributed', 'exit_process',
+    'mmdeploy_installed',
     'compile_options', 'compile_eval', 'compile_model',
     'patch_runner_compile'
 ]
@@ -437,6 +438,20 @@ def patch_runner_compile() -> bool:
     Runner.val = _val
     Runner.test = _test
     return True
+
+
+def mmdeploy_installed() -> bool:
+    """Whether MMDeploy is imported or ``import mmdeploy`` would find a
+    package (without importing it): then ``import pola_mm`` registers the
+    MMDeploy fixes (:mod:`pola_mm.deployment.mmdeploy_fixes`) to run when
+    it is imported."""
+    import importlib.util
+    if 'mmdeploy.core' in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec('mmdeploy') is not None
+    except (ImportError, ValueError):  # e.g. sys.modules['mmdeploy'] = None
+        return False
 
 
 class Fix(NamedTuple):

@@ -200,3 +200,37 @@ def test_every_module_imports(name):
         if err.name and not err.name.startswith(PACKAGE):
             pytest.skip(f'{name} needs {err.name}')
         raise
+
+
+LIGHT_IMPORT = """
+import json, sys
+{setup}
+import pola_mm
+print(json.dumps(sorted(m for m in sys.modules
+                        if m.startswith(('pola_mm.deployment',
+                                         'pola_mm.analysis')))))
+"""
+
+
+@pytest.mark.parametrize('mmdeploy', ['installed', 'hidden'])
+def test_import_pola_mm_loads_no_export_or_analysis_code(mmdeploy):
+    """``import pola_mm`` registers the models and applies the needed fixes
+    without loading the export, verification or analysis code: nothing of
+    pola_mm.analysis, and of pola_mm.deployment only the MMDeploy fixes'
+    module, where MMDeploy is installed (its fixes wait for its import)."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+    setup = ("sys.modules['mmdeploy'] = None" if mmdeploy == 'hidden'
+             else '')
+    proc = subprocess.run(
+        [sys.executable, '-c', LIGHT_IMPORT.format(setup=setup)],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    if mmdeploy == 'installed' and importlib.util.find_spec('mmdeploy'):
+        assert loaded == ['pola_mm.deployment',
+                          'pola_mm.deployment.mmdeploy_fixes']
+    else:
+        assert loaded == []

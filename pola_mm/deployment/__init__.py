@@ -14,12 +14,28 @@ for the ONNX Runtime backend
 
 Nothing here imports the package root back (``import pola_mm`` runs before
 any of these modules)."""
-from .mmdeploy_verify import DeployError, DeployReport, deploy_and_verify
-from .onnx import (EXPORTERS, ExportError, OutputCheck, build_backbone,
-                   example_inputs, export_and_verify, export_onnx, verify_onnx)
+import importlib
+from typing import Any
 
-__all__ = [
-    'EXPORTERS', 'ExportError', 'OutputCheck', 'build_backbone',
-    'example_inputs', 'export_onnx', 'verify_onnx', 'export_and_verify',
-    'DeployError', 'DeployReport', 'deploy_and_verify'
-]
+#: public name -> the module of this package that defines it; loaded on
+#: first use, so that ``import pola_mm`` (which loads only
+#: :mod:`~pola_mm.deployment.mmdeploy_fixes`, and only where MMDeploy is
+#: installed) does not load the export and verification code
+_LAZY = {
+    'EXPORTERS': 'onnx', 'ExportError': 'onnx', 'OutputCheck': 'onnx',
+    'build_backbone': 'onnx', 'example_inputs': 'onnx',
+    'export_and_verify': 'onnx', 'export_onnx': 'onnx',
+    'verify_onnx': 'onnx', 'DeployError': 'mmdeploy_verify',
+    'DeployReport': 'mmdeploy_verify', 'deploy_and_verify': 'mmdeploy_verify',
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    value = getattr(importlib.import_module(f'.{module}', __name__), name)
+    globals()[name] = value
+    return value

@@ -9,7 +9,9 @@ What is compared, per image (MMDeploy task):
   other side with the same label, a box within ``box_rtol`` of the image
   scale (its longer side) at any score (one side's detection may fall just
   below the threshold), a score within ``score_atol`` and, with masks, a
-  mask IoU >= ``mask_iou``. The order of tied scores does not matter:
+  mask IoU >= ``mask_iou`` (pixels at a near-tie of the binary threshold,
+  in PyTorch's soft mask, may flip). The order of tied scores does not
+  matter:
   unmatched detections of the two sides with equal scores are a swap (NMS
   and the per-image cap break ties by order), and a detection the other
   side cut at its full cap with a tie is excused; both are counted in the
@@ -81,8 +83,19 @@ def _iou_matrix(a: Tensor, b: Tensor) -> Tensor:
     return inter / (area_a[:, None] + area_b[None, :] - inter).clamp(min=1e-9)
 
 
-def _mask_iou(a: Tensor, b: Tensor) -> float:
+#: Soft mask values (0-255, mmdet's soft masks) within this of the binary
+#: threshold 0.5 are near-ties: they may binarise either way.
+MASK_TIE = 2
+
+
+def _mask_iou(a: Tensor, b: Tensor, soft: Optional[Tensor] = None) -> float:
+    """IoU of two binary masks; with PyTorch's ``soft`` mask (0-255), the
+    pixels where they disagree at a near-tie (``soft`` within
+    :data:`MASK_TIE` of 127.5) count as agreeing."""
     a, b = a.bool(), b.bool()
+    if soft is not None:
+        tie = (soft.float() - 127.5).abs() <= MASK_TIE
+        b = torch.where(tie & (a != b), a, b)
     union = (a | b).sum().item()
     if union == 0:
         return 1.0
@@ -92,10 +105,10 @@ def _mask_iou(a: Tensor, b: Tensor) -> float:
 def _counterparts(src: Any, dst: Any, score_thr: float,
                   box_tol: float) -> List[Tuple[int, int]]:
     """For each confident detection of ``src`` (score >= ``score_thr``),
-    the ``dst`` detection of the same label whose box is nearest (largest
-    coordinate difference), among those within ``box_tol`` and of any
-    score (a counterpart just below the threshold is a flip, not a miss);
-    -1 where there is none."""
+    the ``dst`` detection of the same label with the nearest score among
+    those whose box is within ``box_tol`` (largest coordinate difference),
+    of any score (a counterpart just below the threshold is a flip, not a
+    miss); -1 where there is none."""
     pairs = []
     keep = torch.nonzero(src.scores >= score_thr).flatten().tolist()
     for i in keep:
@@ -103,9 +116,10 @@ def _counterparts(src: Any, dst: Any, score_thr: float,
         if same.numel():
             diff = (dst.bboxes[same].float() -
                     src.bboxes[i].float()).abs().amax(-1)
-            best = int(diff.argmin())
-            if float(diff[best]) <= box_tol:
-                pairs.append((i, int(same[best])))
+            near = same[diff <= box_tol]
+            if near.numel():  # of those, the nearest score (tied twins)
+                gap = (dst.scores[near].float() - src.scores[i].float()).abs()
+                pairs.append((i, int(near[int(gap.argmin())])))
                 continue
         pairs.append((i, -1))
     return pairs
@@ -155,7 +169,8 @@ def _cut_at_cap(score: float, other: Any, cap: Optional[int],
 def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
                        box_rtol: float, score_atol: float,
                        mask_iou: float, cap: Optional[int] = None,
-                       nms_iou: float = 0.5) -> List[Check]:
+                       nms_iou: float = 0.5,
+                       soft_masks: Optional[Tensor] = None) -> List[Check]:
     """Compare two ``InstanceData`` of detections (PyTorch ``ref``, backend
     ``got``), both ways, independent of the order of tied scores.
 
@@ -167,7 +182,9 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
     :func:`_tied_swaps`), and
     detections that the other side, full at the per-image cap ``cap`` (the
     model's ``max_per_img``), cut with a tie. Matched pairs must agree in
-    score (``score_atol``) and, with masks, mask IoU.
+    score (``score_atol``) and, with masks, mask IoU; ``soft_masks``,
+    PyTorch's masks before binarisation (0-255, in ``ref``'s order), make
+    pixels at a near-tie of the threshold agree (:func:`_mask_iou`).
     """
     ref = ref.cpu()
     got = got.cpu()
@@ -186,8 +203,9 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
                               float((a.scores[i] - b.scores[j]).abs()))
             if has_masks:
                 r, g = (i, j) if forward else (j, i)
-                worst_iou = min(worst_iou,
-                                _mask_iou(ref.masks[r], got.masks[g]))
+                worst_iou = min(worst_iou, _mask_iou(
+                    ref.masks[r], got.masks[g],
+                    None if soft_masks is None else soft_masks[r]))
     swaps, left_ref, left_got = _tied_swaps(ref, lost[True], got,
                                             lost[False], score_atol, nms_iou)
     capped = (sum(_cut_at_cap(float(ref.scores[i]), got, cap, score_atol)

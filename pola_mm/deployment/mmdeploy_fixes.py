@@ -74,6 +74,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..compat import mmdeploy_installed
+
 __all__ = [
     'needs_torchscript_exporter', 'provide_removed_symbolics',
     'unflatten_symbolic_missing', 'provide_unflatten_below_opset13',
@@ -326,19 +328,9 @@ def install_mmdeploy_fixes() -> str:
         ``'applied'``, ``'deferred'`` (waiting for ``mmdeploy.core``) or
         ``'not installed'``.
     """
-    if 'mmdeploy.core' not in sys.modules and not mmdeploy_installed():
+    if not mmdeploy_installed():
         return 'not installed'
     from pola_mm_startup import after_import
     state = after_import('mmdeploy.core', _apply)
     applied['hook'] = True
     return state
-
-
-def mmdeploy_installed() -> bool:
-    """Whether ``import mmdeploy`` would find a package (without importing
-    it)."""
-    import importlib.util
-    try:
-        return importlib.util.find_spec('mmdeploy') is not None
-    except (ImportError, ValueError):  # e.g. sys.modules['mmdeploy'] = None
-        return False

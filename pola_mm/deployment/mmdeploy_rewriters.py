@@ -33,6 +33,12 @@ compute something else (found while verifying exported files against PyTorch,
   its ONNX Runtime rewriter here runs the same grouped NMS over every (RoI,
   class) pair with its own box, as mmdet's ``multiclass_nms``.
 
+- **Flat boxes of one-stage detectors** (RetinaNet): MMDeploy's
+  ``BaseDenseHead.predict_by_feat`` rewrite keeps boxes whose width or
+  height is not above ``min_bbox_size`` (0 in mmdet's RetinaNet configs:
+  boxes clipped flat at the image border), which mmdet drops before its
+  NMS. Its ONNX Runtime rewriter here scores them 0 first.
+
 Each is registered for the ``onnxruntime`` backend only (MMDeploy prefers a
 backend's rewriter to its default one) by
 :func:`pola_mm.deployment.mmdeploy_fixes.register_mmdeploy_rewriters`,
@@ -40,14 +46,16 @@ when MMDeploy is imported. They change what MMDeploy exports for mmdet's
 and mmseg's own models too, toward what those compute in PyTorch; nothing
 of the PyTorch models changes.
 """
-from typing import Any, Callable, Dict, List, Optional
+import contextlib
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
 __all__ = [
     'ONNXRUNTIME_REWRITERS', 'adaptive_pool_matrix',
     'adaptive_avg_pool2d__exact', 'rpn_head__predict_by_feat__levelwise',
-    'bbox_head__predict_by_feat__classwise', 'nms_in_groups'
+    'bbox_head__predict_by_feat__classwise', 'nms_in_groups',
+    'base_dense_head__predict_by_feat__min_size'
 ]
 
 
@@ -208,6 +216,71 @@ def bbox_head__predict_by_feat__classwise(self: Any, rois: Any,
     return dets, ids.long()
 
 
+@contextlib.contextmanager
+def _lend_context(func: Callable[..., Any], ctx: Any) -> Iterator[None]:
+    """Let MMDeploy's own rewrite ``func`` run inside ours: it looks up its
+    context (the deploy config) by its own name, which MMDeploy registers
+    only for the rewriter it chose (ours), so ``ctx`` is lent to it for the
+    call (MMDeploy 1.3.1's ``FUNCTION_REWRITER._func_contexts``)."""
+    from mmdeploy.core import FUNCTION_REWRITER
+    from mmdeploy.core.rewriters.rewriter_utils import (ContextCaller,
+                                                        get_func_qualname)
+    lent = ContextCaller(func, ctx.origin_func, ctx.cfg)
+    contexts = FUNCTION_REWRITER._func_contexts[get_func_qualname(func)]
+    contexts.append(lent)
+    try:
+        yield
+    finally:
+        contexts.remove(lent)
+
+
+def base_dense_head__predict_by_feat__min_size(self: Any,
+                                               cls_scores: List[torch.Tensor],
+                                               bbox_preds: List[torch.Tensor],
+                                               score_factors: Any = None,
+                                               batch_img_metas: Any = None,
+                                               cfg: Any = None,
+                                               rescale: bool = False,
+                                               with_nms: bool = True,
+                                               **kwargs: Any) -> Any:
+    """MMDeploy function rewriter of mmdet's ``BaseDenseHead.predict_by_feat``
+    (one-stage detectors: RetinaNet, ...) for the ONNX Runtime backend:
+    MMDeploy's own rewrite, plus mmdet's ``min_bbox_size`` rule, which it
+    leaves out. mmdet drops the boxes whose width or height is not above
+    ``min_bbox_size`` (0 in its RetinaNet configs: boxes clipped flat at
+    the image border) before its NMS; MMDeploy kept them, so an untrained
+    RetinaNet on a photo had confident flat boxes PyTorch has not. Here
+    their scores are 0 before the same NMS. Returns what MMDeploy's
+    rewrite returns (``(dets, labels)``, or boxes and scores without
+    NMS)."""
+    from mmdeploy.codebase.mmdet.deploy import get_post_processing_params
+    from mmdeploy.codebase.mmdet.models.dense_heads.base_dense_head import \
+        base_dense_head__predict_by_feat as mmdeploy_rewrite
+    from mmdeploy.core import FUNCTION_REWRITER
+    from mmdeploy.mmcv.ops import multiclass_nms
+    ctx = FUNCTION_REWRITER.get_context()
+    with _lend_context(mmdeploy_rewrite, ctx):
+        boxes, scores = mmdeploy_rewrite(self, cls_scores, bbox_preds,
+                                         score_factors, batch_img_metas, cfg,
+                                         rescale, with_nms=False, **kwargs)
+    if not with_nms:
+        return boxes, scores
+    cfg = self.test_cfg if cfg is None else cfg
+    min_size = cfg.get('min_bbox_size', -1)
+    if min_size >= 0:  # mmdet drops these before its NMS
+        wh = boxes[..., 2:] - boxes[..., :2]
+        scores = scores * ((wh[..., 0] > min_size) & (
+            wh[..., 1] > min_size)).unsqueeze(-1).to(scores.dtype)
+    post = get_post_processing_params(ctx.cfg)
+    return multiclass_nms(
+        boxes, scores, post.max_output_boxes_per_class,
+        nms_type=cfg.nms.get('type'),
+        iou_threshold=cfg.nms.get('iou_threshold', post.iou_threshold),
+        score_threshold=cfg.get('score_thr', post.score_threshold),
+        pre_top_k=post.pre_top_k,
+        keep_top_k=cfg.get('max_per_img', post.keep_top_k))
+
+
 #: MMDeploy function name -> rewriter, for the ``onnxruntime`` backend.
 ONNXRUNTIME_REWRITERS: Dict[str, Callable[..., Any]] = {
     'torch.nn.functional.adaptive_avg_pool2d': adaptive_avg_pool2d__exact,
@@ -215,4 +288,6 @@ ONNXRUNTIME_REWRITERS: Dict[str, Callable[..., Any]] = {
     rpn_head__predict_by_feat__levelwise,
     'mmdet.models.roi_heads.bbox_heads.bbox_head.BBoxHead.predict_by_feat':
     bbox_head__predict_by_feat__classwise,
+    'mmdet.models.dense_heads.base_dense_head.BaseDenseHead.predict_by_feat':
+    base_dense_head__predict_by_feat__min_size,
 }

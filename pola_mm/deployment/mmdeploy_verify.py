@@ -96,10 +96,36 @@ def compare_on_image(task_processor: Any, torch_model: Any,
     if task == 'Classification':
         return shape, compare_classification(ref, got, score_atol)
     h, w = ref.metainfo['ori_shape'][:2]
+    soft = None
+    if 'masks' in ref.pred_instances:
+        soft = soft_masks(torch_model, raw)
     return shape, compare_detections(ref.pred_instances, got.pred_instances,
                                      float(max(h, w)), score_thr, box_rtol,
                                      score_atol, mask_iou,
-                                     *detections_post_processing(torch_model))
+                                     *detections_post_processing(torch_model),
+                                     soft_masks=soft)
+
+
+def soft_masks(model: Any, raw: Any) -> Optional[torch.Tensor]:
+    """PyTorch's masks before binarisation (0-255, mmdet's soft masks with
+    ``mask_thr_binary < 0``) for the same detections; None where the model
+    has no such setting."""
+    cfgs = [m.test_cfg for m in model.modules()
+            if hasattr(m, 'test_cfg') and hasattr(m.test_cfg, 'get')
+            and m.test_cfg.get('mask_thr_binary') is not None]
+    if not cfgs:
+        return None
+    thresholds = [c['mask_thr_binary'] for c in cfgs]
+    try:
+        for c in cfgs:
+            c['mask_thr_binary'] = -1
+        with torch.no_grad():
+            out = model.test_step(copy.deepcopy(raw))[0]
+    finally:
+        for c, t in zip(cfgs, thresholds):
+            c['mask_thr_binary'] = t
+    masks = out.pred_instances.get('masks')
+    return None if masks is None else masks.cpu()
 
 
 def detections_post_processing(model: Any) -> Tuple[Optional[int], float]:

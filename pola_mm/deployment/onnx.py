@@ -62,6 +62,7 @@ from ..type_aliases import Size2
 
 __all__ = [
     'EXPORTERS', 'OPSETS', 'RUNTIMES', 'ExportError', 'ExportInputError',
+    'DynamicExportRefused',
     'OutputCheck', 'TensorModeModel', 'build_backbone', 'build_model',
     'available_runtimes', 'check_sizes', 'export_onnx', 'verify_onnx',
     'export_and_verify',
@@ -92,6 +93,13 @@ DEFAULT_RTOL = 1e-4
 class ExportError(RuntimeError):
     """An export that failed or whose file disagrees with PyTorch; the
     message says what went wrong and what to try."""
+
+
+class DynamicExportRefused(ExportError):
+    """The exporter cannot export the model with a free height/width (a
+    part refused, or the exporter fixed the size); nothing was written. The
+    TorchScript exporter exports every model dynamically: the export tool
+    switches to it where the user did not choose an exporter."""
 
 
 class ExportInputError(ExportError):
@@ -468,8 +476,8 @@ def export_onnx(model: nn.Module,
         # exporter fell back from
         refusal = _dynamic_shape_refusal(exc) or DynamicShapeExportError.last
         if refusal is not None:
-            raise ExportError(_refusal_message(exporter, model,
-                                               refusal)) from exc
+            raise DynamicExportRefused(_refusal_message(
+                exporter, model, refusal)) from exc
         first = str(exc).strip().splitlines()
         other = 'torchscript' if exporter == 'dynamo' else 'dynamo'
         raise ExportError(
@@ -480,13 +488,13 @@ def export_onnx(model: nn.Module,
         # a part refused and the exporter fell back to a strategy that
         # captured it anyway (at one size): no such file is written
         _discard(out)
-        raise ExportError(_refusal_message(
+        raise DynamicExportRefused(_refusal_message(
             exporter, model, DynamicShapeExportError.last))
     if dynamic_hw and not _input_hw_is_dynamic(out):
         # torch.onnx's dynamo path refines unsatisfiable dynamic shapes to
         # the example's size: a file of one size is no dynamic export
         _discard(out)
-        raise ExportError(
+        raise DynamicExportRefused(
             f'the {exporter} exporter fixed the height/width of '
             f'{type(model).__name__} at {shape[0]}x{shape[1]} (torch.export '
             'turned its size-dependent parts into guards on the size; '

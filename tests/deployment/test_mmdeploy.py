@@ -456,17 +456,19 @@ def test_mask_rcnn_static_matches_pytorch(tmp_path, shapes_image, photo):
     assert any('mask IoU' in c.name for c in report.checks)
 
 
-def test_untrained_mask_rcnn_on_a_photo_verifies(tmp_path, photo):
-    """Untrained weights on a real photo: near-tied scores everywhere, so
-    NMS and the per-image cap keep tied boxes in an order of their own on
-    each side. The verification matches by label and box and counts the
-    tied swaps; it passes where no confident detection goes unexplained."""
+def test_untrained_retinanet_on_a_photo_verifies(tmp_path, photo):
+    """Untrained weights on a real photo (issue 47): 20 confident
+    detections with near-equal scores at the per-image cap, and boxes
+    clipped flat at the border, which mmdet drops (``min_bbox_size=0``) and
+    MMDeploy's own dense-head rewrite kept (pola_mm's ONNX Runtime rewriter
+    scores them 0). The verification matches by label and box and passes.
+    """
     report = deploy_and_verify(
-        stock('mmdet/instance-seg/instance-seg_onnxruntime_static.py'),
-        MASK_RCNN, None, photo, str(tmp_path / 'untrained'))
+        stock('mmdet/detection/detection_onnxruntime_static.py'),
+        _retinanet_cfg(), None, photo, str(tmp_path / 'untrained'))
     assert report.ok and osp.isfile(report.onnx_file), report
     counted = [c for c in report.checks if 'without a counterpart' in c.name]
-    assert counted[0].data['torch'] > 0, counted[0].detail
+    assert counted[0].data['torch'] >= 10, counted[0].detail
 
 
 def test_cascade_mask_rcnn_static_matches_pytorch(tmp_path, shapes_images):

@@ -573,6 +573,25 @@ def test_cli_dynamic_dynamo_swin_whole_model_refused(tmp_path, capsys,
     assert os.listdir(tmp_path) == []
 
 
+def test_cli_dynamic_swin_without_exporter_switches_in_one_line(
+        tmp_path, capsys, tool):
+    """``--dynamic`` without ``--exporter`` on a Pola-Swin detector: the
+    default exporter (dynamo) cannot free its height/width, so the tool
+    says so in one line and exports with the TorchScript exporter; the
+    file is verified at the other sizes as every dynamic export."""
+    out = str(tmp_path / 'det.onnx')
+    rc = tool.main([RETINANET, '--whole', '--shape', '64', '96', '--out',
+                    out, '--dynamic', '--cfg-options', *RETINANET_SWIN])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    notes = [line for line in captured.err.splitlines()
+             if line.startswith('note: torch.export cannot free')]
+    assert len(notes) == 1 and '--exporter torchscript' in notes[0]
+    assert '(torchscript exporter, dynamic batch, height and width)' in (
+        captured.out)
+    assert osp.isfile(out)
+
+
 def test_cli_malformed_arguments_exit_2(tool, capsys):
     with pytest.raises(SystemExit) as exc:  # argparse: --shape missing
         tool.main([CONFIG, '--out', 'm.onnx'])

@@ -23,8 +23,10 @@ larger than H x W) and at batch 3. What each exporter supports:
   or not, opsets 11 to 21;
 - dynamo (``torch.export``, the default): every backbone and whole model at
   opsets 18 to 21, except Pola-Swin (and models built on it) with
-  ``--dynamic``: refused with one error, nothing written (its shifted
-  windows make torch.export fix the size); use torchscript for those.
+  ``--dynamic``: its shifted windows make torch.export fix the size
+  (docs/deployment.md names the guards). Without ``--exporter`` the tool
+  then says so in one line and exports with torchscript; with
+  ``--exporter dynamo`` it refuses with one error, nothing written.
 
 What it writes, only when every difference is within RTOL times the
 output's scale (its max abs value) in every runtime and at every size:
@@ -84,11 +86,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         'segmentor (mode="tensor": normalised images in, '
                         'raw head outputs out) instead of its backbone')
     parser.add_argument('--exporter', choices=['dynamo', 'torchscript'],
-                        default='dynamo',
-                        help='torch.onnx.export(dynamo=True) (default; '
-                        'opsets 18-21; refuses Pola-Swin with --dynamic) or '
-                        'the TorchScript tracer (dynamo=False; opsets '
-                        '11-21; every model)')
+                        default=None,
+                        help='torch.onnx.export(dynamo=True) (the default; '
+                        'opsets 18-21; cannot free the height/width of '
+                        'Pola-Swin: with --dynamic and no --exporter the '
+                        'tool then says so in one line and uses the '
+                        'TorchScript exporter) or the TorchScript tracer '
+                        '(dynamo=False; opsets 11-21; every model)')
     parser.add_argument('--opset', type=int, default=None,
                         help='ONNX opset (default: the exporter\'s; '
                         'torchscript 11-21, dynamo 18-21)')
@@ -123,12 +127,12 @@ def check_args(args: argparse.Namespace) -> Optional[str]:
         return f'--rtol needs a positive number, got {args.rtol:g}'
     if args.opset is not None:
         from pola_mm.deployment.onnx import OPSETS
-        lo, hi = OPSETS[args.exporter]
+        lo, hi = OPSETS[args.exporter or 'dynamo']
         if not lo <= args.opset <= hi:
             return (f'--opset {args.opset}: the {args.exporter} exporter is '
                     f'supported at opsets {lo} to {hi}'
                     + ('; use --exporter torchscript for opsets 11 to 17'
-                       if args.exporter == 'dynamo' and args.opset < lo
+                       if args.exporter != 'torchscript' and args.opset < lo
                        else ''))
     if osp.isdir(args.out):
         return (f'--out {args.out} is a folder; pass the path of the .onnx '
@@ -144,18 +148,39 @@ def main(argv: Optional[List[str]] = None) -> int:
     if problem is not None:
         print(f'error: {problem}', file=sys.stderr)
         return 2
-    from pola_mm.deployment.onnx import (ExportError, ExportInputError,
+    from pola_mm.deployment.onnx import (DynamicExportRefused, ExportError,
+                                         ExportInputError,
                                          available_runtimes, build_backbone,
                                          build_model, export_and_verify,
                                          external_data_files)
     runtimes = available_runtimes()
+    chosen = args.exporter is not None
+    args.exporter = args.exporter or 'dynamo'
+
+    def export():
+        return export_and_verify(model, tuple(args.shape), args.out,
+                                 args.exporter, args.opset, args.dynamic,
+                                 args.rtol, dynamic_hw=args.dynamic,
+                                 runtimes=runtimes)
+
     try:
         build = build_model if args.whole else build_backbone
         model = build(args.config, args.checkpoint, args.cfg_options)
-        checks = export_and_verify(model, tuple(args.shape), args.out,
-                                   args.exporter, args.opset, args.dynamic,
-                                   args.rtol, dynamic_hw=args.dynamic,
-                                   runtimes=runtimes)
+        try:
+            checks = export()
+        except DynamicExportRefused:
+            if chosen or not args.dynamic:
+                raise
+            # the default exporter cannot free this model's height/width:
+            # the one that can, said in one line
+            print(f'note: torch.export cannot free the height/width of '
+                  f'{type(model).__name__} (Pola-Swin\'s shifted windows); '
+                  'exporting with the TorchScript exporter instead '
+                  '(--exporter torchscript)', file=sys.stderr)
+            args.exporter = 'torchscript'
+            if args.opset is not None and args.opset < 11:
+                raise
+            checks = export()
     except ExportInputError as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
