@@ -17,7 +17,6 @@ _base_ = [
 model = dict(
     backbone=dict(
         _base_.pola_backbone,
-        drop_path_rate=0.1,
         norm_eval=True,
         out_indices=(1, 2, 3)),
     decode_head=dict(in_channels=_base_.pola_channels[1:]))

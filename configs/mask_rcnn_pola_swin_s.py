@@ -16,7 +16,7 @@ _base_ = [
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 
 model = dict(
-    backbone=dict(_base_.pola_backbone, drop_path_rate=0.1),
+    backbone=_base_.pola_backbone,
     neck=_base_.pola_neck)
 
 train_dataloader = dict(batch_size=2, num_workers=2)

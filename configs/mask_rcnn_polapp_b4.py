@@ -17,7 +17,7 @@ custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(
-        _base_.pola_backbone, drop_path_rate=0.4, norm_eval=False),
+        _base_.pola_backbone, norm_eval=False),
     neck=_base_.pola_neck)
 
 train_dataloader = dict(batch_size=2, num_workers=2)

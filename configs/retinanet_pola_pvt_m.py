@@ -14,7 +14,8 @@ _base_ = [
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 
 model = dict(
-    backbone=dict(_base_.pola_backbone, drop_path_rate=0.2),
+    backbone=dict(
+        _base_.pola_backbone, drop_path_rate=_base_.pola_retinanet_drop_path),
     neck=_base_.pola_neck)
 
 train_dataloader = dict(batch_size=2, num_workers=2)

@@ -21,7 +21,6 @@ custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 model = dict(
     backbone=dict(
         _base_.pola_backbone,
-        drop_path_rate=0.1,
         norm_eval=False,
         out_indices=(1, 2, 3)),
     neck=dict(in_channels=_base_.pola_channels[1:], start_level=0))

@@ -9,5 +9,6 @@ _base_ = [
 ]
 
 model = dict(
-    backbone=dict(_base_.pola_backbone, drop_path_rate=0.1),
+    backbone=dict(
+        _base_.pola_backbone, drop_path_rate=_base_.pola_seg_drop_path),
     neck=_base_.pola_neck)

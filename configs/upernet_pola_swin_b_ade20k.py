@@ -18,7 +18,8 @@ data_preprocessor = dict(size=crop_size)
 model = dict(
     pretrained=None,
     data_preprocessor=data_preprocessor,
-    backbone=dict(_base_.pola_backbone, drop_path_rate=0.5),
+    backbone=dict(
+        _base_.pola_backbone, drop_path_rate=_base_.pola_seg_drop_path),
     decode_head=dict(in_channels=_base_.pola_channels, num_classes=150),
     auxiliary_head=dict(in_channels=_base_.pola_channels[2], num_classes=150))
 

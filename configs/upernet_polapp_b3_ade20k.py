@@ -20,7 +20,7 @@ data_preprocessor = dict(size=crop_size)
 model = dict(
     pretrained=None,
     data_preprocessor=data_preprocessor,
-    backbone=dict(_base_.pola_backbone, drop_path_rate=0.15),
+    backbone=_base_.pola_backbone,
     decode_head=dict(in_channels=_base_.pola_channels, num_classes=150),
     auxiliary_head=dict(in_channels=_base_.pola_channels[2], num_classes=150))
 

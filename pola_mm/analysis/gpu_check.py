@@ -77,8 +77,8 @@ def measure_whole_train(spec: Any, batch: int = 2,
     """
     from mmengine.optim import AmpOptimWrapper, OptimWrapper
 
-    from .zoo import build
     from ..models.from_config import load_config
+    from .zoo import build
     if isinstance(spec, str):
         cfg = load_config(spec)
         cfg.model.backbone.init_cfg = None

@@ -67,7 +67,6 @@ mmseg's and pola_mm's models compute is unchanged (the export runs their
 code as MMDeploy patches it).
 """
 import inspect
-import sys
 import threading
 from types import ModuleType
 from typing import Any, Dict, List, Optional

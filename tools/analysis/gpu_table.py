@@ -3,8 +3,8 @@
 (``make gpu-check``, tools/gpu_check.sh).
 
     # a whole detector and its softmax counterpart, training steps under AMP
-    python tools/analysis/gpu_table.py whole configs/mask_rcnn_pola_swin_t.py \\
-        --amp fp16 --json whole.json
+    python tools/analysis/gpu_table.py whole \\
+        configs/mask_rcnn_pola_swin_t.py --amp fp16 --json whole.json
     # the table of Pola / softmax ratios from benchmark.py --json files
     python tools/analysis/gpu_table.py table train.json fp16.json \\
         infer.json --whole whole.json

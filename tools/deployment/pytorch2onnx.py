@@ -149,9 +149,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f'error: {problem}', file=sys.stderr)
         return 2
     from pola_mm.deployment.onnx import (DynamicExportRefused, ExportError,
-                                         ExportInputError,
-                                         available_runtimes, build_backbone,
-                                         build_model, export_and_verify,
+                                         ExportInputError, available_runtimes,
+                                         build_backbone, build_model,
+                                         export_and_verify,
                                          external_data_files)
     runtimes = available_runtimes()
     chosen = args.exporter is not None

@@ -45,3 +45,11 @@ pola_backbone = dict(
     with_cp=False,
     init_cfg=dict(type='Pretrained', checkpoint=pola_pretrained))
 pola_neck = dict(in_channels=pola_channels)
+# RetinaNet, the reference's drop path:
+#   backbone=dict(_base_.pola_backbone,
+#                 drop_path_rate=_base_.pola_retinanet_drop_path)
+pola_retinanet_drop_path = 0.1
+# ADE20K (Semantic FPN), the reference's drop path:
+#   backbone=dict(_base_.pola_backbone,
+#                 drop_path_rate=_base_.pola_seg_drop_path)
+pola_seg_drop_path = 0.1

@@ -46,3 +46,7 @@ pola_backbone = dict(
     with_cp=False,
     init_cfg=dict(type='Pretrained', checkpoint=pola_pretrained))
 pola_neck = dict(in_channels=pola_channels)
+# ADE20K (UperNet), the reference's drop path:
+#   backbone=dict(_base_.pola_backbone,
+#                 drop_path_rate=_base_.pola_seg_drop_path)
+pola_seg_drop_path = 0.3
