@@ -10,8 +10,7 @@ from helpers import count_calls, polarity_attention_textbook, randomise
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
 from pola_mm.models.layers import (PolarityAttention, WindowMSA,
                                    relative_position_index)
-from pola_mm.models.layers.window import (crop_map, cyclic_shift,
-                                          effective_window, grid_padding,
+from pola_mm.models.layers.window import (crop_map, cyclic_shift, grid_padding,
                                           key_valid_mask, pad_map,
                                           shift_region_mask, valid_token_map,
                                           window_partition, window_reverse)
@@ -53,13 +52,13 @@ def window_attention_reference(msa, windows, window, mask=None):
 def test_window_msa_fused_inference_equals_explicit(monkeypatch, mask_kind):
     """Inference runs scaled_dot_product_attention (not with the fast paths
     off); it equals the explicit product-softmax-product that CPU training
-    runs, with the shift mask and with masked padded keys."""
+    runs, with the shift mask and with masked padded keys (a map smaller
+    than the window is that window: its padded keys are masked)."""
     import torch.nn.functional as tnf
     torch.manual_seed(0)
-    attn = WindowMSA(16, 4, (7, 7), shift=mask_kind == 'shift',
-                     mask_padding=mask_kind == 'padding').double()
+    attn = WindowMSA(16, 4, (7, 7), shift=mask_kind == 'shift').double()
     randomise(attn)
-    hw = (13, 19) if mask_kind == 'padding' else (14, 21)
+    hw = (5, 6) if mask_kind == 'padding' else (14, 21)
     x = torch.randn(2, hw[0] * hw[1], 16, dtype=torch.float64)
     sdpa = count_calls(monkeypatch, tnf, 'scaled_dot_product_attention')
     explicit = attn(x.clone().requires_grad_(), hw)
@@ -69,17 +68,16 @@ def test_window_msa_fused_inference_equals_explicit(monkeypatch, mask_kind):
             plain = attn(x, hw)
         assert not sdpa
         fused = attn(x, hw)
-        # the relative bias alone: one call; per-window masks: one call per
-        # image, the masks broadcast over the batch, never tiled
-        assert len(sdpa) == (1 if mask_kind == 'none' else 2)
+        # the relative bias alone or one window's key mask: one call;
+        # per-window masks: one call per image, the masks broadcast over
+        # the batch, never tiled
+        assert len(sdpa) == (2 if mask_kind == 'shift' else 1)
     torch.testing.assert_close(fused, explicit.detach(), rtol=1e-12,
                                atol=1e-12)
     torch.testing.assert_close(plain, explicit.detach(), rtol=0, atol=0)
 
 
-def test_effective_window_and_padding():
-    assert effective_window((56, 56), (56, 56), (28, 28)) == ((56, 56), (0, 0))
-    assert effective_window((9, 120), (56, 56), (28, 28)) == ((9, 56), (0, 28))
+def test_grid_padding():
     assert grid_padding((10, 13), (4, 4)) == (0, 2, 0, 3)
     assert grid_padding((8, 12), (4, 4)) == (0, 0, 0, 0)
     x = torch.randn(1, 5, 7, 2)
@@ -224,32 +222,6 @@ def test_polarity_block_receptive_field_is_the_whole_map():
     with torch.no_grad():
         a, b = blk(x, hw), blk(y, hw)
     assert (a[:, 0] - b[:, 0]).abs().max() > 1e-6
-
-
-def test_softmax_window_padding_masks_keys_with_mask_padding():
-    """``mask_padding=True``: padded keys are masked, so a window with
-    padding equals the attention on its real tokens only (sub-table of
-    offsets). The default (mmdet's Swin) attends to the zero padding, so it
-    differs there."""
-    torch.manual_seed(0)
-    msa = WindowMSA(8, 2, (4, 4))
-    randomise(msa)
-    x = torch.randn(1, 3, 4, 8)
-    blk = PolaSwinBlock(8, 2, (4, 4), shift=False, attn_type='S',
-                        mask_padding=True)
-    blk.attn.load_state_dict(msa.state_dict())
-    default = PolaSwinBlock(8, 2, (4, 4), shift=False, attn_type='S')
-    default.attn.load_state_dict(msa.state_dict())
-    big = torch.randn(1, 6, 4, 8)  # 6 rows: second window has 2 real rows
-    big[:, 4:] = x[:, :2]
-    with torch.no_grad():
-        got = blk.attn(big.flatten(1, 2), (6, 4)).view(1, 6, 4, 8)[:, 4:]
-        # (a map that fits in one window is that window)
-        ref = msa(x[:, :2].reshape(1, 8, 8), (2, 4)).view(1, 2, 4, 8)
-        other = default.attn(big.flatten(1, 2), (6, 4)).view(
-            1, 6, 4, 8)[:, 4:]
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    assert (other - ref).abs().max() > 1e-3
 
 
 def test_softmax_shift_matches_swin_reference():

@@ -430,3 +430,25 @@ def test_blocks_choose_attention_by_one_rule():
         with pytest.raises(ValueError,
                            match=r"'L' \(polarity.*'S' \(softmax.*'M'"):
             build('M')
+
+
+@pytest.mark.parametrize('type_,option', [
+    ('PolaSwinTransformer', dict(mask_padding=True)),
+    ('PolaPVT', dict(pad_input=True)),
+    ('PolaPVT', dict(interpolate_mode='bicubic'))])
+def test_removed_options_give_one_clear_error(type_, option):
+    """Options of unreleased versions (removed before 0.1.0) name what
+    replaced them in one line, from a config as from Python; any other
+    unknown option keeps Python's own message."""
+    from mmengine.registry import MODELS as ROOT
+
+    import pola_mm  # noqa: F401
+    name = next(iter(option))
+    with pytest.raises(TypeError) as err:
+        ROOT.build(dict(type=type_, arch='tiny', **option))
+    msg = str(err.value)
+    assert f"the option '{name}' was removed in pola_mm 0.1.0" in msg
+    assert f'delete {name}=... from the config' in msg
+    assert '\n' not in msg
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        ROOT.build(dict(type=type_, arch='tiny', nope=1))

@@ -1,7 +1,7 @@
 """Pola-Swin's softmax stages against mmdet's own ``SwinTransformer`` (the
 model the downstream lineage builds on), with the same weights mapped by
 mmdet's own ``swin_converter``: equal at sizes whose stage maps are not
-multiples of the window; ``mask_padding=True`` is the other rule."""
+multiples of the window."""
 import pytest
 import torch
 from helpers import randomise
@@ -18,8 +18,7 @@ def scale_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 @pytest.fixture(scope='module')
 def pair():
-    """``(pola_mm model, mmdet model, pola_mm with mask_padding)``, same
-    weights, eval mode."""
+    """``(pola_mm model, mmdet model)``, same weights, eval mode."""
     from mmdet.models.backbones import SwinTransformer
     from mmdet.models.backbones.swin import swin_converter
     pola = PolaSwinTransformer(arch=ARCH, attn_layout='SSSS',
@@ -35,23 +34,18 @@ def pair():
     missing, unexpected = mmdet.load_state_dict(converted, strict=False)
     assert not unexpected
     assert all(k.endswith('relative_position_index') for k in missing)
-    masked = PolaSwinTransformer(arch=ARCH, attn_layout='SSSS',
-                                 drop_path_rate=0., mask_padding=True).eval()
-    masked.load_state_dict(pola.state_dict())
-    return pola, mmdet, masked
+    return pola, mmdet
 
 
 @pytest.mark.parametrize('hw', [(250, 333), (400, 608), (300, 470)])
 def test_equals_mmdet_swin_where_maps_are_not_window_multiples(pair, hw):
-    pola, mmdet, masked = pair
+    pola, mmdet = pair
     x = torch.randn(1, 3, *hw, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ours, theirs, old = pola(x), mmdet(x), masked(x)
+        ours, theirs = pola(x), mmdet(x)
     for i, (a, b) in enumerate(zip(ours, theirs)):
         assert min(b.shape[2:]) > 7, 'every map larger than one window'
         assert scale_err(a, b) <= 1e-5, (hw, i)
-    # the earlier rule (padded keys masked) is another model at these sizes
-    assert max(scale_err(a, b) for a, b in zip(old, theirs)) > 1e-2
 
 
 def test_at_224_equal_up_to_the_one_window_stage(pair):
@@ -59,11 +53,10 @@ def test_at_224_equal_up_to_the_one_window_stage(pair):
     the authors' classifier, which does not shift a map that fits in one
     window (mmdet's Swin shifts and masks it), so the authors' 224 model
     stays exact (tests/models/test_reference.py)."""
-    pola, mmdet, masked = pair
+    pola, mmdet = pair
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        ours, theirs, old = pola(x), mmdet(x), masked(x)
+        ours, theirs = pola(x), mmdet(x)
     for i in range(3):
         assert scale_err(ours[i], theirs[i]) <= 1e-5
-    assert torch.equal(ours[3], old[3])  # both: the authors' rule
     assert scale_err(ours[3], theirs[3]) > 1e-4  # (agreement: <= 1e-6)

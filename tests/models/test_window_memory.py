@@ -17,10 +17,9 @@ from pola_mm.ops import plain_paths, softmax_attention
 from pola_mm.ops.softmax_attention import softmax_attention_pytorch
 
 
-def _msa(shift=True, mask_padding=False):
+def _msa(shift=True):
     torch.manual_seed(0)
-    msa = WindowMSA(16, 4, (7, 7), shift=shift,
-                    mask_padding=mask_padding).double().eval()
+    msa = WindowMSA(16, 4, (7, 7), shift=shift).double().eval()
     randomise(msa)
     return msa
 
@@ -81,15 +80,26 @@ def test_eager_masks_are_broadcast_not_tiled(monkeypatch, shift, fast):
     torch.testing.assert_close(y, alone, rtol=1e-12, atol=1e-12)
 
 
-def test_eager_masks_padded_keys_are_per_window(monkeypatch):
-    """With ``mask_padding`` a padded map keeps its per-window key mask; a
-    map that is a multiple of the window and not shifted has none."""
-    msa = _msa(shift=False, mask_padding=True)
-    seen = _spy_op(monkeypatch)
+def test_eager_masks_padded_keys_of_one_window_only(monkeypatch):
+    """A map smaller than the window (one window) masks its padded keys;
+    a larger map that is not a multiple of the window attends to its zero
+    padding as mmdet's Swin (no key mask), and a multiple of the window,
+    not shifted, has no mask either."""
+    msa = _msa(shift=False)
+    masked = []
+    original = window_attention_mod.softmax_attention
+
+    def spy(q, k, v, scale, bias=None, dropout_p=0.):
+        masked.append((tuple(bias.shape), bool((bias <= -100).any())))
+        return original(q, k, v, scale, bias, dropout_p)
+
+    monkeypatch.setattr(window_attention_mod, 'softmax_attention', spy)
     with torch.no_grad():
+        msa(torch.randn(2, 5 * 6, 16, dtype=torch.float64), (5, 6))
         msa(torch.randn(2, 13 * 19, 16, dtype=torch.float64), (13, 19))
         msa(torch.randn(2, 14 * 21, 16, dtype=torch.float64), (14, 21))
-    assert [b for _, b in seen] == [(6, 4, 49, 49), (1, 4, 49, 49)]
+    assert masked == [((1, 4, 49, 49), True), ((1, 4, 49, 49), False),
+                      ((1, 4, 49, 49), False)]
 
 
 @pytest.mark.parametrize('hw,pads', [((14, 21), 0), ((13, 19), 1),
@@ -127,14 +137,12 @@ class _OnImage(nn.Module):
         return self.msa(img.flatten(2).transpose(1, 2), (H, W))
 
 
-@pytest.mark.parametrize('mask_padding', [False, True])
-def test_traced_at_a_multiple_of_the_window_pads_at_other_sizes(
-        mask_padding):
+def test_traced_at_a_multiple_of_the_window_pads_at_other_sizes():
     """Traced where nothing is padded, unshifted or masked in eager mode
     (14 x 21, window 7), the graph keeps the pad, shift and masks
     branch-free and equals eager mode at sizes that need them, and at a
     batch the trace did not see."""
-    msa = _msa(shift=True, mask_padding=mask_padding)
+    msa = _msa(shift=True)
     wrapped = _OnImage(msa)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')

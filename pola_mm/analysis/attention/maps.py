@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...models.layers import PolarityAttention
-from ...models.layers.window import (MASK_VALUE, cyclic_shift, grid_padding,
+from ...models.layers.window import (cyclic_shift, grid_padding,
                                      shift_region_mask, window_partition)
 from ...ops import gate_linear, pacs_attention, plain_paths, polarity_attention
 from ...type_aliases import Size2
@@ -290,8 +290,6 @@ def softmax_rows(cap: BlockCapture, rows: Tensor) -> Tensor:
     if shift != (0, 0):
         mask += shift_region_mask((hw[0] + pad[1], hw[1] + pad[3]), win,
                                   shift).double()
-    if attn.mask_padding:
-        mask += torch.where(ids < 0, MASK_VALUE, 0.0).double()[:, None, :]
     qkv = attn.qkv(cap.x).double().reshape(B, N, 3, h, C // h)
     q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
     # a zero-padded token's key: the qkv bias (zeros without a bias)

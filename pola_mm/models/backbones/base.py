@@ -1,7 +1,7 @@
 """What the Pola backbones share: arch resolution (with drop path),
 freezing, init, the stage contract with its one stage loop, the pre-norm
 block."""
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
 import torch.utils.checkpoint as cp
@@ -17,6 +17,33 @@ from ..layers.token_map import to_map
 
 #: Drop path of an arch dict that names none (mmdet's Swin default).
 DEFAULT_DROP_PATH = 0.1
+
+
+#: Options of unreleased pola_mm versions, removed before 0.1.0 (one
+#: behaviour: the authors'), with what replaced them.
+REMOVED_OPTIONS: Dict[str, str] = {
+    'mask_padding': 'softmax stages always compute what mmdet\'s '
+    'SwinTransformer computes on maps that are not a multiple of the window '
+    '(zero padding, window and shift kept, no key mask)',
+    'pad_input': 'Pola-PVT\'s patch embeddings and spatial reductions always '
+    'drop the bottom/right remainder, as the authors\' PVT',
+    'interpolate_mode': 'Pola-PVT always resizes its position tables '
+    'bilinearly, as the authors\' PVT',
+}
+
+
+def reject_removed_options(owner: str, options: Dict[str, Any]) -> None:
+    """Raise one clear ``TypeError`` for an option of :data:`REMOVED_OPTIONS`
+    (saying what replaced it), and Python's own message for any other
+    unknown keyword."""
+    for name in options:
+        if name in REMOVED_OPTIONS:
+            raise TypeError(f'{owner}: the option {name!r} was removed in '
+                            f'pola_mm 0.1.0: {REMOVED_OPTIONS[name]}; delete '
+                            f'{name}=... from the config')
+    if options:
+        raise TypeError(f'{owner}.__init__() got an unexpected keyword '
+                        f'argument {next(iter(options))!r}')
 
 
 def pair(x: Union[int, Sequence[int]]) -> Size2:

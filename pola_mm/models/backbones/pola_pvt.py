@@ -7,14 +7,15 @@ import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
-from ...ops.position import check_resize_mode, resize_pos_table
+from ...ops.position import resize_pos_table
 from ...registry import register_model
 from ...type_aliases import Size2
 from ..layers import (PatchEmbed, PolarityAttention, SpatialReductionAttention,
                       to_map)
 from ..layers.bricks import build_attention
 from .base import (PolaBackbone, PreNormBlock, arch_drop_path,
-                   check_out_indices, freeze, linspace, pair, resolve_arch)
+                   check_out_indices, freeze, linspace, pair,
+                   reject_removed_options, resolve_arch)
 
 # torch.fx: the table resize (it branches on the grid) is one node of a
 # traced graph; PolaPVT.embed, which calls it, is traced through
@@ -40,7 +41,7 @@ class PolaPVTBlock(PreNormBlock):
 
     ``'L'``: polarity attention over all tokens of the stage (``qg``, ``kv``
     projections, ``positional_encoding`` on the stage's 224 grid (divided
-    by ``la_sr_ratio``), resized with ``interpolate_mode`` at other sizes).
+    by ``la_sr_ratio``), resized bilinearly at other sizes).
     ``'S'``: PVT's spatial-reduction softmax attention.
     """
 
@@ -62,8 +63,6 @@ class PolaPVTBlock(PreNormBlock):
                  with_cp: bool = False,
                  feature_map: str = 'power',
                  la_sr_ratio: int = 1,
-                 interpolate_mode: str = 'bilinear',
-                 pad_input: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
@@ -75,12 +74,11 @@ class PolaPVTBlock(PreNormBlock):
                          fused_qkvg=False, qkv_bias=qkv_bias, alpha=alpha,
                          kernel_size=kernel_size, attn_drop=attn_drop_rate,
                          proj_drop=drop_rate, feature_map=feature_map,
-                         sr_ratio=la_sr_ratio,
-                         interpolate_mode=interpolate_mode),
+                         sr_ratio=la_sr_ratio, interpolate_mode='bilinear'),
             'S': partial(SpatialReductionAttention, embed_dims, num_heads,
                          sr_ratio, qkv_bias=qkv_bias,
                          attn_drop=attn_drop_rate, proj_drop=drop_rate,
-                         norm_cfg=dict(type='LN'), pad_input=pad_input)})
+                         norm_cfg=dict(type='LN'))})
         super().__init__(embed_dims, attn, mlp_ratio, drop_rate,
                          drop_path_rate, act_cfg, norm_cfg, with_cp,
                          init_cfg=init_cfg)
@@ -91,10 +89,11 @@ class PolaPVT(PolaBackbone):
     """Pola-PVT backbone (PolaFormer, ICLR 2025) for any input size.
 
     Stage ``i`` (1-based, the authors' names): ``patch_embed{i}`` (a strided
-    conv that drops the bottom/right remainder, as the authors'; see
-    ``pad_input``), plus the learned ``pos_embed{i}`` (resized from its 224
-    grid with ``interpolate_mode``, bilinear as the authors'
-    ``_get_pos_embed``, when the stage grid differs), dropout, the blocks
+    conv that drops the bottom/right remainder, as the authors'; a side
+    shorter than one patch is padded to one patch, so tiny inputs still
+    work), plus the learned ``pos_embed{i}`` (resized bilinearly from its
+    224 grid, as the authors' ``_get_pos_embed``, when the stage grid
+    differs), dropout, the blocks
     ``block{i}``, then the tokens are laid out as NCHW for the next stage.
     At 224 this is exactly the published model. There are no output norms:
     the published classifier does not apply the final ``norm`` (the
@@ -131,23 +130,11 @@ class PolaPVT(PolaBackbone):
             inside the polarity attention, one per stage (their
             ``la_sr_ratios``, e.g. ``(8, 4, 2, 1)``; ``(1, 1, 1, 1)`` in
             every published model).
-        interpolate_mode: how ``pos_embed{i}`` and the polarity
-            ``positional_encoding`` are resized to other stage maps:
-            ``'bilinear'`` (the authors' PVT and its downstream lineage) or
-            ``'bicubic'`` (earlier pola_mm versions).
-        pad_input: False (the authors'): each patch embedding drops the
-            bottom/right remainder of its input, so stage ``i`` is
-            ``floor(H / s_i)`` (stage by stage) as in the authors' code; a
-            side shorter than one patch is padded to one patch, so tiny
-            inputs still work; the ``sr`` convs of ``'S'`` stages likewise.
-            True: zero-pad to a multiple of the patch or ratio (``ceil``,
-            earlier pola_mm versions).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])``.
 
     Output: tuple of ``(B, embed_dims[i], H_i, W_i)`` with strides 4, 8, 16,
     32 (for the default patch sizes): ``H_1 = floor(H / 4)``, ``H_{i+1} =
-    floor(H_i / 2)`` (at least 1), likewise ``W``; with ``pad_input``,
-    ``ceil`` instead of ``floor``.
+    floor(H_i / 2)`` (at least 1), likewise ``W``.
     """
     # drop_path_rate: the authors' ImageNet value (their configs)
     _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8),
@@ -185,16 +172,15 @@ class PolaPVT(PolaBackbone):
                  act_cfg: Optional[dict] = None,
                  feature_map: str = 'power',
                  la_sr_ratios: Sequence[int] = (1, 1, 1, 1),
-                 interpolate_mode: str = 'bilinear',
-                 pad_input: bool = False,
-                 init_cfg: Optional[dict] = None) -> None:
+                 init_cfg: Optional[dict] = None,
+                 **removed) -> None:
+        reject_removed_options(type(self).__name__, removed)
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         super().__init__(init_cfg=init_cfg)
         self.in_channels = in_channels
         if isinstance(la_sr_ratios, str):  # the authors' '8421'
             la_sr_ratios = tuple(int(c) for c in la_sr_ratios)
-        self.interpolate_mode = check_resize_mode(interpolate_mode)
         arch = resolve_arch(arch, self.arch_zoo, self._arch_keys, type(self))
         embed_dims = tuple(int(c) for c in arch['embed_dims'])
         depths = tuple(int(d) for d in arch['depths'])
@@ -233,8 +219,7 @@ class PolaPVT(PolaBackbone):
         for i in range(self.num_built):
             self.add_module(f'patch_embed{i + 1}', PatchEmbed(
                 in_channels if i == 0 else embed_dims[i - 1], embed_dims[i],
-                patch_sizes[i], norm_cfg=dict(type='LN'),
-                pad_input=pad_input))
+                patch_sizes[i], norm_cfg=dict(type='LN'), pad_input=False))
             self.add_module(f'pos_drop{i + 1}', nn.Dropout(drop_rate))
             start = sum(depths[:i])
             self.add_module(f'block{i + 1}', PolaPVTStage([
@@ -247,8 +232,7 @@ class PolaPVT(PolaBackbone):
                     drop_path_rate=dpr[start + j], act_cfg=act_cfg,
                     norm_cfg=norm_cfg, with_cp=with_cp,
                     feature_map=feature_map,
-                    la_sr_ratio=int(la_sr_ratios[i]),
-                    interpolate_mode=interpolate_mode, pad_input=pad_input)
+                    la_sr_ratio=int(la_sr_ratios[i]))
                 for j in range(depths[i])
             ]))
         self._freeze_stages()
@@ -281,7 +265,7 @@ class PolaPVT(PolaBackbone):
         the grid), dropout: tokens ``(B, H' * W', C)`` and ``(H', W')``."""
         x, hw = getattr(self, f'patch_embed{i + 1}')(x)
         pos = resize_pos_table(getattr(self, f'pos_embed{i + 1}'),
-                               self.ref_grids[i], hw, self.interpolate_mode)
+                               self.ref_grids[i], hw, 'bilinear')
         return getattr(self, f'pos_drop{i + 1}')(x + pos), hw
 
     def stem(self, x: Tensor) -> Tuple[Tensor, Size2]:

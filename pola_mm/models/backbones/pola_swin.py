@@ -11,7 +11,8 @@ from ...type_aliases import Size2
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, WindowMSA
 from ..layers.bricks import build_attention, build_norm_layer
 from .base import (PolaBackbone, PreNormBlock, arch_drop_path,
-                   check_out_indices, freeze, linspace, pair, resolve_arch)
+                   check_out_indices, freeze, linspace, pair,
+                   reject_removed_options, resolve_arch)
 
 
 class PolaSwinBlock(PreNormBlock):
@@ -26,8 +27,7 @@ class PolaSwinBlock(PreNormBlock):
 
     ``'S'`` (softmax): Swin's shifted windows over the stage map
     (:class:`~pola_mm.models.layers.WindowMSA`: padded as mmdet's
-    ``SwinTransformer``, or with ``mask_padding`` as earlier pola_mm
-    versions).
+    ``SwinTransformer``).
 
     Args:
         embed_dims: channels.
@@ -38,8 +38,6 @@ class PolaSwinBlock(PreNormBlock):
         shift: whether an ``'S'`` block shifts (odd blocks); ignored by
             ``'L'`` blocks, which attend to the whole map.
         attn_type: ``'L'`` or ``'S'``.
-        mask_padding: the softmax rule for maps that are not a multiple of
-            the window (see above).
         mlp_ratio, qkv_bias, alpha, kernel_size, drop_rate, attn_drop_rate,
         drop_path_rate, act_cfg, norm_cfg: as in :class:`PolaSwinTransformer`.
         with_cp: gradient checkpointing of the whole block.
@@ -51,7 +49,6 @@ class PolaSwinBlock(PreNormBlock):
                  window_size: Size2,
                  shift: bool = False,
                  attn_type: str = 'L',
-                 mask_padding: bool = False,
                  mlp_ratio: float = 4.,
                  qkv_bias: bool = True,
                  alpha: float = 4,
@@ -74,9 +71,8 @@ class PolaSwinBlock(PreNormBlock):
                          attn_drop=attn_drop_rate, proj_drop=drop_rate,
                          feature_map=feature_map),
             'S': partial(WindowMSA, embed_dims, num_heads, window_size,
-                         shift=shift, mask_padding=mask_padding,
-                         qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
-                         proj_drop=drop_rate)})
+                         shift=shift, qkv_bias=qkv_bias,
+                         attn_drop=attn_drop_rate, proj_drop=drop_rate)})
         super().__init__(embed_dims, attn, mlp_ratio, drop_rate,
                          drop_path_rate, act_cfg, norm_cfg, with_cp,
                          init_cfg=init_cfg)
@@ -183,12 +179,6 @@ class PolaSwinTransformer(PolaBackbone):
             ``'M'`` mixed (the authors' ``'M<n>'``: the first ``n`` blocks
             of the stage polarity, the rest softmax, ``n`` written once at
             the end, e.g. ``'LLMS4'``; see :func:`block_layout`).
-        mask_padding: softmax stages on maps that are not a multiple of the
-            window: False (default) computes what mmdet's
-            ``SwinTransformer`` computes (zero padding, window and shift
-            kept, no key mask); True masks padded keys and shrinks windows
-            to small maps (earlier pola_mm versions). See
-            :class:`PolaSwinBlock`.
         mlp_ratio: MLP hidden ratio.
         qkv_bias: bias in the input projections.
         alpha: exponent range of the learned power.
@@ -238,7 +228,6 @@ class PolaSwinTransformer(PolaBackbone):
                  window_size: int = 56,
                  softmax_window_size: Optional[int] = None,
                  attn_layout: str = 'LLSS',
-                 mask_padding: bool = False,
                  mlp_ratio: float = 4.,
                  qkv_bias: bool = True,
                  alpha: float = 4,
@@ -252,7 +241,9 @@ class PolaSwinTransformer(PolaBackbone):
                  norm_cfg: Optional[dict] = None,
                  act_cfg: Optional[dict] = None,
                  feature_map: str = 'power',
-                 init_cfg: Optional[dict] = None) -> None:
+                 init_cfg: Optional[dict] = None,
+                 **removed) -> None:
+        reject_removed_options(type(self).__name__, removed)
         norm_cfg = dict(type='LN') if norm_cfg is None else norm_cfg
         act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         super().__init__(init_cfg=init_cfg)
@@ -288,8 +279,7 @@ class PolaSwinTransformer(PolaBackbone):
         block_cfg = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, alpha=alpha,
                          kernel_size=kernel_size, drop_rate=drop_rate,
                          attn_drop_rate=attn_drop_rate, act_cfg=act_cfg,
-                         with_cp=with_cp, feature_map=feature_map,
-                         mask_padding=mask_padding)
+                         with_cp=with_cp, feature_map=feature_map)
         self.window_sizes: List[List[Size2]] = []
         self.layers = nn.ModuleList()
         for i in range(self.num_built):

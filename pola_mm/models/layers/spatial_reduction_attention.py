@@ -25,11 +25,6 @@ class SpatialReductionAttention(BaseModule):
         attn_drop: dropout on attention weights.
         proj_drop: dropout after ``proj``.
         norm_cfg: norm after ``sr``.
-        pad_input: False (the authors' PVT): ``sr`` drops the bottom/right
-            remainder of the map (a side shorter than ``sr_ratio`` is padded
-            to it); True: the map is zero-padded to a multiple of
-            ``sr_ratio`` first (earlier pola_mm versions). See
-            :func:`~pola_mm.models.layers.embed.pad_for_stride`.
     """
 
     def __init__(self,
@@ -40,12 +35,10 @@ class SpatialReductionAttention(BaseModule):
                  attn_drop: float = 0.,
                  proj_drop: float = 0.,
                  norm_cfg: Optional[dict] = None,
-                 pad_input: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         super().__init__(init_cfg=init_cfg)
         self.num_heads = num_heads
-        self.pad_input = pad_input
         self.scale = (embed_dims // num_heads) ** -0.5
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
@@ -65,7 +58,9 @@ class SpatialReductionAttention(BaseModule):
         q = self.q(x).reshape(B, N, h, C // h).transpose(1, 2)
         if self.sr_ratio > 1:
             r = self.sr_ratio
-            m = pad_for_stride(to_map(x, hw), r, self.pad_input)
+            # as the authors' PVT: the bottom/right remainder is dropped (a
+            # side shorter than r is padded to r)
+            m = pad_for_stride(to_map(x, hw), r, pad_input=False)
             m = self.norm(to_tokens(self.sr(m)))
         else:
             m = x

@@ -19,7 +19,7 @@ a dimension shifted by 0 alone, and :func:`window_masks` gives one
 ``(1, N, N)`` zero mask where nothing is masked. A traced size (a 0-d
 tensor, a symbolic int) always takes the branch-free form.
 """
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -29,28 +29,6 @@ from ...type_aliases import Pad4, Size2
 
 #: Additive value the authors (and Swin) use for masked attention logits.
 MASK_VALUE = -100.0
-
-
-def effective_window(hw: Size2, window: Size2,
-                     shift: Size2) -> Tuple[Size2, Size2]:
-    """Window and shift actually used on a map of size ``hw``.
-
-    Per dimension: if the map is not larger than the window, the window
-    shrinks to the map and the shift in that dimension is 0 (Swin's rule,
-    applied per dimension so non-square maps keep the largest valid window);
-    otherwise window and shift are kept.
-
-    Args:
-        hw: ``(H, W)`` of the feature map.
-        window: ``(wh, ww)`` configured window.
-        shift: ``(sh, sw)`` configured shift (0 for unshifted blocks).
-
-    Returns:
-        ``((wh', ww'), (sh', sw'))``.
-    """
-    wh, sh = (hw[0], 0) if hw[0] <= window[0] else (window[0], shift[0])
-    ww, sw = (hw[1], 0) if hw[1] <= window[1] else (window[1], shift[1])
-    return (wh, ww), (sh, sw)
 
 
 def exceeds(size, limit: int):

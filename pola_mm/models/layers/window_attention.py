@@ -10,9 +10,8 @@ from torch import Tensor
 
 from ...ops import check_window_export, softmax_attention
 from ...type_aliases import Size2
-from .window import (crop_map, cyclic_shift, effective_window, either, exceeds,
-                     grid_padding, pad_map, window_masks, window_partition,
-                     window_reverse)
+from .window import (crop_map, cyclic_shift, either, exceeds, grid_padding,
+                     pad_map, window_masks, window_partition, window_reverse)
 
 
 def relative_position_index(window: Size2, table_window: Size2) -> Tensor:
@@ -47,16 +46,13 @@ class WindowMSA(BaseModule):
     bottom/right to a multiple of the window (the window is kept),
     cyclically shifted by half a window when ``shift`` with Swin's region
     mask over the padded map, and padded tokens attended to like any other
-    (no key mask). With ``mask_padding=True``, earlier pola_mm versions'
-    rule instead: per dimension a window not smaller than the map shrinks
-    to it with shift 0, and padded keys are masked out.
+    (no key mask).
 
     :meth:`forward` computes every case on windows of the table's size
     with no branch on the map size (:meth:`shift_plan`): a map that fits in
     one window is padded to it, not shifted, and its padded keys masked
     (the same attention as a window of the map's own size, the relative
-    offsets of its tokens being the same); with ``mask_padding`` a
-    dimension that fits is likewise padded and not shifted. The shift, the
+    offsets of its tokens being the same). The shift, the
     region and padding masks and the padding are computed from the map
     size, so a graph traced at one input size (ONNX with a dynamic
     height/width) computes the rule at every size. :meth:`window_plan`
@@ -72,8 +68,6 @@ class WindowMSA(BaseModule):
         num_heads: heads ``h``.
         window_size: the table's window ``(Th, Tw)`` (the largest window).
         shift: shift by half a window (Swin's odd blocks).
-        mask_padding: the rule for maps that are not a multiple of the
-            window (see above).
         qkv_bias: bias of ``qkv``.
         qk_scale: override of ``d^-0.5``.
         attn_drop: dropout on attention weights.
@@ -85,7 +79,6 @@ class WindowMSA(BaseModule):
                  num_heads: int,
                  window_size: Size2,
                  shift: bool = False,
-                 mask_padding: bool = False,
                  qkv_bias: bool = True,
                  qk_scale: Optional[float] = None,
                  attn_drop: float = 0.,
@@ -97,7 +90,6 @@ class WindowMSA(BaseModule):
         self.window_size = (int(window_size[0]), int(window_size[1]))
         self.shift_size = ((self.window_size[0] // 2,
                             self.window_size[1] // 2) if shift else (0, 0))
-        self.mask_padding = mask_padding
         head_dims = embed_dims // num_heads
         self.scale = qk_scale or head_dims ** -0.5
         th, tw = self.window_size
@@ -115,8 +107,6 @@ class WindowMSA(BaseModule):
     def window_plan(self, hw: Size2) -> Tuple[Size2, Size2]:
         """The window and shift used on a map ``hw`` (see the class
         docstring): ``((wh, ww), (sh, sw))``."""
-        if self.mask_padding:
-            return effective_window(hw, self.window_size, self.shift_size)
         if hw[0] <= self.window_size[0] and hw[1] <= self.window_size[1]:
             return (hw[0], hw[1]), (0, 0)  # one window: the map
         return self.window_size, self.shift_size  # mmdet's Swin
@@ -134,13 +124,9 @@ class WindowMSA(BaseModule):
         if not isinstance(hw[0], int) or not isinstance(hw[1], int):
             # sizes of a captured graph: 0/1 flags, no comparison
             larger_h, larger_w = exceeds(hw[0], wh), exceeds(hw[1], ww)
-            if self.mask_padding:  # per dimension: no shift where it fits
-                return (sh * larger_h, sw * larger_w), False
             several = either(larger_h, larger_w)  # else one window: the map
             return (sh * several, sw * several), several
         larger_h, larger_w = hw[0] > wh, hw[1] > ww
-        if self.mask_padding:
-            return (sh * larger_h, sw * larger_w), False
         several = larger_h or larger_w
         return (sh * several, sw * several), several
 
