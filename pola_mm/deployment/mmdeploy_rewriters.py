@@ -152,15 +152,22 @@ def rpn_head__predict_by_feat__levelwise(self: Any,
     box = torch.cat(boxes, 1)
     score = torch.cat(scores, 1)
     level = torch.cat(levels, 1)
-    min_size = cfg.get('min_bbox_size', -1)
-    if min_size >= 0:  # mmdet drops these before its NMS
-        wh = box[..., 2:] - box[..., :2]
-        score = score * ((wh[..., 0] > min_size) &
-                         (wh[..., 1] > min_size)).to(score.dtype)
+    score = score * _not_flat(box, cfg).to(score.dtype)
     dets, _ = nms_in_groups(box, score, level,
                             cfg.nms.get('iou_threshold', 0.7), 0.0,
                             cfg.max_per_img)
     return dets, torch.zeros_like(dets[..., 4], dtype=torch.long)
+
+
+def _not_flat(box: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """mmdet's ``min_bbox_size`` rule, which it applies before its NMS:
+    True for the boxes ``(..., 4)`` wider and higher than
+    ``cfg.min_bbox_size`` (every box where the config has none)."""
+    min_size = cfg.get('min_bbox_size', -1)
+    wh = box[..., 2:] - box[..., :2]
+    if min_size < 0:
+        return torch.ones_like(wh[..., 0], dtype=torch.bool)
+    return (wh[..., 0] > min_size) & (wh[..., 1] > min_size)
 
 
 def nms_in_groups(box: torch.Tensor, score: torch.Tensor,
@@ -266,11 +273,7 @@ def base_dense_head__predict_by_feat__min_size(self: Any,
     if not with_nms:
         return boxes, scores
     cfg = self.test_cfg if cfg is None else cfg
-    min_size = cfg.get('min_bbox_size', -1)
-    if min_size >= 0:  # mmdet drops these before its NMS
-        wh = boxes[..., 2:] - boxes[..., :2]
-        scores = scores * ((wh[..., 0] > min_size) & (
-            wh[..., 1] > min_size)).unsqueeze(-1).to(scores.dtype)
+    scores = scores * _not_flat(boxes, cfg).unsqueeze(-1).to(scores.dtype)
     post = get_post_processing_params(ctx.cfg)
     return multiclass_nms(
         boxes, scores, post.max_output_boxes_per_class,

@@ -20,6 +20,7 @@ resizes to the size it is run at.
 """
 import functools
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -28,7 +29,7 @@ from ..type_aliases import Size2
 from .dispatch import capturing, records_grad, use_fast
 
 __all__ = ['resize_pos_table', 'resize_pos_table_pytorch', 'resize_matrix',
-           'check_resize_mode', 'RESIZE_MODES']
+           'resize_weights', 'check_resize_mode', 'RESIZE_MODES']
 
 
 #: Interpolation modes a table may be resized with.
@@ -69,21 +70,39 @@ def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2,
     return _cached_resize(table, ref_hw, hw, mode)
 
 
-def _cubic_weights(t: Tensor, a: float = -0.75) -> Tensor:
+def _cubic_weights(t: np.ndarray, a: float = -0.75) -> np.ndarray:
     """The four weights of taps ``-1, 0, 1, 2`` at the fractions ``t``
     (Keys' cubic convolution with ``a = -0.75``, PyTorch's)."""
-    def near(x: Tensor) -> Tensor:  # |x| <= 1
+    def near(x: np.ndarray) -> np.ndarray:  # |x| <= 1
         return ((a + 2) * x - (a + 3)) * x * x + 1
 
-    def far(x: Tensor) -> Tensor:  # 1 < |x| < 2
+    def far(x: np.ndarray) -> np.ndarray:  # 1 < |x| < 2
         return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
 
-    return torch.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], -1)
+    return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], -1)
+
+
+def resize_matrix(size_in: int, size_out: int, mode: str,
+                  device: torch.device, dtype: torch.dtype,
+                  cache: bool = True) -> Tensor:
+    """:func:`resize_weights` as a tensor on ``device`` in ``dtype``, cached
+    per size, mode, device and dtype (``cache=False`` for tensors without
+    storage: the meta and fake tensors of one tracing mode are not kept)."""
+    if not cache:
+        return torch.tensor(resize_weights(size_in, size_out, mode),
+                               dtype=dtype, device=device)
+    return _cached_matrix(size_in, size_out, mode, device, dtype)
 
 
 @functools.lru_cache(maxsize=64)
-def resize_matrix(size_in: int, size_out: int, mode: str,
-                  device: torch.device, dtype: torch.dtype) -> Tensor:
+def _cached_matrix(size_in: int, size_out: int, mode: str,
+                   device: torch.device, dtype: torch.dtype) -> Tensor:
+    return torch.tensor(resize_weights(size_in, size_out, mode),
+                           dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def resize_weights(size_in: int, size_out: int, mode: str) -> np.ndarray:
     """The ``(size_out, size_in)`` matrix of a 1-D resize along one axis
     with ``F.interpolate(mode=mode, align_corners=False)``'s weights.
 
@@ -93,24 +112,27 @@ def resize_matrix(size_in: int, size_out: int, mode: str,
     weight to the edge sample). ``'bilinear'``: ``x`` clamped to ``>= 0``,
     taps ``floor(x)`` and the next one (the last sample at the border).
     Bicubic and bilinear resizes of a grid are separable, so a 2-D resize
-    is ``Wh @ grid @ Ww^T``. Weights are computed in float64, then cast.
+    is ``Wh @ grid @ Ww^T``. A float64 numpy array (no tensor: it is
+    computed alike under any tracing or fake-tensor mode), cached; not to
+    be modified.
     """
     check_resize_mode(mode)
-    i = torch.arange(size_out, dtype=torch.float64)
-    x = (i + 0.5) * (size_in / size_out) - 0.5
+    x = (np.arange(size_out) + 0.5) * (size_in / size_out) - 0.5
     if mode == 'bilinear':
-        x = x.clamp_min(0)
-    base = x.floor()
+        x = np.maximum(x, 0)
+    base = np.floor(x)
     t = x - base
     if mode == 'bicubic':
-        taps = base.long().unsqueeze(-1) + torch.arange(-1, 3)
+        taps = base.astype(np.int64)[:, None] + np.arange(-1, 3)
         weights = _cubic_weights(t)
     else:
-        taps = base.long().unsqueeze(-1) + torch.arange(0, 2)
-        weights = torch.stack([1 - t, t], -1)
-    m = torch.zeros(size_out, size_in, dtype=torch.float64)
-    m.scatter_add_(1, taps.clamp(0, size_in - 1), weights)
-    return m.to(device=device, dtype=dtype)
+        taps = base.astype(np.int64)[:, None] + np.arange(0, 2)
+        weights = np.stack([1 - t, t], -1)
+    m = np.zeros((size_out, size_in))
+    rows = np.broadcast_to(np.arange(size_out)[:, None], taps.shape)
+    np.add.at(m, (rows, np.clip(taps, 0, size_in - 1)), weights)
+    m.flags.writeable = False
+    return m
 
 
 def _separable_resize(table: Tensor, ref_hw: Size2, hw: Size2,
@@ -121,8 +143,9 @@ def _separable_resize(table: Tensor, ref_hw: Size2, hw: Size2,
                                                            int(hw[1]))
     C = table.shape[-1]
     dt = torch.promote_types(table.dtype, torch.float32)
-    wh = resize_matrix(Hr, H, mode, table.device, dt)
-    ww = resize_matrix(Wr, W, mode, table.device, dt)
+    real = _has_storage(table)
+    wh = resize_matrix(Hr, H, mode, table.device, dt, cache=real)
+    ww = resize_matrix(Wr, W, mode, table.device, dt, cache=real)
     rows = wh @ table.to(dt).reshape(Hr, Wr * C)  # (H, Wr * C)
     grid = ww @ rows.view(H, Wr, C)  # (H, W, C), token-major
     return grid.reshape(1, H * W, C).to(table.dtype)
@@ -140,6 +163,14 @@ def resize_pos_table_pytorch(table: Tensor, ref_hw: Size2, hw: Size2,
     grid = F.interpolate(grid.to(dt), size=(hw[0], hw[1]), mode=mode,
                          align_corners=False)
     return grid.flatten(2).transpose(1, 2).to(table.dtype)
+
+
+def _has_storage(t: Tensor) -> bool:
+    """False for meta and fake tensors (their data pointer is 0)."""
+    try:
+        return t.data_ptr() != 0
+    except RuntimeError:
+        return False
 
 
 #: Grids kept per table in inference (several test scales, the sizes of a

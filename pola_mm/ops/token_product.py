@@ -11,8 +11,9 @@ multiprocessors idle (cuBLAS picks no split-K kernel for batched products).
 :func:`token_product` splits ``K`` instead: the tokens are cut into ``c``
 chunks that become part of the batch (views, no copy when the chunks are
 equal), the ``B * h * c`` products run at once and their partial results
-are summed in float32. ``c`` is chosen so that the products have about two
-waves of output tiles on the device (:func:`split_count`), or chunks of
+are summed in float32 (then returned in the inputs' dtype). ``c`` is
+chosen so that the products have about two waves of output tiles on the
+device (:func:`split_count`), or chunks of
 ``4 max(M, N)`` tokens where fewer suffice. On the CPU, and where the
 products already fill the device, it is the one product.
 
@@ -43,7 +44,10 @@ def _cuda_multiprocessors(index: int) -> int:
 
 def multiprocessors(device: torch.device) -> int:
     """Streaming multiprocessors of ``device``: the CUDA device's own, 132
-    on ``meta``, 0 elsewhere (no split)."""
+    on ``meta`` and on fake CUDA tensors where no GPU is present (memory
+    estimates), 0 elsewhere (no split)."""
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        return META_MULTIPROCESSORS
     if device.type == 'cuda':
         index = device.index
         if index is None:
@@ -103,8 +107,8 @@ def token_product(a: Tensor, b: Tensor, ones: bool = False,
 
     Returns:
         ``(..., M, N)`` (``N + 1`` with ``ones``), in the promoted dtype of
-        ``a`` and ``b`` with float32: a split sums its partial products in
-        float32.
+        ``a`` and ``b``, as the one product; a split sums its partial
+        products in float32 first.
     """
     if ones:
         b = torch.cat([b, b.new_ones(b.shape[:-1] + (1, ))], -1)
@@ -112,18 +116,18 @@ def token_product(a: Tensor, b: Tensor, ones: bool = False,
     if chunks is None:
         batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         chunks = split_count(batch, M, N, K, a.device)
-    dt = torch.promote_types(torch.promote_types(a.dtype, b.dtype),
-                             torch.float32)
+    dt = torch.promote_types(a.dtype, b.dtype)
+    acc = torch.promote_types(dt, torch.float32)
     if chunks <= 1:
-        return token_product_pytorch(a, b).to(dt)
+        return token_product_pytorch(a, b)
     step = K // chunks
     whole = step * chunks
 
     def cut(t: Tensor) -> Tensor:  # (..., K, w) -> (..., chunks, step, w)
         return t[..., :whole, :].unflatten(-2, (chunks, step))
 
-    out = token_product_pytorch(cut(a), cut(b)).sum(-3, dtype=dt)
+    out = token_product_pytorch(cut(a), cut(b)).sum(-3, dtype=acc)
     if whole < K:  # the last K % chunks tokens
         out = out + token_product_pytorch(a[..., whole:, :],
-                                          b[..., whole:, :]).to(dt)
-    return out
+                                          b[..., whole:, :])
+    return out.to(dt)

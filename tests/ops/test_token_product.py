@@ -32,15 +32,16 @@ def test_split_equals_one_product(chunks, ones):
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-11)
 
 
-def test_split_of_half_inputs_sums_in_float32():
-    a, b = (t.half() for t in _pair(K=4096, dtype=torch.float32))
+def test_split_of_bfloat16_inputs_sums_in_float32():
+    """Partial products in bfloat16, their sum in float32, the result in
+    the inputs' dtype: as close to the exact sum as one bfloat16 rounding
+    of it."""
+    a, b = (t.bfloat16() for t in _pair(K=4096, dtype=torch.float32))
     got = tp.token_product(a, b, chunks=16)
-    assert got.dtype == torch.float32
+    assert got.dtype == torch.bfloat16
     want = a.double().transpose(-2, -1) @ b.double()
-    # partial products in half, their sum in float32: far closer than one
-    # half-precision result of the whole sum
     err = (got.double() - want).abs().max() / want.abs().max()
-    assert err < 2e-3
+    assert err < 8e-3  # bfloat16's rounding is 2^-8 = 3.9e-3 relative
 
 
 def test_split_gradients_equal_one_product():
