@@ -52,6 +52,14 @@ def _fake_transformers(root: str, version: str = '5.0.0') -> None:
                              '    return lambda f: f')
         with open(osp.join(path, '__init__.py'), 'a') as f:
             f.write('\n'.join(lines) + '\n')
+    # torch < 2.2's dynamo patches transformers.configuration_utils
+    # whenever transformers imports (a real package has it)
+    path = osp.join(root, 'transformers', 'configuration_utils')
+    os.makedirs(path, exist_ok=True)
+    with open(osp.join(path, '__init__.py'), 'w') as f:
+        f.write('class PretrainedConfig:\n    pass\n')
+    with open(osp.join(root, 'transformers', '__init__.py'), 'a') as f:
+        f.write('from . import configuration_utils\n')
     dist = osp.join(root, f'transformers-{version}.dist-info')
     os.makedirs(dist)
     with open(osp.join(dist, 'METADATA'), 'w') as f:
