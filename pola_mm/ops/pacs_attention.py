@@ -13,11 +13,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .checks import (check_broadcastable, check_head_inputs, no_queries,
+                     param_shape)
 from .dispatch import capturing, use_fast
 from .features import EPS, pacs_features
 from .pacs_kernel import pacs_attention_kernel
-from .polarity_attention import (check_broadcastable, check_head_inputs,
-                                 no_queries, param_shape)
 from .precision import no_autocast
 from .rotary import theta_shift
 

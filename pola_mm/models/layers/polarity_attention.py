@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ...ops import (depthwise_conv2d, gate_linear, pacs_attention,
                     polarity_attention)
-from ...ops.polarity_attention import check_token_grid
+from ...ops.checks import check_token_grid
 from ...ops.position import check_resize_mode, resize_pos_table
 from ...type_aliases import Size2
 from .attention_args import polarity_head_dims
