@@ -88,17 +88,15 @@ def resize_matrix(size_in: int, size_out: int, mode: str,
     """:func:`resize_weights` as a tensor on ``device`` in ``dtype``, cached
     per size, mode, device and dtype (``cache=False`` for tensors without
     storage: the meta and fake tensors of one tracing mode are not kept)."""
-    if not cache:
-        return torch.tensor(resize_weights(size_in, size_out, mode),
-                               dtype=dtype, device=device)
-    return _cached_matrix(size_in, size_out, mode, device, dtype)
+    build = _cached_matrix if cache else _cached_matrix.__wrapped__
+    return build(size_in, size_out, mode, device, dtype)
 
 
 @functools.lru_cache(maxsize=64)
 def _cached_matrix(size_in: int, size_out: int, mode: str,
                    device: torch.device, dtype: torch.dtype) -> Tensor:
     return torch.tensor(resize_weights(size_in, size_out, mode),
-                           dtype=dtype, device=device)
+                        dtype=dtype, device=device)
 
 
 @functools.lru_cache(maxsize=64)
