@@ -182,18 +182,18 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
 
     # (modules by name: pola_mm.ops.polarity_attention, ... are also the
     # names of the ops' functions in pola_mm.ops)
-    (depthwise_conv, gelu_linear, pacs_attention, pacs_kernel,
-     polarity_attention, polarity_kernel, position) = (
+    (depthwise_conv, gelu_linear, pacs_attention, pacs_fast,
+     polarity_attention, polarity_fast, position) = (
         importlib.import_module(f'pola_mm.ops.{name}') for name in (
-            'depthwise_conv', 'gelu_linear', 'pacs_attention', 'pacs_kernel',
-            'polarity_attention', 'polarity_kernel', 'position'))
+            'depthwise_conv', 'gelu_linear', 'pacs_attention', 'pacs_fast',
+            'polarity_attention', 'polarity_fast', 'position'))
     spies = {
-        'polarity_kernel': [(polarity_attention,
-                             'polarity_attention_kernel')],
+        'polarity_fast': [(polarity_attention,
+                             'polarity_attention_fast')],
         'PolarityAttentionFunction': [
-            (polarity_kernel.PolarityAttentionFunction, 'apply')],
-        'pacs_kernel': [(pacs_attention, 'pacs_attention_kernel')],
-        'PaCSAttentionFunction': [(pacs_kernel.PaCSAttentionFunction,
+            (polarity_fast.PolarityAttentionFunction, 'apply')],
+        'pacs_fast': [(pacs_attention, 'pacs_attention_fast')],
+        'PaCSAttentionFunction': [(pacs_fast.PaCSAttentionFunction,
                                    'apply')],
         'GateLinearFunction': [(GateLinearFunction, 'apply')],
         'GeluLinearFunction': [(GeluLinearFunction, 'apply')],

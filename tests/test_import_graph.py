@@ -234,3 +234,78 @@ def test_import_pola_mm_loads_no_export_or_analysis_code(mmdeploy):
                           'pola_mm.deployment.mmdeploy_fixes']
     else:
         assert loaded == []
+
+
+def test_ops_and_layers_share_no_file_name():
+    """ops name the operation, layers the module: a file name in both
+    folders (``ops/polarity_attention.py`` beside a layer of that name)
+    makes a reader guess which one holds the arithmetic."""
+    def names(folder):
+        return {f for f in os.listdir(osp.join(ROOT, *folder.split('/')))
+                if f.endswith('.py') and f != '__init__.py'}
+    assert not names('ops') & names('models/layers')
+
+
+def _private_uses(name: str, path: str, known: Set[str]) -> List[str]:
+    """Where module ``name`` (file ``path``) takes a private name
+    (``_x``, not ``__x__``) of another module of the package: ``from m
+    import _x``, or ``m._x`` on a name bound to a package module by an
+    import."""
+    with open(path, encoding='utf-8') as f:
+        tree = ast.parse(f.read(), path)
+    is_pkg = path.endswith('__init__.py')
+    here = name.split('.') if is_pkg else name.split('.')[:-1]
+
+    def private(n: str) -> bool:
+        return n.startswith('_') and not n.startswith('__')
+
+    out, bound = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - node.level + 1]
+                mod = '.'.join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ''
+            if mod not in known:
+                continue
+            for a in node.names:
+                if f'{mod}.{a.name}' in known:  # a module, bound by name
+                    bound[a.asname or a.name] = f'{mod}.{a.name}'
+                elif private(a.name) and mod != name:
+                    out.append(f'{name}:{node.lineno} imports {mod}.{a.name}')
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in known and a.asname:
+                    bound[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and bound.get(node.value.id, name) != name):
+            out.append(f'{name}:{node.lineno} uses '
+                       f'{bound[node.value.id]}.{node.attr}')
+    return out
+
+
+def test_private_name_reader_finds_both_forms(tmp_path):
+    pkg = tmp_path / 'pkg'
+    pkg.mkdir()
+    (pkg / '__init__.py').write_text('')
+    (pkg / 'a.py').write_text('_x = 1\ndef _y(): pass\n')
+    (pkg / 'b.py').write_text('from .a import _x\nfrom . import a\n'
+                              'def f():\n    return a._y()\n')
+    known = {'pkg', 'pkg.a', 'pkg.b'}
+    assert _private_uses('pkg.b', str(pkg / 'b.py'), known) == [
+        'pkg.b:1 imports pkg.a._x', 'pkg.b:4 uses pkg.a._y']
+    assert _private_uses('pkg.a', str(pkg / 'a.py'), known) == []
+
+
+def test_no_module_takes_a_private_name_of_another():
+    """What one module keeps private (``_x``) no other module reaches
+    into: a name two modules share is public, named and documented
+    where it lives."""
+    mods = _modules()
+    known = set(mods)
+    bad = [use for m, p in sorted(mods.items())
+           for use in _private_uses(m, p, known)]
+    assert not bad, bad

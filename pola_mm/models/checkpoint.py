@@ -296,7 +296,7 @@ def adapt_pos_tables(state_dict: Dict[str, Tensor],
     Returns:
         The keys that were resized.
     """
-    from .layers.polarity_attention import resize_pos_table
+    from ..ops.position import resize_pos_table
     own = module.state_dict()
     done = []
     for key, value in list(state_dict.items()):

@@ -3,21 +3,24 @@ implementation or its plain ``*_pytorch`` reference itself (mmcv's
 pattern), behind one switch (``POLA_MM_FAST_PATHS=0`` or
 :func:`plain_paths`; :mod:`~pola_mm.ops.dispatch`).
 
-- :func:`polarity_attention` (PolaFormer; kernel in
-  :mod:`~pola_mm.ops.polarity_kernel`);
-- :func:`pacs_attention` (PolaFormer++'s PaCS; kernel in
-  :mod:`~pola_mm.ops.pacs_kernel`);
+- :func:`polarity_attention` (PolaFormer; fast implementation in
+  :mod:`~pola_mm.ops.polarity_fast`);
+- :func:`pacs_attention` (PolaFormer++'s PaCS; fast implementation in
+  :mod:`~pola_mm.ops.pacs_fast`);
 - :func:`softmax_attention` (``scaled_dot_product_attention`` or the
   explicit form);
 - :func:`depthwise_conv2d`, :func:`gate_linear`, :func:`gelu_linear`
   (lean training functions); :func:`gelu_mlp` (the MLP: lean in training,
   in CPU inference on runs of tokens);
-- :func:`resize_pos_table` (cached in inference).
+- :func:`resize_pos_table` (cached in inference);
+- :func:`rotary_tables`, :func:`theta_shift` (PolaFormer++'s 2-D rotary
+  encoding).
 
 Each has its plain reference beside it, named ``*_pytorch``, which is also
 what it runs with the fast paths off. The pieces the references and the
-kernels share are written once (:mod:`~pola_mm.ops.features`), the CPU
-run planning apart from the kernels' arithmetic (:mod:`~pola_mm.ops.runs`).
+fast implementations share are written once
+(:mod:`~pola_mm.ops.features`), the CPU run planning apart from their
+arithmetic (:mod:`~pola_mm.ops.runs`).
 """
 from .depthwise_conv import depthwise_conv2d, depthwise_conv2d_pytorch
 from .dispatch import (FAST_PATHS_ENV, DynamicShapeExportError,
@@ -29,6 +32,7 @@ from .pacs_attention import pacs_attention, pacs_attention_pytorch
 from .polarity_attention import polarity_attention, polarity_attention_pytorch
 from .position import (check_resize_mode, resize_pos_table,
                        resize_pos_table_pytorch)
+from .rotary import rotary_tables, theta_shift
 from .softmax_attention import (check_window_export, softmax_attention,
                                 softmax_attention_pytorch)
 
@@ -40,5 +44,6 @@ __all__ = [
     'depthwise_conv2d_pytorch', 'gate_linear', 'gate_linear_pytorch',
     'gelu_linear', 'gelu_linear_pytorch', 'gelu_mlp', 'gelu_mlp_pytorch',
     'resize_pos_table', 'resize_pos_table_pytorch', 'check_resize_mode',
-    'check_window_export', 'DynamicShapeExportError'
+    'check_window_export', 'DynamicShapeExportError', 'rotary_tables',
+    'theta_shift'
 ]

@@ -1,5 +1,5 @@
 """The pieces of the attention formulas that the plain references and the
-kernels share, written once.
+fast implementations share, written once.
 
 - :data:`EPS`, added to the normalisers of both attentions;
 - :func:`split_signs`: ``relu(u)`` and ``relu(-u)`` of a signed tensor,
@@ -10,8 +10,8 @@ kernels share, written once.
   through :func:`polar_halves`.
 
 The references (:mod:`~.polarity_attention`, :mod:`~.pacs_attention`) and
-the kernels (:mod:`~.polarity_kernel`, :mod:`~.pacs_kernel`) import from
-here; nothing here imports a kernel.
+the fast implementations (:mod:`~.polarity_fast`, :mod:`~.pacs_fast`)
+import from here; nothing here imports either of them.
 """
 from typing import Optional, Sequence, Tuple
 
@@ -73,9 +73,9 @@ def pacs_features(x: Tensor, t: Optional[Tensor] = None,
     The queries take it with the temperatures ``t = sigmoid(s1)`` (same-
     signed flow) and ``sigmoid(s2)`` with ``swap`` (opposite-signed flow),
     the keys without temperature. Where autograd records nothing (the
-    kernel, inference) the temperature and ``exp(.) - 1`` apply in place on
-    the new tensor; otherwise out of place, so that backward finds what it
-    saved.
+    fast implementation, inference) the temperature and ``exp(.) - 1``
+    apply in place on the new tensor; otherwise out of place, so that
+    backward finds what it saved.
 
     Args:
         x: ``(..., d)``.

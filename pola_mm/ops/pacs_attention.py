@@ -1,7 +1,7 @@
 """PaCS polarity attention (PolaFormer++): the op.
 
 :func:`pacs_attention` is what the models call. It runs the memory-lean
-kernel (:func:`~.pacs_kernel.pacs_attention_kernel`: same outputs and
+implementation (:func:`~.pacs_fast.pacs_attention_fast`: same outputs and
 gradients, feature maps recomputed in backward) or, with the fast paths off
 and whenever a graph is captured, its plain reference
 :func:`pacs_attention_pytorch` beside it; it decides itself
@@ -17,7 +17,7 @@ from .checks import (check_broadcastable, check_head_inputs, no_queries,
                      param_shape)
 from .dispatch import capturing, use_fast
 from .features import EPS, pacs_features
-from .pacs_kernel import pacs_attention_kernel
+from .pacs_fast import pacs_attention_fast
 from .precision import no_autocast
 from .rotary import theta_shift
 
@@ -38,8 +38,9 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
     relu(-k)]) - 1``; each flow is divided by its own ``q' . mean(k')``.
     Unlike :func:`~.polarity_attention.polarity_attention` there is no
     ``scale`` here: divide ``q`` and ``k`` by a temperature before, if
-    wanted. The fast kernel runs when ``n == N`` and the fast paths are on,
-    else the plain reference (``pola_mm.ops.plain_paths()`` forces it).
+    wanted. The fast implementation runs when ``n == N`` and the fast
+    paths are on, else the plain reference (``pola_mm.ops.plain_paths()``
+    forces it).
 
     Args:
         q: ``(B, h, N, d)`` queries, ``d`` even.
@@ -49,7 +50,7 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
             (zeros: ``t = 1/2``, the authors' init).
         sin, cos: optional ``(N, 2d)`` rotary tables of the products
             (both or neither; e.g.
-            :func:`~pola_mm.models.layers.rotary_tables`).
+            :func:`~pola_mm.ops.rotary.rotary_tables`).
 
     Returns:
         ``(B, h, N, d)`` in the dtype of ``q``; computed in float32 at least.
@@ -70,8 +71,8 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
         args = [t.to(dt) for t in (q, k, v, s1, s2)]
         tables = [None if t is None else t.to(dt) for t in (sin, cos)]
         if use_fast(q) and k.shape[-2] == q.shape[-2]:
-            # (the kernel assumes as many keys as queries)
-            out = pacs_attention_kernel(*args, *tables)
+            # (the fast implementation assumes as many keys as queries)
+            out = pacs_attention_fast(*args, *tables)
         else:
             out = pacs_attention_pytorch(*args, *tables)
     return out.to(q.dtype)

@@ -1,10 +1,10 @@
 """Polarity-aware linear attention (PolaFormer): the op.
 
-:func:`polarity_attention` is what the models call. It runs the fast kernel
-(:func:`~.polarity_kernel.polarity_attention_kernel`: same outputs and
-gradients, the ``(B, h, N, 2d)`` feature maps recomputed in backward
-instead of stored, cache-sized runs in CPU inference)
-or, with the fast paths off and whenever a graph is captured (export,
+:func:`polarity_attention` is what the models call. It runs the fast
+implementation (:func:`~.polarity_fast.polarity_attention_fast`: same
+outputs and gradients, the ``(B, h, N, 2d)`` feature maps recomputed in
+backward instead of stored, cache-sized runs in CPU inference) or, with
+the fast paths off and whenever a graph is captured (export,
 ``torch.export``, ``torch.compile``), its plain reference
 :func:`polarity_attention_pytorch` beside it. It decides itself
 (:func:`~.dispatch.use_fast`); under fp16/bf16 autocast both compute in
@@ -20,7 +20,7 @@ from .checks import (check_broadcastable, check_head_inputs, no_queries,
                      param_shape)
 from .dispatch import capturing, use_fast
 from .features import EPS, split_signs
-from .polarity_kernel import polarity_attention_kernel
+from .polarity_fast import polarity_attention_fast
 from .precision import no_autocast
 
 __all__ = ['polarity_attention', 'polarity_attention_pytorch']
@@ -44,9 +44,9 @@ def polarity_attention(q: Tensor,
     or output projection, no gate and no depth-wise conv (those are
     :class:`~pola_mm.models.layers.PolarityAttention`'s). The normalisation
     is inside: each flow is divided by its own ``q' . mean(k')``. It runs
-    the fast kernel or the plain reference by itself; ``POLA_MM_FAST_PATHS=0``
-    or ``with pola_mm.ops.plain_paths():`` forces the reference
-    (:mod:`~pola_mm.ops.dispatch`).
+    the fast implementation or the plain reference by itself;
+    ``POLA_MM_FAST_PATHS=0`` or ``with pola_mm.ops.plain_paths():`` forces
+    the reference (:mod:`~pola_mm.ops.dispatch`).
 
     Args:
         q: ``(B, h, N, d)`` queries, ``d`` even.
@@ -81,7 +81,7 @@ def polarity_attention(q: Tensor,
             return q.clone()
     with no_autocast(q.device.type):
         if use_fast(q):
-            out = polarity_attention_kernel(q, k, v, scale, power, alpha,
+            out = polarity_attention_fast(q, k, v, scale, power, alpha,
                                             k_bias=k_bias)
         else:
             dt = torch.promote_types(q.dtype, torch.float32)
@@ -100,7 +100,7 @@ def polarity_attention_pytorch(q: Tensor,
                                eps: float = EPS,
                                k_bias: Optional[Tensor] = None) -> Tensor:
     """Polarity-aware linear attention (the published formula) in plain
-    PyTorch operations: the reference of :func:`polarity_attention_kernel`,
+    PyTorch operations: the reference of :func:`polarity_attention_fast`,
     and what runs with the fast paths off and in captured graphs (export).
 
     With ``h`` heads of width ``d`` (even), ``s = softplus(scale)``,
@@ -189,7 +189,7 @@ def _signed_powers(t: Tensor, p: Tensor,
 
     The signed power ``sign(t) |t|^p`` is ``t exp((p - 1) log|t|)`` with
     ``|t|`` clamped to ``tiny`` (float32's smallest normal number) inside
-    the logarithm, as in the kernel's backward: the same values (the clamp
+    the logarithm, as in the fast backward: the same values (the clamp
     changes no ``|t| >= 1.2e-38``; at ``t = 0`` the product is 0) and
     finite gradients everywhere (zero at ``t = 0``, as ``|t|^p``'s for
     ``p > 1``). In ONNX Runtime ``Log``, ``Mul``, ``Exp`` take about half

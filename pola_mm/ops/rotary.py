@@ -1,16 +1,27 @@
-"""Rotary encoding of channel pairs, the tensor-level primitive.
+"""2-D rotary position encoding of PolaFormer++ (the authors' ``RoPE``).
 
-The one rotation helper of pola_mm: the plain formula
-(:func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`, the
-softmax blocks of PolaPP) and the PaCS kernel
-(:mod:`~pola_mm.ops.pacs_kernel`) both rotate through it. The tables
-themselves (which angle each channel gets) are the model's:
-:func:`~pola_mm.models.layers.rotary.rotary_tables`.
+For features of width ``w`` on a map ``(H, W)``: ``w / 4`` frequencies
+``angle = 1 / base ** linspace(0, 1, w / 4)``, each repeated twice in place
+(``w / 2`` values); a token at ``(row, col)`` gets
+``sin = [sin(row * angle), sin(col * angle)]`` and ``cos`` likewise
+(``w`` values): :func:`rotary_tables`. :func:`theta_shift` rotates each
+pair of channels ``(x0, x1)`` by its angle. The tables depend only on the
+map, so the encoding works at any input size with nothing learned.
+
+The one rotation of pola_mm: the plain PaCS formula
+(:func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`), PolaPP's
+softmax blocks and the fast PaCS implementation
+(:mod:`~pola_mm.ops.pacs_fast`, which multiplies channel pairs as complex
+numbers, the same rotation) all use these tables and this rotation.
 """
+from typing import Optional, Tuple
+
 import torch
 from torch import Tensor
 
-__all__ = ['rotate_every_two', 'theta_shift']
+from ..type_aliases import Size2
+
+__all__ = ['rotary_tables', 'rotate_every_two', 'theta_shift']
 
 
 def rotate_every_two(x: Tensor) -> Tensor:
@@ -26,9 +37,49 @@ def theta_shift(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
     Args:
         x: ``(..., N, w)``.
         sin, cos: ``(N, w)`` (for example from
-            :func:`~pola_mm.models.layers.rotary.rotary_tables`).
+            :func:`rotary_tables`).
 
     Returns:
         ``(..., N, w)``.
     """
     return x * cos + rotate_every_two(x) * sin
+
+
+def rotary_tables(hw: Size2, width: int, base: float = 10000.,
+                  device: Optional[torch.device] = None,
+                  dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
+    """``sin`` and ``cos`` tables of a map, row-major.
+
+    Computed in float32 as the authors (then cast to ``dtype``).
+
+    Args:
+        hw: ``(H, W)``.
+        width: feature width ``w``, a multiple of 4 (the authors' ``RoPE``
+            uses ``w = d``, ``RoPE_linear`` ``w = 2d``).
+        base: frequency base.
+        device: where to make them (default: the CPU).
+
+    Returns:
+        ``sin``, ``cos``: ``(H * W, w)`` each.
+    """
+    if width % 4 != 0:
+        raise ValueError(f'rotary encoding needs a feature width divisible '
+                         f'by 4, got {width} (use a head width divisible by '
+                         '4 for softmax blocks, by 2 for PaCS blocks)')
+    H, W = hw  # ints, or a traced graph's sizes (int() would fix them)
+    angle = 1.0 / (base**torch.linspace(0, 1, width // 4, device=device))
+    angle = angle.unsqueeze(-1).repeat(1, 2).flatten()  # (w / 2)
+    rows = torch.arange(H, device=device, dtype=angle.dtype)[:, None] * angle
+    cols = torch.arange(W, device=device, dtype=angle.dtype)[:, None] * angle
+    sin = _table(torch.sin(rows), torch.sin(cols), width)
+    cos = _table(torch.cos(rows), torch.cos(cols), width)
+    return sin.to(dtype), cos.to(dtype)
+
+
+def _table(rows: Tensor, cols: Tensor, width: int) -> Tensor:
+    """``(H, w / 2)`` values of the rows and ``(W, w / 2)`` of the columns
+    -> ``(H * W, w)``, row-major."""
+    H, W, half = rows.shape[0], cols.shape[0], width // 2
+    return torch.cat([rows[:, None].expand(H, W, half),
+                      cols[None].expand(H, W, half)],
+                     dim=-1).reshape(H * W, width)

@@ -1,12 +1,12 @@
-"""CPU run planning: cache-sized runs of tokens for the kernels' CPU
-inference, apart from their arithmetic.
+"""CPU run planning: cache-sized runs of tokens for the fast
+implementations' CPU inference, apart from their arithmetic.
 
 Elementwise chains over a whole ``(B, h, N, d)`` tensor stream every
 intermediate through memory; on runs of tokens small enough to stay in
 cache, in dense buffers reused by every run, they run about 2x faster on
-the CPU (docs/performance.md). The kernels say how large a run may be
-(their own budgets, tunable); this module cuts the work into runs and
-holds the reused buffers. On GPUs the whole input is one run.
+the CPU (docs/performance.md). The fast implementations say how large a
+run may be (their own budgets, tunable); this module cuts the work into
+runs and holds the reused buffers. On GPUs the whole input is one run.
 """
 from typing import List, Sequence, Tuple
 

@@ -252,7 +252,7 @@ def test_polarity_qk_observes_the_module_forward(feature_map, monkeypatch):
     """polarity_qk runs the module's own forward and takes what its op
     receives: a forward that hands the op doubled queries is reflected,
     and the values equal the op's inputs (not a copy of the forward)."""
-    import pola_mm.models.layers.polarity_attention as layer
+    import pola_mm.models.layers.linear_attention as layer
     import pola_mm.ops as ops
     from pola_mm.models.layers import PolarityAttention
     torch.manual_seed(0)

@@ -26,7 +26,7 @@ from pola_mm.deployment import verify_onnx
 from pola_mm.deployment.onnx import (ExportInputError, available_runtimes,
                                      external_data_files)
 from pola_mm.models import PolaPVT, PolaSwinTransformer
-from pola_mm.ops import dispatch, polarity_kernel
+from pola_mm.ops import dispatch, polarity_fast
 
 pytest.importorskip('onnxruntime')
 
@@ -42,7 +42,7 @@ BACKBONES = {'swin': (PolaSwinTransformer, SWIN_TINY_DEPTH2),
 def _small_runs(monkeypatch) -> None:
     """Runs small enough that eager CPU inference takes the kernel's runs,
     so the test shows they stay out of the graph."""
-    monkeypatch.setattr(polarity_kernel, 'KERNEL_RUN_ELEMENTS', 1 << 14)
+    monkeypatch.setattr(polarity_fast, 'RUN_ELEMENTS', 1 << 14)
 
 
 def _model(name: str, seed: int = 0) -> torch.nn.Module:
@@ -73,12 +73,12 @@ def test_torchscript_export_matches_pytorch(tmp_path, monkeypatch, name,
     calls = []
     # the op's fast implementation, looked up where the op calls it, and
     # the features of one of the kernel's runs
-    for obj, attr in [(polarity_op_module, 'polarity_attention_kernel'),
-                      (polarity_kernel, '_features')]:
+    for obj, attr in [(polarity_op_module, 'polarity_attention_fast'),
+                      (polarity_fast, '_features')]:
         _spy(monkeypatch, calls, obj, attr)
     with torch.no_grad():
         model(example_inputs(model, shape))
-    assert {'polarity_attention_kernel', '_features'} <= set(calls)
+    assert {'polarity_attention_fast', '_features'} <= set(calls)
     calls.clear()
     out = str(tmp_path / 'm.onnx')
     export_onnx(model, shape, out, exporter='torchscript')
@@ -660,10 +660,10 @@ def test_polapp_export_matches_pytorch(tmp_path, exporter):
 def test_polapp_export_under_grad_without_tool(tmp_path, monkeypatch):
     """A user's plain TorchScript ``torch.onnx.export`` of PolaPP with
     autograd on: the PaCS kernel's autograd function steps aside."""
-    from pola_mm.ops import pacs_kernel
+    from pola_mm.ops import pacs_fast
     model = _polapp(seed=1)
     calls = []
-    _spy(monkeypatch, calls, pacs_kernel.PaCSAttentionFunction, 'apply')
+    _spy(monkeypatch, calls, pacs_fast.PaCSAttentionFunction, 'apply')
     x = example_inputs(model, (64, 96))
     out = str(tmp_path / 'm.onnx')
     assert torch.is_grad_enabled()

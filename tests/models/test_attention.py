@@ -332,8 +332,7 @@ def test_polarity_op_shape_errors():
 
 
 def test_pacs_op_shape_errors():
-    from pola_mm.models.layers import rotary_tables
-    from pola_mm.ops import pacs_attention
+    from pola_mm.ops import pacs_attention, rotary_tables
     q, k, v = _heads(N=12)  # N = 3 x 4
     s = torch.zeros(1, 3, 1, 12)
     sin, cos = rotary_tables((3, 4), 12)

@@ -6,9 +6,8 @@ import pytest
 import torch
 from helpers import polarity_attention_textbook
 
-from pola_mm.models.layers import rotary_tables
 from pola_mm.ops import (pacs_attention, pacs_attention_pytorch,
-                         polarity_attention)
+                         polarity_attention, rotary_tables)
 from pola_mm.ops import token_product as tp
 
 D64 = torch.float64
@@ -90,7 +89,7 @@ def split_on_cpu(monkeypatch):
 
 
 @pytest.mark.parametrize('N,n', [(40, 40), (41, 40), (40, 13)])
-def test_polarity_kernel_with_split_equals_formula(split_on_cpu, N, n):
+def test_polarity_fast_with_split_equals_formula(split_on_cpu, N, n):
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 3, N, 8, generator=g, dtype=D64)
     k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=D64)
@@ -111,7 +110,7 @@ def test_polarity_kernel_with_split_equals_formula(split_on_cpu, N, n):
 
 
 @pytest.mark.parametrize('rope', [False, True])
-def test_pacs_kernel_with_split_equals_formula(split_on_cpu, rope):
+def test_pacs_fast_with_split_equals_formula(split_on_cpu, rope):
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 2, 20, 6, generator=g, dtype=D64)
                for _ in range(3))

@@ -3,7 +3,7 @@
 Built from :mod:`pola_mm.models.layers` like the other backbones: the stem
 and downsampling (:mod:`~pola_mm.models.layers.conv_embed`), blocks and
 stages (:mod:`~pola_mm.models.layers.polapp_block`) with PaCS
-(:mod:`~pola_mm.models.layers.pacs_attention`) or rotary softmax attention
+(:mod:`~pola_mm.models.layers.linear_attention`) or rotary softmax attention
 (:mod:`~pola_mm.models.layers.rotary_attention`), the conv FFN
 (:mod:`~pola_mm.models.layers.conv_ffn`) and the shared drop path
 (:class:`~pola_mm.models.layers.bricks.DropPath`).

@@ -15,7 +15,7 @@ from ...type_aliases import Size2
 from .bricks import DropPath, build_attention
 from .conv_embed import ConvDownsample
 from .conv_ffn import ConvFFN
-from .pacs_attention import PaCSAttention
+from .linear_attention import PaCSAttention
 from .rotary_attention import RotarySelfAttention
 from .token_map import to_map, to_tokens
 

@@ -7,9 +7,9 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from ...ops import softmax_attention
+from ...ops.rotary import rotary_tables, theta_shift
 from ...type_aliases import Size2
 from .bricks import linear_chunks
-from .rotary import rotary_tables, theta_shift
 from .token_map import to_map, to_tokens
 
 __all__ = ['RotarySelfAttention']
@@ -20,7 +20,7 @@ class RotarySelfAttention(BaseModule):
     ``VanillaSelfAttention``): ``qkvo`` Linear(C, 4C) -> q, k, v, o;
     ``softmax(d^-0.5 R(q) R(k)^T) v + lepe(v)``, then ``proj(x * o)``;
     ``lepe`` a depth-wise 5x5 conv of v; ``R`` the rotary encoding of width
-    ``d`` (:func:`~pola_mm.models.layers.rotary.rotary_tables`). ``d`` must
+    ``d`` (:func:`~pola_mm.ops.rotary_tables`). ``d`` must
     be divisible by 4.
 
     The softmax product is the op :func:`~pola_mm.ops.softmax_attention`.

@@ -9,8 +9,8 @@ import torch
 from helpers import polarity_attention_textbook as reference
 
 from pola_mm.ops import (polarity_attention, polarity_attention_pytorch,
-                         polarity_kernel)
-from pola_mm.ops.polarity_kernel import PolarityAttentionFunction
+                         polarity_fast)
+from pola_mm.ops.polarity_fast import PolarityAttentionFunction
 
 #: the op's module (``pola_mm.ops.polarity_attention`` is also the op)
 op_module = importlib.import_module('pola_mm.ops.polarity_attention')
@@ -22,7 +22,7 @@ CHUNKS = {'whole': 1 << 30, 'sequences': 200, 'tokens': 24}
 
 @pytest.fixture(params=sorted(CHUNKS))
 def chunking(request, monkeypatch):
-    monkeypatch.setattr(polarity_kernel, 'KERNEL_RUN_ELEMENTS',
+    monkeypatch.setattr(polarity_fast, 'RUN_ELEMENTS',
                         CHUNKS[request.param])
     return request.param
 
@@ -30,8 +30,8 @@ def chunking(request, monkeypatch):
 def fast(*args, **kwargs):
     """The op, which must run its fast kernel (fast paths on, no graph
     captured)."""
-    with mock.patch.object(op_module, 'polarity_attention_kernel',
-                           wraps=op_module.polarity_attention_kernel) as k:
+    with mock.patch.object(op_module, 'polarity_attention_fast',
+                           wraps=op_module.polarity_attention_fast) as k:
         out = polarity_attention(*args, **kwargs)
     assert k.call_count == 1
     return out
@@ -216,7 +216,7 @@ def test_compiled_module_runs_the_reference_without_graph_breaks(
     def kernel(*args, **kwargs):
         raise AssertionError('the kernel ran while a graph was captured')
 
-    monkeypatch.setattr(op_module, 'polarity_attention_kernel', kernel)
+    monkeypatch.setattr(op_module, 'polarity_attention_fast', kernel)
     for grad in (True, False):
         with torch.set_grad_enabled(grad):
             result = explain(attn)(x, (4, 5))
@@ -250,8 +250,8 @@ def test_resized_position_table_is_cached_only_without_grad():
 
 
 def test_slab_plan(monkeypatch):
-    monkeypatch.setattr(polarity_kernel, 'KERNEL_RUN_ELEMENTS', 1000)
-    plan = polarity_kernel._plan
+    monkeypatch.setattr(polarity_fast, 'RUN_ELEMENTS', 1000)
+    plan = polarity_fast._plan
     slabs, step = plan(torch.empty(10, 2, 5, 4))  # 40 per sequence
     assert step == 5 and len(slabs) == 1 and slabs[0] == slice(0, 10)
     slabs, step = plan(torch.empty(100, 2, 5, 4))

@@ -44,8 +44,8 @@ def test_low_precision_inputs_equal_float32_copies(dtype):
         saved.append((t.untyped_storage()._cdata, t.dtype, t.shape))
         return t
 
-    with mock.patch.object(op_module, 'polarity_attention_kernel',
-                           wraps=op_module.polarity_attention_kernel) as k:
+    with mock.patch.object(op_module, 'polarity_attention_fast',
+                           wraps=op_module.polarity_attention_fast) as k:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = polarity_attention(*lows, *params[0][:2], 4.0,
                                      k_bias=params[0][2])

@@ -1,7 +1,7 @@
-"""A fast, memory-lean kernel of the polarity-aware linear attention.
+"""A fast, memory-lean implementation of the polarity-aware linear attention.
 
 Computes exactly the published formula (see
-:func:`polarity_attention_kernel`), rearranged so that it does less work:
+:func:`polarity_attention_fast`), rearranged so that it does less work:
 
 - One power for both signs: ``relu(t)^p`` and ``relu(-t)^p`` come from
   one ``|t|^p`` (as ``exp(p log|t|)``) and the sign of ``t`` (they have
@@ -24,7 +24,8 @@ Computes exactly the published formula (see
   derivatives need.)
 - Key bias. A positional table added to the keys (PolaFormer's
   ``positional_encoding``) can be passed as ``k_bias`` and is added inside
-  the kernel, run by run, so ``k + table`` is never materialised or saved.
+  the implementation, run by run, so ``k + table`` is never materialised
+  or saved.
 - Products over tokens that fill a GPU: the key product with its
   normaliser (a column of ones beside ``v``) and the backward's ``f^T du``
   are :func:`~.token_product.token_product`, split into chunks of tokens
@@ -38,9 +39,9 @@ Computes exactly the published formula (see
 Everything is whole-tensor torch operations without host synchronisation or
 data-dependent Python control flow; on GPUs the whole input is one run.
 
-The op :func:`~.polarity_attention.polarity_attention` calls this kernel
+The op :func:`~.polarity_attention.polarity_attention` calls this code
 or its plain reference
-:func:`~.polarity_attention.polarity_attention_pytorch`; the kernel never
+:func:`~.polarity_attention.polarity_attention_pytorch`; this code never
 sees a captured graph.
 """
 from typing import List, Optional, Sequence, Tuple
@@ -54,19 +55,19 @@ from .features import EPS, split_signs
 from .runs import RunBuffers, plan_runs, token_major, token_runs
 from .token_product import token_product
 
-__all__ = ['polarity_attention_kernel', 'PolarityAttentionFunction']
+__all__ = ['polarity_attention_fast', 'PolarityAttentionFunction']
 
 #: CPU: runs of about this many elements of one ``(B, h, N, d)`` input, so
 #: that the forward's elementwise chains stay in cache ...
-KERNEL_RUN_ELEMENTS = 1 << 18
+RUN_ELEMENTS = 1 << 18
 #: ... holding at least this many tokens per sequence when sequences are
 #: longer (fewer, larger matrix products).
-KERNEL_MIN_TOKENS = 256
+MIN_RUN_TOKENS = 256
 
 
 def _plan(x: Tensor) -> Tuple[List[slice], int]:
-    """:func:`~.runs.plan_runs` of ``x`` with this kernel's budget."""
-    return plan_runs(x, KERNEL_RUN_ELEMENTS, KERNEL_MIN_TOKENS)
+    """:func:`~.runs.plan_runs` of ``x`` with this module's budget."""
+    return plan_runs(x, RUN_ELEMENTS, MIN_RUN_TOKENS)
 
 
 def _mix_matrix(r: Tensor, n: float) -> Tensor:
@@ -140,7 +141,7 @@ def _features(x: Tensor, p: Tensor, f: Tensor, scratch: Sequence[Tensor],
     ``-inf`` and both features are 0. ``t`` is first written into
     ``scratch[1]`` and every later step works in place on ``scratch[0]``:
     both dense ``(B, h, n, d)`` whatever the strides of ``x`` (a view of
-    the projection) and, on CPU runs, in cache (the kernel at stage 1 of
+    the projection) and, on CPU runs, in cache (this code at stage 1 of
     Pola-Swin-T at 800x1344: 69 ms against 98 ms with each step into a new
     tensor, two of them in the strided layout).
     """
@@ -341,8 +342,8 @@ def _backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor,
 
 
 def _compute_dtype(q: Tensor, scale: Tensor) -> torch.dtype:
-    """The kernel's dtype: ``q``'s promoted with the parameters' (fp16/bf16
-    inputs with float32 parameters compute in float32)."""
+    """The computation's dtype: ``q``'s promoted with the parameters'
+    (fp16/bf16 inputs with float32 parameters compute in float32)."""
     return torch.promote_types(q.dtype, scale.dtype)
 
 
@@ -354,7 +355,7 @@ class PolarityAttentionFunction(torch.autograd.Function):
     its normalisers ``1 / z`` (``(B, h, N, 2)``) and the small mix matrix,
     but none of the ``(B, h, N, 2d)`` feature maps, which backward
     recomputes elementwise (no matrix product is recomputed). See
-    :func:`polarity_attention_kernel` for the arguments.
+    :func:`polarity_attention_fast` for the arguments.
     """
 
     @staticmethod
@@ -398,7 +399,7 @@ class PolarityAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dscale, dpower, None, None, dbias
 
 
-def polarity_attention_kernel(q: Tensor,
+def polarity_attention_fast(q: Tensor,
                               k: Tensor,
                               v: Tensor,
                               scale: Tensor,
@@ -412,7 +413,7 @@ def polarity_attention_kernel(q: Tensor,
     and the arguments) with the rearrangements of this module's docstring.
 
     ``q``, ``k``, ``v`` may be in a lower precision than the parameters
-    (fp16/bf16 under autocast, float32 ``scale``): the kernel computes in
+    (fp16/bf16 under autocast, float32 ``scale``): the computation runs in
     the promoted dtype and keeps the inputs as given for backward (no
     float32 copies saved).
 

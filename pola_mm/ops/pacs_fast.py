@@ -1,4 +1,4 @@
-"""A memory-lean kernel of the PaCS polarity attention (PolaFormer++).
+"""A memory-lean implementation of the PaCS polarity attention (PolaFormer++).
 
 The PaCS feature map is the plain formula's
 (:func:`~pola_mm.ops.features.pacs_features`, which
@@ -6,7 +6,7 @@ The PaCS feature map is the plain formula's
 PolaPP's :class:`~pola_mm.models.layers.PaCSAttention` and for
 ``PolarityAttention(feature_map='pacs')`` alike.
 
-:func:`pacs_attention_kernel` computes exactly the plain formula,
+:func:`pacs_attention_fast` computes exactly the plain formula,
 rearranged:
 
 - One key-value product for both flows: the rotary-encoded key features
@@ -31,7 +31,7 @@ rearranged:
   apply in place (:func:`~.features.pacs_features`), and
   the rotary encoding (and its adjoint) is one complex product per channel
   pair, ``(x0 + i x1)(cos + i sin)``, since the tables of
-  :func:`~pola_mm.models.layers.rotary.rotary_tables` give both channels of
+  :func:`~pola_mm.ops.rotary.rotary_tables` give both channels of
   a pair the same angle (other tables take the plain
   :func:`~pola_mm.ops.rotary.theta_shift`).
 
@@ -41,7 +41,7 @@ around it: ``exp`` overflows fp16 above 11).
 
 The feature map is written ``exp(x) - 1`` as the authors write it (every
 ONNX exporter knows ``exp``; the TorchScript exporter has no
-``aten::expm1``). The kernel never sees a captured graph: the op then runs
+``aten::expm1``). This code never sees a captured graph: the op then runs
 the plain formula.
 """
 from typing import Optional, Tuple
@@ -54,7 +54,7 @@ from .features import EPS, pacs_features, polar_halves, split_signs_grad
 from .rotary import rotate_every_two, theta_shift
 from .token_product import token_product
 
-__all__ = ['pacs_attention_kernel', 'PaCSAttentionFunction']
+__all__ = ['pacs_attention_fast', 'PaCSAttentionFunction']
 
 
 def _phasor(sin: Tensor, cos: Tensor) -> Optional[Tensor]:
@@ -140,7 +140,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
 
 class PaCSAttentionFunction(torch.autograd.Function):
     """PaCS attention with feature maps recomputed in backward (see the
-    module docstring and :func:`pacs_attention_kernel`)."""
+    module docstring and :func:`pacs_attention_fast`)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
@@ -207,7 +207,7 @@ class PaCSAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, ds1, ds2, None, None, None
 
 
-def pacs_attention_kernel(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
+def pacs_attention_fast(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
                           s2: Tensor, sin: Optional[Tensor] = None,
                           cos: Optional[Tensor] = None,
                           eps: float = EPS) -> Tensor:
