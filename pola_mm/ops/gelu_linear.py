@@ -24,8 +24,8 @@ implementation, :func:`gelu_mlp_fast`: in training ``fc1`` then
 :class:`GeluLinearFunction` (only ``fc1(x)`` kept); in CPU inference on
 many tokens, runs of tokens through one reused hidden buffer of about
 ``MLP_RUN_ELEMENTS`` (4 MB): the hidden layer, 4-8 times the input, then
-never leaves the cache (at 800x1344, stage 1 of Pola-Swin-T: 92 ms instead
-of 213 ms a block on 2 cores, docs/performance.md).
+never leaves the cache (about 2x faster at stage 1 of Pola-Swin-T on the
+CPU: docs/performance.md).
 """
 from typing import Optional
 

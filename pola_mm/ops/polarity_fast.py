@@ -141,9 +141,7 @@ def _features(x: Tensor, p: Tensor, f: Tensor, scratch: Sequence[Tensor],
     ``-inf`` and both features are 0. ``t`` is first written into
     ``scratch[1]`` and every later step works in place on ``scratch[0]``:
     both dense ``(B, h, n, d)`` whatever the strides of ``x`` (a view of
-    the projection) and, on CPU runs, in cache (this code at stage 1 of
-    Pola-Swin-T at 800x1344: 69 ms against 98 ms with each step into a new
-    tensor, two of them in the strided layout).
+    the projection) and, on CPU runs, in cache (docs/performance.md).
     """
     if bias is not None:
         x = torch.add(x, bias, out=scratch[1])

@@ -183,10 +183,9 @@ def linear_chunks(linear: nn.Linear, x: Tensor,
 
     On the CPU, and in every graph exported from it, one product per part
     with its rows of the weight: each part comes out contiguous, where views
-    of one product are strided and an exported ``Split`` copies them.
-    Measured on 2 CPU cores at 800x1344: Pola-Swin-T's PyTorch inference
-    1.12 -> 1.04 s (medians of 9 alternated processes), its ONNX Runtime
-    file 1.31 -> 1.27 s and its OpenVINO file 0.85 -> 0.82 s.
+    of one product are strided and an exported ``Split`` copies them
+    (faster in PyTorch, ONNX Runtime and OpenVINO on the CPU:
+    docs/performance.md, "Per-part projections").
 
     On the GPU, and where the module is observed or replaced (a hook, as
     FLOP counters and feature extractors add; a subclass or wrapper of

@@ -8,9 +8,8 @@ Both are views in eager mode (the map of contiguous tokens is a
 channels-last view). The order of the steps is for exported graphs: the
 ``Transpose`` is the 4-D NHWC <-> NCHW permutation, which ONNX Runtime
 folds into the input and output reorders of its blocked convolutions (a
-3-D transpose after the convolution stayed a separate node: a linear and
-a depth-wise conv at 200x336x96 alone went from 34 to 27 ms; whole
-backbones changed within their run-to-run spread).
+3-D transpose after the convolution stays a separate node;
+docs/performance.md).
 """
 from torch import Tensor
 
