@@ -1,11 +1,31 @@
-"""Deployment: ONNX export of the backbones, verified by onnxruntime
-(:mod:`pola_mm.deployment.onnx`, used by
-``tools/deployment/pytorch2onnx.py``), and whole models through MMDeploy,
-verified against PyTorch (:mod:`pola_mm.deployment.mmdeploy_verify`, used
-by ``tools/deployment/deploy.py``: the export in
+"""Deployment: ONNX export of the backbones and whole models, verified by
+ONNX Runtime and OpenVINO (used by ``tools/deployment/pytorch2onnx.py``),
+and whole models through MMDeploy, verified against PyTorch (used by
+``tools/deployment/deploy.py``).
+
+torch's own exporters, one module per job:
+
+- :mod:`~pola_mm.deployment.onnx_export`: the exporter choice, the
+  TorchScript and dynamo calls, and the verified export
+  (:func:`export_onnx`, :func:`export_and_verify`);
+- :mod:`~pola_mm.deployment.onnx_build`: what is exported, from a config
+  (:func:`build_backbone`, :func:`build_model`), and its inputs;
+- :mod:`~pola_mm.deployment.onnx_verify`: the file checked in the runtimes
+  against PyTorch, at the export size and others (:func:`verify_onnx`);
+- :mod:`~pola_mm.deployment.onnx_refusal`: a dynamic export that cannot
+  be one, refused (:class:`DynamicExportRefused`);
+- :mod:`~pola_mm.deployment.onnx_opsets`: the opsets each exporter takes
+  and the opset-11/12 shim;
+- :mod:`~pola_mm.deployment.onnx_files`: the ``.onnx`` file and its
+  external weights, written privately and moved into place;
+- :mod:`~pola_mm.deployment.onnx_errors`: :class:`ExportError` and
+  :class:`ExportInputError`.
+
+MMDeploy: :mod:`~pola_mm.deployment.mmdeploy_verify` (the verification,
+:func:`deploy_and_verify`), the export in
 :mod:`~pola_mm.deployment.mmdeploy_export`, the comparisons in
 :mod:`~pola_mm.deployment.mmdeploy_compare`, drawing in
-:mod:`~pola_mm.deployment.mmdeploy_draw`), with the narrow fixes that let
+:mod:`~pola_mm.deployment.mmdeploy_draw`, with the narrow fixes that let
 MMDeploy export on the modern torch
 (:mod:`pola_mm.deployment.mmdeploy_fixes`, applied once MMDeploy is
 imported, where ``import pola_mm`` finds it installed) and its rewriters
@@ -22,11 +42,18 @@ from typing import Any
 #: :mod:`~pola_mm.deployment.mmdeploy_fixes`, and only where MMDeploy is
 #: installed) does not load the export and verification code
 _LAZY = {
-    'EXPORTERS': 'onnx', 'ExportError': 'onnx', 'OutputCheck': 'onnx',
-    'build_backbone': 'onnx', 'example_inputs': 'onnx',
-    'export_and_verify': 'onnx', 'export_onnx': 'onnx',
-    'verify_onnx': 'onnx', 'DeployError': 'mmdeploy_verify',
-    'DeployReport': 'mmdeploy_verify', 'deploy_and_verify': 'mmdeploy_verify',
+    'EXPORTERS': 'onnx_export', 'export_onnx': 'onnx_export',
+    'export_and_verify': 'onnx_export',
+    'TensorModeModel': 'onnx_build', 'build_backbone': 'onnx_build',
+    'build_model': 'onnx_build', 'example_inputs': 'onnx_build',
+    'RUNTIMES': 'onnx_verify', 'OutputCheck': 'onnx_verify',
+    'available_runtimes': 'onnx_verify', 'check_sizes': 'onnx_verify',
+    'verify_onnx': 'onnx_verify',
+    'DynamicExportRefused': 'onnx_refusal', 'OPSETS': 'onnx_opsets',
+    'data_file_name': 'onnx_files', 'external_data_files': 'onnx_files',
+    'ExportError': 'onnx_errors', 'ExportInputError': 'onnx_errors',
+    'DeployError': 'mmdeploy_verify', 'DeployReport': 'mmdeploy_verify',
+    'deploy_and_verify': 'mmdeploy_verify',
 }
 
 __all__ = sorted(_LAZY)

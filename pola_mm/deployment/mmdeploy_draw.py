@@ -5,8 +5,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from mmengine.config import Config
 
-from .mmdeploy_export import (ImageLike, _quiet_import_mmdeploy,
-                              load_deploy_configs)
+from .mmdeploy_export import ImageLike, load_deploy_configs, require_mmdeploy
 
 __all__ = ['draw_results']
 
@@ -28,7 +27,7 @@ def draw_results(deploy_cfg: Union[str, Config],
     """
     deploy_cfg, model_cfg = load_deploy_configs(deploy_cfg, model_cfg,
                                                 cfg_options)
-    _quiet_import_mmdeploy()
+    require_mmdeploy()
     from mmdeploy.apis import visualize_model
     from mmdeploy.utils import Backend
     files = []

@@ -26,7 +26,7 @@ __all__ = [
     'TASKS', 'ImageLike', 'DeployError', 'DeployInputError',
     'MMDEPLOY_SCOPE', 'stock_configs_dir', 'stock_deploy_configs',
     'resolve_deploy_config', 'load_deploy_configs', 'is_dynamic_hw',
-    'deploy_task', 'export_with_mmdeploy'
+    'deploy_task', 'require_mmdeploy', 'export_with_mmdeploy'
 ]
 
 #: MMDeploy tasks this module can verify.
@@ -180,13 +180,17 @@ def deploy_task(deploy_cfg: Config) -> str:
     return task
 
 
-def _quiet_import_mmdeploy() -> None:
-    """Import MMDeploy (``import pola_mm``, which every module of the
-    package runs first, has registered the models and the MMDeploy fixes,
-    which run as ``mmdeploy.core`` is imported).
+def require_mmdeploy() -> None:
+    """Import MMDeploy, or say how to install it: what every user of
+    MMDeploy in pola_mm (the export here, the verification, the drawing,
+    the whole-model benchmark) calls before its ``from mmdeploy... import``.
+    ``import pola_mm``, which every module of the package runs first, has
+    registered the models and the MMDeploy fixes, which run as
+    ``mmdeploy.core`` is imported.
 
     Raises:
-        DeployError: MMDeploy is not installed (how to install it).
+        DeployError: MMDeploy is not installed (the message says how to
+            install it).
     """
     try:
         import mmdeploy  # noqa: F401
@@ -208,7 +212,7 @@ def export_with_mmdeploy(deploy_cfg: Config, model_cfg: Config,
     Raises:
         DeployError: the export failed (its exception quoted).
     """
-    _quiet_import_mmdeploy()
+    require_mmdeploy()
     from mmdeploy.apis import torch2onnx
     save_file = deploy_cfg.onnx_config.get('save_file', 'end2end.onnx')
     os.makedirs(work_dir, exist_ok=True)

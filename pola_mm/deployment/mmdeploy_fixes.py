@@ -77,7 +77,8 @@ from ..compat import mmdeploy_installed
 
 __all__ = [
     'needs_torchscript_exporter', 'provide_removed_symbolics',
-    'unflatten_symbolic_missing', 'provide_unflatten_below_opset13',
+    'unflatten_symbolic', 'unflatten_symbolic_missing',
+    'provide_unflatten_below_opset13',
     'keep_fx_wraps_on_exit',
     'register_mmdeploy_rewriters', 'install_mmdeploy_fixes',
     'mmdeploy_installed', 'applied'
@@ -159,10 +160,25 @@ def provide_removed_symbolics() -> List[str]:
     return added
 
 
-def _unflatten_symbolic(g: Any, x: Any, dim: Any, sizes: Any) -> Any:
+def unflatten_symbolic(g: Any, x: Any, dim: Any, sizes: Any) -> Any:
     """``aten::unflatten`` for the TorchScript exporter at opsets 11 and 12:
     a ``Reshape`` of ``x`` to its shape with ``dim`` replaced by ``sizes``
-    (``Shape``, ``Slice`` and ``Concat`` of opset 11)."""
+    (``Shape``, ``Slice`` and ``Concat`` of opset 11).
+
+    Registered for MMDeploy's exports by
+    :func:`provide_unflatten_below_opset13`, and for the duration of
+    pola_mm's own TorchScript export below opset 13 by
+    :func:`pola_mm.deployment.onnx_opsets.unflatten_below_opset13`.
+
+    Args:
+        g: the TorchScript ONNX graph context.
+        x: the tensor to unflatten.
+        dim: the dim to replace (a constant).
+        sizes: the sizes that replace it (a 1-D int64 value).
+
+    Returns:
+        The ``Reshape`` node's output.
+    """
     from torch.onnx import symbolic_helper as sh
     rank = sh._get_tensor_rank(x)
     if rank is None:
@@ -211,7 +227,7 @@ def unflatten_symbolic_missing(opset: int = 11) -> bool:
 
 
 def provide_unflatten_below_opset13() -> bool:
-    """Register :func:`_unflatten_symbolic` for opsets 11 and 12 where the
+    """Register :func:`unflatten_symbolic` for opsets 11 and 12 where the
     running torch has none (:func:`unflatten_symbolic_missing`; torch's own
     serves opset 13 on, and the exporter picks the highest registered opset
     not above the target). Idempotent.
@@ -227,7 +243,7 @@ def provide_unflatten_below_opset13() -> bool:
         from torch.onnx import register_custom_op_symbolic
         for opset in (11, 12):
             register_custom_op_symbolic('aten::unflatten',
-                                        _unflatten_symbolic, opset)
+                                        unflatten_symbolic, opset)
         applied['symbolics'].append('aten::unflatten@11')
     return True
 

@@ -37,11 +37,11 @@ from .mmdeploy_compare import (Check, compare_classification,
                                compare_detections, compare_segmentation)
 from .mmdeploy_draw import draw_results
 from .mmdeploy_export import (MMDEPLOY_SCOPE, TASKS, DeployError,
-                              DeployInputError, ImageLike,
-                              _quiet_import_mmdeploy, deploy_task,
+                              DeployInputError, ImageLike, deploy_task,
                               export_with_mmdeploy, is_dynamic_hw,
-                              load_deploy_configs, resolve_deploy_config,
-                              stock_configs_dir, stock_deploy_configs)
+                              load_deploy_configs, require_mmdeploy,
+                              resolve_deploy_config, stock_configs_dir,
+                              stock_deploy_configs)
 
 __all__ = [
     'DeployError', 'DeployInputError', 'Check', 'DeployReport',
@@ -193,7 +193,7 @@ def deploy_and_verify(deploy_cfg: Union[str, Config],
             raise DeployInputError(f'image not found: {img}')
     if checkpoint is not None and not osp.isfile(checkpoint):
         raise DeployInputError(f'checkpoint not found: {checkpoint}')
-    _quiet_import_mmdeploy()
+    require_mmdeploy()
     from mmdeploy.apis import build_task_processor
 
     os.makedirs(work_dir, exist_ok=True)

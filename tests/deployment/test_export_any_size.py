@@ -23,9 +23,8 @@ import pytest
 import torch
 from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH2, randomise
 
-from pola_mm.deployment import ExportError, export_onnx
-from pola_mm.deployment import onnx as onnx_mod
-from pola_mm.deployment import verify_onnx
+import pola_mm.deployment as onnx_mod
+from pola_mm.deployment import ExportError, export_onnx, verify_onnx
 from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
 
 onnx = pytest.importorskip('onnx')

@@ -19,12 +19,12 @@ import torch
 from helpers import (PVT_TINY, REPO, SWIN_TINY_DEPTH1, SWIN_TINY_DEPTH2,
                      load_tool, randomise, stage_grids, subprocess_env)
 
-from pola_mm.deployment import (ExportError, build_backbone, example_inputs,
-                                export_and_verify, export_onnx)
-from pola_mm.deployment import onnx as onnx_mod
+from pola_mm.deployment import (ExportError, ExportInputError,
+                                available_runtimes, build_backbone,
+                                example_inputs, export_and_verify, export_onnx,
+                                external_data_files)
+from pola_mm.deployment import onnx_export as onnx_mod
 from pola_mm.deployment import verify_onnx
-from pola_mm.deployment.onnx import (ExportInputError, available_runtimes,
-                                     external_data_files)
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.ops import dispatch, polarity_fast
 

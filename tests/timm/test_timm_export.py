@@ -94,9 +94,8 @@ def test_onnx_dynamic_batch_and_hw(tmp_path, name, exporter, refused):
     written."""
     pytest.importorskip('onnxruntime')
     pytest.importorskip('openvino')
-    from pola_mm.deployment import ExportError
-    from pola_mm.deployment.onnx import (check_sizes, example_inputs,
-                                         export_and_verify, verify_onnx)
+    from pola_mm.deployment import (ExportError, check_sizes, example_inputs,
+                                    export_and_verify, verify_onnx)
     model = _model(name)
     out = str(tmp_path / 'm.onnx')
     kwargs = dict(dynamic_batch=True, dynamic_hw=True,

@@ -126,7 +126,7 @@ def check_args(args: argparse.Namespace) -> Optional[str]:
     if not (args.rtol > 0 and math.isfinite(args.rtol)):
         return f'--rtol needs a positive number, got {args.rtol:g}'
     if args.opset is not None:
-        from pola_mm.deployment.onnx import OPSETS
+        from pola_mm.deployment import OPSETS
         lo, hi = OPSETS[args.exporter or 'dynamo']
         if not lo <= args.opset <= hi:
             return (f'--opset {args.opset}: the {args.exporter} exporter is '
@@ -148,11 +148,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if problem is not None:
         print(f'error: {problem}', file=sys.stderr)
         return 2
-    from pola_mm.deployment.onnx import (DynamicExportRefused, ExportError,
-                                         ExportInputError, available_runtimes,
-                                         build_backbone, build_model,
-                                         export_and_verify,
-                                         external_data_files)
+    from pola_mm.deployment import (DynamicExportRefused, ExportError,
+                                    ExportInputError, available_runtimes,
+                                    build_backbone, build_model,
+                                    export_and_verify, external_data_files)
     runtimes = available_runtimes()
     chosen = args.exporter is not None
     args.exporter = args.exporter or 'dynamo'

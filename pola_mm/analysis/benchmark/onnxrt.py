@@ -3,20 +3,21 @@ is deployed.
 
 ``tools/analysis/benchmark.py --runtime onnxruntime [openvino]`` (and
 ``benchmark_model(..., runtime=...)``) measures the models of a case as
-:mod:`pola_mm.deployment.onnx` deploys them (:func:`measure_exported`, each
-step in worker processes, see :mod:`pola_mm.analysis.benchmark.worker`):
+:mod:`pola_mm.deployment.onnx_export` deploys them
+(:func:`measure_exported`, each step in worker processes, see
+:mod:`pola_mm.analysis.benchmark.worker`):
 
 1. Each model is exported and checked once, in a worker of its own:
    :func:`export_and_check` builds the backbone, exports it with
-   :func:`pola_mm.deployment.onnx.export_onnx` (the graph is the plain
-   reference computation in standard operators) to a file in a temporary
-   directory the parent owns and removes, and runs the file in ONNX Runtime
-   next to PyTorch on a seeded input
-   (:func:`pola_mm.deployment.onnx.verify_onnx`). The largest difference
-   over the outputs, relative to each output's scale (its max abs value in
-   PyTorch), is reported as ``onnx_rel_diff``; above ``rtol`` (default
-   1e-4) the model fails. Whole models are exported by MMDeploy instead
-   (:func:`pola_mm.analysis.benchmark.whole.export_whole`).
+   :func:`pola_mm.deployment.onnx_export.export_onnx` (the graph is the
+   plain reference computation in standard operators) to a file in a
+   temporary directory the parent owns and removes, and runs the file in
+   ONNX Runtime next to PyTorch on a seeded input
+   (:func:`pola_mm.deployment.onnx_verify.verify_onnx`). The largest
+   difference over the outputs, relative to each output's scale (its max
+   abs value in PyTorch), is reported as ``onnx_rel_diff``; above ``rtol``
+   (default 1e-4) the model fails. Whole models are exported by MMDeploy
+   instead (:func:`pola_mm.analysis.benchmark.whole.export_whole`).
 2. Peak memory: each file in each runtime in a process of its own
    (:func:`exported_memory`): the session loaded, ``warmup`` runs and one
    more; its peak RSS is the session, its weights and activations (plus
@@ -114,15 +115,17 @@ def export_and_check(model: Any,
         the output scale), ``export_s`` (seconds of the export), ``opset``
         (of the file), ``torch_version``, ``num_params``; with ``error`` too
         when the difference exceeds ``rtol``. A failed export raises
-        :class:`~pola_mm.deployment.onnx.ExportError`.
+        :class:`~pola_mm.deployment.onnx_errors.ExportError`.
     """
     import importlib
 
     import torch
     for mod in preload:
         importlib.import_module(mod)
-    from pola_mm.deployment.onnx import (ExportError, example_inputs,
-                                         export_onnx, verify_onnx)
+    from pola_mm.deployment.onnx_build import example_inputs
+    from pola_mm.deployment.onnx_errors import ExportError
+    from pola_mm.deployment.onnx_export import export_onnx
+    from pola_mm.deployment.onnx_verify import verify_onnx
 
     if batch != 1 and exporter != 'dynamo':
         raise ExportError(f'batch {batch} needs the dynamo exporter (the '

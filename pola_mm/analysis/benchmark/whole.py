@@ -236,8 +236,8 @@ def export_whole(model: WholeSpec,
         importlib.import_module(mod)
     from mmengine.config import Config
 
+    from pola_mm.deployment.mmdeploy_export import require_mmdeploy
     from pola_mm.deployment.mmdeploy_verify import (DeployError,
-                                                    _quiet_import_mmdeploy,
                                                     deploy_and_verify,
                                                     is_dynamic_hw)
 
@@ -257,7 +257,7 @@ def export_whole(model: WholeSpec,
                          'benchmark times one static size')
     deploy.onnx_config.input_shape = [w, h]  # MMDeploy's (W, H)
 
-    _quiet_import_mmdeploy()
+    require_mmdeploy()
     from mmdeploy.apis import build_task_processor
     work = osp.dirname(osp.abspath(path))
     checkpoint = spec['checkpoint']
