@@ -44,9 +44,7 @@ from torch import Tensor
 from ..type_aliases import Size2
 from .onnx_build import TensorModeModel, example_inputs
 from .onnx_errors import ExportError, first_line
-# export_and_verify's step, under the name its tests call it by here
-from .onnx_files import gather_external_data as _one_data_file
-from .onnx_files import move_into_place, staging_folder
+from .onnx_files import gather_external_data, move_into_place, staging_folder
 from .onnx_opsets import check_opset, unflatten_below_opset13
 from .onnx_refusal import (capture_dynamic, clear_refusals, refusal_of,
                            refuse_if_not_dynamic)
@@ -242,7 +240,7 @@ def export_and_verify(model: nn.Module,
         staged = osp.join(folder, osp.basename(osp.abspath(out)))
         export_onnx(model, shape, staged, exporter, opset, dynamic_batch,
                     dynamic_hw)
-        data_files = _one_data_file(staged)
+        data_files = gather_external_data(staged)
         sizes = [tuple(shape)]
         if dynamic_hw:
             sizes += check_sizes(shape)

@@ -25,6 +25,7 @@ from pola_mm.deployment import (ExportError, ExportInputError,
                                 external_data_files)
 from pola_mm.deployment import onnx_export as onnx_mod
 from pola_mm.deployment import verify_onnx
+from pola_mm.deployment.onnx_files import gather_external_data
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.ops import dispatch, polarity_fast
 
@@ -199,7 +200,7 @@ def test_weights_go_to_one_data_file(tmp_path, kind):
                           per_tensor=kind == 'per_tensor')
     before = external_data_files(path)
     assert before and before != ['m.onnx.data']
-    assert onnx_mod._one_data_file(path) == ['m.onnx.data']
+    assert gather_external_data(path) == ['m.onnx.data']
     assert external_data_files(path) == ['m.onnx.data']
     assert sorted(os.listdir(tmp_path)) == ['m.onnx', 'm.onnx.data']
     np.testing.assert_array_equal(_run_tiny(path), expected)
@@ -207,7 +208,7 @@ def test_weights_go_to_one_data_file(tmp_path, kind):
     inside = str(tmp_path / 'in' / 'n.onnx')
     os.makedirs(osp.dirname(inside))
     _tiny_onnx(inside)
-    assert onnx_mod._one_data_file(inside) == []
+    assert gather_external_data(inside) == []
     assert os.listdir(osp.dirname(inside)) == ['n.onnx']
 
 
