@@ -20,3 +20,4 @@ model = dict(
         norm_eval=True,
         out_indices=(1, 2, 3)),
     decode_head=dict(in_channels=_base_.pola_channels[1:]))
+optim_wrapper = _base_.pola_ham_optim_wrapper

@@ -8,7 +8,7 @@ _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     'mmdet::_base_/datasets/coco_instance.py',
     'mmdet::_base_/default_runtime.py',
-    './_base_/schedules/det_adamw_1x_pvt.py',
+    './_base_/schedules/det_adamw_1x.py',
     './_base_/models/pola_pvt_l_fpn.py',
 ]
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
@@ -16,6 +16,6 @@ custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 model = dict(
     backbone=_base_.pola_backbone,
     neck=_base_.pola_neck)
+optim_wrapper = _base_.pola_optim_wrapper
 
 train_dataloader = dict(batch_size=2, num_workers=2)
-optim_wrapper = dict(optimizer=dict(lr=2e-4))

@@ -18,5 +18,6 @@ custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
 model = dict(
     backbone=_base_.pola_backbone,
     neck=_base_.pola_neck)
+optim_wrapper = _base_.pola_optim_wrapper
 
 train_dataloader = dict(batch_size=2, num_workers=2)

@@ -11,7 +11,7 @@ _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     './_base_/datasets/coco_instance_ms_crop.py',
     'mmdet::_base_/default_runtime.py',
-    './_base_/schedules/polapp_det_adamw_3x.py',
+    './_base_/schedules/det_adamw_3x.py',
     './_base_/models/polapp_b3_fpn.py',
 ]
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
@@ -20,5 +20,6 @@ model = dict(
     backbone=dict(
         _base_.pola_backbone, norm_eval=False),
     neck=_base_.pola_neck)
+optim_wrapper = _base_.pola_amp_optim_wrapper
 
 train_dataloader = dict(batch_size=2, num_workers=2)

@@ -10,7 +10,7 @@ _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     'mmdet::_base_/datasets/coco_instance.py',
     'mmdet::_base_/default_runtime.py',
-    './_base_/schedules/polapp_det_adamw_1x.py',
+    './_base_/schedules/det_adamw_1x.py',
     './_base_/models/polapp_b4_fpn.py',
 ]
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
@@ -19,5 +19,6 @@ model = dict(
     backbone=dict(
         _base_.pola_backbone, norm_eval=False),
     neck=_base_.pola_neck)
+optim_wrapper = _base_.pola_amp_optim_wrapper
 
 train_dataloader = dict(batch_size=2, num_workers=2)

@@ -8,7 +8,7 @@ _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py',
     'mmdet::_base_/datasets/coco_detection.py',
     'mmdet::_base_/default_runtime.py',
-    './_base_/schedules/det_adamw_1x_pvt.py',
+    './_base_/schedules/det_adamw_1x.py',
     './_base_/models/pola_pvt_m_fpn.py',
 ]
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
@@ -17,5 +17,6 @@ model = dict(
     backbone=dict(
         _base_.pola_backbone, drop_path_rate=_base_.pola_retinanet_drop_path),
     neck=_base_.pola_neck)
+optim_wrapper = _base_.pola_retinanet_optim_wrapper
 
 train_dataloader = dict(batch_size=2, num_workers=2)

@@ -13,7 +13,7 @@ _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py',
     'mmdet::_base_/datasets/coco_detection.py',
     'mmdet::_base_/default_runtime.py',
-    './_base_/schedules/polapp_det_adamw_1x.py',
+    './_base_/schedules/det_adamw_1x.py',
     './_base_/models/polapp_b3_fpn.py',
 ]
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)
@@ -24,12 +24,6 @@ model = dict(
         norm_eval=False,
         out_indices=(1, 2, 3)),
     neck=dict(in_channels=_base_.pola_channels[1:], start_level=0))
+optim_wrapper = _base_.pola_retinanet_optim_wrapper
 
 train_dataloader = dict(batch_size=2, num_workers=2)
-# the authors' RetinaNet optimiser: no paramwise settings
-optim_wrapper = dict(
-    _delete_=True,
-    type='AmpOptimWrapper',
-    loss_scale=512.,
-    optimizer=dict(
-        type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4))

@@ -12,3 +12,4 @@ model = dict(
     backbone=dict(
         _base_.pola_backbone, drop_path_rate=_base_.pola_seg_drop_path),
     neck=_base_.pola_neck)
+optim_wrapper = _base_.pola_seg_optim_wrapper

@@ -22,6 +22,7 @@ model = dict(
         _base_.pola_backbone, drop_path_rate=_base_.pola_seg_drop_path),
     decode_head=dict(in_channels=_base_.pola_channels, num_classes=150),
     auxiliary_head=dict(in_channels=_base_.pola_channels[2], num_classes=150))
+optim_wrapper = _base_.pola_seg_optim_wrapper
 
 train_dataloader = dict(batch_size=2, num_workers=4)
 val_dataloader = dict(batch_size=1)

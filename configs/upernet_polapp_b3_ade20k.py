@@ -23,12 +23,7 @@ model = dict(
     backbone=_base_.pola_backbone,
     decode_head=dict(in_channels=_base_.pola_channels, num_classes=150),
     auxiliary_head=dict(in_channels=_base_.pola_channels[2], num_classes=150))
-
-# no decay on norms (the Swin schedule's other key,
-# relative_position_bias_table, matches no PolaPP parameter)
-optim_wrapper = dict(
-    paramwise_cfg=dict(
-        _delete_=True, custom_keys={'norm': dict(decay_mult=0.)}))
+optim_wrapper = _base_.pola_seg_optim_wrapper
 
 train_dataloader = dict(batch_size=2, num_workers=4)
 val_dataloader = dict(batch_size=1)

@@ -1,19 +1,18 @@
-# Pola-Swin training settings for users' configs, included by every
-# pola_swin_*_fpn.py snippet (so listing a snippet is enough):
+# Pola-Swin training settings, included by every pola_swin_*_fpn.py
+# snippet (so listing a snippet is enough):
 #
 #   optim_wrapper = _base_.pola_optim_wrapper      # COCO detection
-#   optim_wrapper = _base_.pola_seg_optim_wrapper  # ADE20K segmentation
+#   optim_wrapper = _base_.pola_seg_optim_wrapper  # ADE20K UperNet
 #   custom_hooks = _base_.pola_custom_hooks        # stop on a NaN / Inf loss
 #
-# The optimisers are the reference protocol's (Agent-Attention's agent_swin
+# The one source of the family's optimisers: configs/*_pola_swin_*.py take
+# them with one of the first two lines; the schedules (../schedules/) set
+# none. They are the reference protocol's (Agent-Attention's agent_swin
 # configs, which PolaFormer follows; docs/protocol.md), for 16 images per
-# iteration: COCO AdamW lr 1e-4, weight decay 0.05; ADE20K UperNet AdamW lr
-# 6e-5, weight decay 0.01; neither decays norms or the relative position
-# bias tables. ``_delete_`` replaces the upstream config's optimiser (an
-# R50 config's SGD lr 0.02 diverges on a transformer). The schedule
-# (warm-up, steps) stays the upstream config's. The same values are the
-# optim_wrapper of configs/mask_rcnn_pola_swin_*.py and
-# configs/upernet_pola_swin_*_ade20k.py (tests/configs check it).
+# iteration. No weight decay on norms and relative position bias tables;
+# the polarity attention's power / scale / positional_encoding are decayed.
+# ``_delete_`` replaces the upstream config's optimiser (an R50 config's SGD
+# lr 0.02 diverges on a transformer).
 #
 # InvalidLossHook stops training at the first NaN / Inf loss, before the
 # broken weights are saved, with one line naming the iteration and the

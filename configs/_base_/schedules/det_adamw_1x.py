@@ -1,14 +1,14 @@
-# MMDetection 1x schedule with AdamW, as used for the Pola backbones on COCO.
+# MMDetection 1x schedule of the Pola detectors on COCO (Swin, PVT and
+# PolaPP alike: the reference protocol's agent_swin / agent_pvt configs and
+# the PolaPP authors' *_1x.py configs).
 #
 # 12 epochs, lr x0.1 after epochs 8 and 11, 500-iteration linear warm-up
-# (ratio 0.001); AdamW lr 1e-4, weight decay 0.05: the Swin recipe of the
-# reference protocol (Agent-Attention's agent_swin configs, which PolaFormer
-# follows). No weight decay on parameters whose name contains ``norm`` or
-# ``relative_position_bias_table``; everything else, biases and the polarity
-# attention's ``power`` / ``scale`` / ``positional_encoding`` included, is
-# decayed (see docs/protocol.md). Pola-PVT uses ./det_adamw_1x_pvt.py.
-# ``auto_scale_lr``: the lr above is for 16 images per iteration (8 GPUs x 2);
-# ``tools/train.py --auto-scale-lr`` rescales it linearly for other batches.
+# (ratio 0.001). The optimiser is not set here: each config takes its
+# family's from the snippet (../models/*_train.py, ``pola_*optim_wrapper``),
+# which replaces mmdet's SGD inherited below.
+# ``auto_scale_lr``: the recipes' lr is for 16 images per iteration (8 GPUs
+# x 2); ``tools/train.py --auto-scale-lr`` rescales it linearly for other
+# batches.
 _base_ = 'mmdet::_base_/schedules/schedule_1x.py'
 
 max_epochs = 12
@@ -27,16 +27,5 @@ param_scheduler = [
         milestones=[8, 11],
         gamma=0.1)
 ]
-
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(
-        type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(
-        custom_keys={
-            'norm': dict(decay_mult=0.),
-            'relative_position_bias_table': dict(decay_mult=0.),
-        }))
 
 auto_scale_lr = dict(enable=False, base_batch_size=16)

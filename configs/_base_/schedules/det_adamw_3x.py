@@ -1,8 +1,10 @@
-# MMDetection 3x schedule with AdamW (the Swin detection recipe).
+# MMDetection 3x schedule of the Pola detectors on COCO (the Swin recipe's
+# and the PolaPP authors' *_3x.py).
 #
 # 36 epochs, lr x0.1 after epochs 27 and 33, 500-iteration linear warm-up;
-# otherwise as det_adamw_1x.py. Pair it with the multi-scale + random-crop
-# training pipeline of ../datasets/coco_instance_ms_crop.py.
+# otherwise as det_adamw_1x.py (no optimiser: the snippet's). Pair it with
+# the multi-scale + random-crop training pipeline of
+# ../datasets/coco_instance_ms_crop.py.
 _base_ = './det_adamw_1x.py'
 
 max_epochs = 36
