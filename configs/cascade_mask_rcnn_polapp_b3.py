@@ -21,7 +21,7 @@ _base_ = [
     './_base_/models/cascade_mask_rcnn_4conv1f_giou.py',
     'mmdet::_base_/datasets/coco_instance.py',
     'mmdet::_base_/default_runtime.py',
-    './_base_/schedules/det_adamw_1x.py',
+    './_base_/schedules/det_1x.py',
     './_base_/models/polapp_b3_fpn.py',
 ]
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)

@@ -10,7 +10,7 @@ _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     'mmdet::_base_/datasets/coco_instance.py',
     'mmdet::_base_/default_runtime.py',
-    './_base_/schedules/det_adamw_1x.py',
+    './_base_/schedules/det_1x.py',
     './_base_/models/polapp_b5_fpn.py',
 ]
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)

@@ -8,7 +8,7 @@ _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py',
     'mmdet::_base_/datasets/coco_detection.py',
     'mmdet::_base_/default_runtime.py',
-    './_base_/schedules/det_adamw_1x.py',
+    './_base_/schedules/det_1x.py',
     './_base_/models/pola_pvt_s_fpn.py',
 ]
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)

@@ -8,7 +8,7 @@ _base_ = [
     'mmseg::_base_/models/upernet_swin.py',
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
-    './_base_/schedules/seg_adamw_poly_160k.py',
+    './_base_/schedules/seg_poly_160k.py',
     './_base_/models/pola_swin_b_fpn.py',
 ]
 custom_imports = dict(imports=['pola_mm'], allow_failed_imports=False)

@@ -10,14 +10,14 @@
 #   2048x512, crop 512 with cat_max_ratio 0.75, flip, photometric
 #   distortion); test: resize to 2048x512 keeping the ratio, then to a
 #   multiple of 32 (the authors' ResizeToMultiple). 8 images per GPU.
-# - Schedule: ./schedules/polapp_seg_adamw_poly_160k.py.
+# - Schedule: ./schedules/polapp_seg_poly_160k.py.
 # The backbone (with its drop path) and the head's input channels come from
 # the arch's polapp_b*_fpn.py snippet, listed next to this file in each
 # config's _base_; ``backbone`` below is that snippet's placeholder.
 _base_ = [
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
-    './schedules/polapp_seg_adamw_poly_160k.py',
+    './schedules/polapp_seg_poly_160k.py',
 ]
 
 crop_size = (512, 512)

@@ -10,7 +10,7 @@ _base_ = [
     'mmseg::_base_/models/fpn_r50.py',
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
-    './schedules/seg_adamw_poly_40k.py',
+    './schedules/seg_poly_40k.py',
 ]
 
 crop_size = (512, 512)

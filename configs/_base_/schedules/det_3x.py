@@ -2,10 +2,10 @@
 # and the PolaPP authors' *_3x.py).
 #
 # 36 epochs, lr x0.1 after epochs 27 and 33, 500-iteration linear warm-up;
-# otherwise as det_adamw_1x.py (no optimiser: the snippet's). Pair it with
+# otherwise as det_1x.py (no optimiser: the snippet's). Pair it with
 # the multi-scale + random-crop training pipeline of
 # ../datasets/coco_instance_ms_crop.py.
-_base_ = './det_adamw_1x.py'
+_base_ = './det_1x.py'
 
 max_epochs = 36
 train_cfg = dict(max_epochs=max_epochs)
