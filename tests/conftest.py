@@ -18,7 +18,7 @@ REPO_ROOT = os.path.dirname(TESTS_DIR)
 def _restore_checkpoint_loaders():
     """mmengine's checkpoint loaders as they were before each test.
 
-    The tools (``pola_mm.tools.runner``: ``train_main``, ``test_main``)
+    The tools (``pola_mm.cli.train_test``: ``train_main``, ``test_main``)
     install pola_mm's checked loader into mmengine's ``CheckpointLoader``
     for the whole process, by design; a test that runs a tool in this
     process must not change how later tests load files (e.g. which error

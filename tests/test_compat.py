@@ -261,7 +261,7 @@ def test_tools_loader_without_torchs_allow_list(trained):
 def test_setup_cpu_distributed_only_without_cuda():
     from mmengine.config import Config
 
-    from pola_mm.compat import setup_cpu_distributed
+    from pola_mm.cli.distributed import setup_cpu_distributed
     cfg = Config(dict(model=dict(type='X')))
     assert not setup_cpu_distributed(cfg, 'none')
     assert 'model_wrapper_cfg' not in cfg
@@ -275,7 +275,7 @@ def test_cpu_ddp_wrapper_needs_compat(monkeypatch):
     from mmengine.model import MMDistributedDataParallel
     from mmengine.registry import MODEL_WRAPPERS
 
-    from pola_mm.compat import setup_cpu_distributed
+    from pola_mm.cli.distributed import setup_cpu_distributed
     if dist.is_initialized():
         pytest.skip('a process group already exists in this process')
     for key, value in _one_rank_env().items():
@@ -331,7 +331,8 @@ def test_two_process_cpu_training_with_torchrun(tmp_path):
 _FINISH_SCRIPT = """
 import sys
 import torch.distributed as dist
-from pola_mm.tools.runner import exit_process, test_main, train_main
+from pola_mm.cli.distributed import exit_process
+from pola_mm.cli.train_test import test_main, train_main
 main = train_main if sys.argv[1] == 'train' else test_main
 main(sys.argv[2:])
 print('process group alive after run:', dist.is_initialized())
@@ -366,7 +367,7 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from pola_mm.compat import exit_process, finish_distributed
+from pola_mm.cli.distributed import exit_process, finish_distributed
 
 
 class Teardown:
@@ -407,7 +408,7 @@ def test_cpu_distributed_turns_syncbn_into_bn():
     it."""
     from mmengine.config import Config
 
-    from pola_mm.compat import sync_bn_to_bn
+    from pola_mm.cli.distributed import sync_bn_to_bn
     cfg = Config(dict(model=dict(
         backbone=dict(type='X', norm_cfg=dict(type='LN')),
         decode_head=dict(norm_cfg=dict(type='SyncBN', requires_grad=True)),

@@ -20,9 +20,9 @@ ROOT = osp.join(REPO, PACKAGE)
 #: (importer prefix, imported prefixes it must not reach directly).
 FORBIDDEN = [
     ('pola_mm.models', ('pola_mm.analysis', 'pola_mm.deployment',
-                        'pola_mm.tools')),
+                        'pola_mm.cli')),
     ('pola_mm.ops', ('pola_mm.analysis', 'pola_mm.deployment',
-                     'pola_mm.tools', 'pola_mm.models')),
+                     'pola_mm.cli', 'pola_mm.models')),
 ]
 
 

@@ -27,8 +27,8 @@ from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 from mmengine.runner import EpochBasedTrainLoop
 
-from .checkpoint_io import (atomic_checkpoint_writes, atomic_write,
-                            stale_temporary_files)
+from .atomic_save import (atomic_checkpoint_writes, atomic_write,
+                          stale_temporary_files)
 from .rng import get_rng_state, set_rng_state
 
 __all__ = ['ResumableCheckpointHook', 'InvalidLossHook', 'NonFiniteLossError']

@@ -3,7 +3,7 @@ never inside a checkpoint write.
 
 ``tools/train.py`` calls :func:`stop_on_sigterm`. Outside a checkpoint write
 the signal raises :class:`TrainingInterrupted` at once; during one (see
-:func:`pola_mm.engine.checkpoint_io.atomic_checkpoint_writes`) it is held
+:func:`pola_mm.engine.atomic_save.atomic_checkpoint_writes`) it is held
 until the checkpoint and ``last_checkpoint`` are complete, then raised. The
 tool ends with exit code 143 (128 + SIGTERM), the usual code of a
 terminated process, so schedulers and torchrun see a failed run.

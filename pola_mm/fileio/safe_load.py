@@ -2,7 +2,8 @@
 
 :func:`load_checkpoint_file` is the one entry for every file pola_mm reads
 for weights (pretrained loading, the converter, the tools' resume and test
-paths through :func:`pola_mm.engine.install_checked_loader`):
+paths, where :func:`install_checked_loader` makes it mmengine's loader of
+local files):
 ``torch.load(weights_only=True)`` first (extended for mmengine Runner
 checkpoints by :mod:`pola_mm.compat` where torch loads weights-only by
 default), and for files torch refuses the restricted unpicklers of
@@ -27,8 +28,8 @@ from torch import Tensor
 from .unpickler import (InertObject, UnpicklingRefused, inert_names,
                         inert_pickle_module, runner_pickle_module)
 
-__all__ = ['CheckpointFileError', 'load_checkpoint_file', 'summarise_keys',
-           'weights_key']
+__all__ = ['CheckpointFileError', 'load_checkpoint_file',
+           'install_checked_loader', 'summarise_keys', 'weights_key']
 
 
 class CheckpointFileError(ValueError):
@@ -309,3 +310,33 @@ def summarise_keys(keys: List[str]) -> str:
         head = '.'.join(parts[:2]) if parts[0] == 'layers' else parts[0]
         groups[head] = groups.get(head, 0) + 1
     return ', '.join(f'{g}.* ({n})' if n > 1 else g for g, n in groups.items())
+
+
+def install_checked_loader(allow_inert: bool) -> None:
+    """Make mmengine load local checkpoint files with
+    :func:`load_checkpoint_file`.
+
+    Replaces the loader of mmengine's ``CheckpointLoader`` for plain paths
+    (the prefix ``''``), which ``Runner.resume``, ``Runner.load_checkpoint``
+    and ``mmengine.runner.load_checkpoint`` use. Called by the tools only.
+
+    Args:
+        allow_inert: what to do with a file that weights-only loading
+            refuses: read it with pola_mm's restricted unpickler (entries
+            that are not data come back inert) or refuse it. The tools
+            refuse: a checkpoint they load is a Runner checkpoint, which
+            loads weights-only (the authors' training files go through
+            ``tools/model_converters/pola_official_to_mm.py`` or
+            ``init_cfg``, which read them inertly).
+    """
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    # named as mmengine's loaders: it logs "Loads checkpoint by
+    # {name[10:]} backend", i.e. "by local backend"
+    def load_from_local(filename: str, map_location: Any) -> dict:
+        return load_checkpoint_file(
+            osp.expanduser(filename), map_location=map_location,
+            allow_inert=allow_inert)
+
+    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local,
+                                     force=True)

@@ -1,4 +1,5 @@
-"""Checkpoint conversion (authors' layout -> pola_mm) and pretrained loading.
+"""The authors' weights in pola_mm's layout, and pretrained loading into a
+backbone (``init_cfg=dict(type='Pretrained', ...)``).
 
 The authors' classifiers (``{'model': state_dict}``) use the same module
 names as pola_mm's backbones, so conversion is a prefix rename:
@@ -21,10 +22,10 @@ names as pola_mm's backbones, so conversion is a prefix rename:
   only ``backbone.*`` (the classifier's ``extra_norms`` do not exist and
   start fresh, as in the authors' downstream code).
 
-Every file pola_mm reads for weights goes through
-:func:`pola_mm.fileio.load_checkpoint_file` (``torch.load(weights_only=True)``
-first, pola_mm's restricted unpickler for the files torch refuses, so no code
-from the file ever runs); its names are importable from here too.
+Reading the file is not this module's job: every file pola_mm reads for
+weights goes through :func:`pola_mm.fileio.load_checkpoint_file`
+(``torch.load(weights_only=True)`` first, pola_mm's restricted unpickler for
+the files torch refuses, so no code from the file ever runs).
 """
 import os
 import os.path as osp
@@ -37,15 +38,14 @@ import torch
 from mmengine.logging import print_log
 from torch import Tensor
 
-from ..fileio import CheckpointFileError, InertObject, load_checkpoint_file
+from ..fileio import load_checkpoint_file
 from ..fileio.safe_load import summarise_keys, weights_key
 
 __all__ = [
     'official_family', 'is_polapp_classifier', 'convert_official_checkpoint',
     'backbone_state_dict', 'extract_state_dict', 'load_pretrained',
     'where_to_get_weights', 'POLAFORMER_WEIGHTS', 'POLAPP_WEIGHTS',
-    'adapt_pos_tables', 'load_checkpoint_file', 'CheckpointFileError',
-    'InertObject'
+    'adapt_pos_tables'
 ]
 
 SWIN_SENTINEL = 'patch_embed.proj.weight'
@@ -141,13 +141,13 @@ def backbone_state_dict(
 
 
 def extract_state_dict(checkpoint: Mapping) -> Mapping[str, Tensor]:
-    """The state dict inside a loaded checkpoint file (``state_dict``,
-    ``model`` or ``module`` entry, else the mapping itself)."""
-    for name in ('state_dict', 'model', 'module'):
-        if isinstance(checkpoint, Mapping) and name in checkpoint and \
-                isinstance(checkpoint[name], Mapping):
-            return checkpoint[name]
-    return checkpoint
+    """The state dict inside a loaded checkpoint file (its
+    :func:`~pola_mm.fileio.safe_load.weights_key` entry: ``state_dict``,
+    ``model`` or ``module``, else the mapping itself)."""
+    if not isinstance(checkpoint, Mapping):
+        return checkpoint
+    key = weights_key(checkpoint)
+    return checkpoint if key is None else checkpoint[key]
 
 
 #: where the authors publish their PolaFormer ImageNet-1k classifiers

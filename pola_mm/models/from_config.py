@@ -16,20 +16,36 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch.nn as nn
 
-__all__ = ['load_config', 'build_in_scope', 'build_config_model',
-           'backbone_from_config']
+__all__ = ['ConfigFileError', 'load_config', 'build_in_scope',
+           'build_config_model', 'backbone_from_config']
 
 
-def load_config(path: str) -> Any:
-    """An mmengine ``Config`` of a file.
+class ConfigFileError(ValueError):
+    """A config file that mmengine cannot read (a syntax error, a missing
+    ``_base_`` file, ...); the message names the file and the error."""
+
+
+def load_config(path: str, cfg_options: Optional[dict] = None) -> Any:
+    """The mmengine ``Config`` of a file, with ``cfg_options`` (the tools'
+    ``--cfg-options``) merged into it: pola_mm's one config reader (the
+    train / test tools, the analysis tools, the ONNX export).
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file (``config file not found: PATH``).
+        ConfigFileError: mmengine cannot read it (``cannot read config
+            PATH: ...``).
     """
     if not osp.isfile(path):
         raise FileNotFoundError(f'config file not found: {path}')
     from mmengine.config import Config
-    return Config.fromfile(path)
+    try:
+        cfg = Config.fromfile(path)
+    except Exception as exc:  # syntax errors, missing _base_ files, ...
+        raise ConfigFileError(f'cannot read config {path}: '
+                              f'{type(exc).__name__}: {exc}') from exc
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    return cfg
 
 
 def build_in_scope(cfg: Dict[str, Any], scope: str = 'pola_mm') -> nn.Module:
@@ -67,7 +83,7 @@ def backbone_from_config(config: Any,
     Args:
         config: a config file or an mmengine ``Config``.
         checkpoint: weights read through the backbone's strict pretrained
-            loading (:func:`pola_mm.models.load_checkpoint_file`, which never
+            loading (:func:`pola_mm.fileio.load_checkpoint_file`, which never
             runs code from the file): the authors' file, a converted
             classifier, a detector / segmentor checkpoint or a backbone state
             dict. The config's own ``init_cfg`` is ignored; without

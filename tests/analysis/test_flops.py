@@ -384,7 +384,7 @@ def test_any_registered_function_is_charged_its_own_formula(monkeypatch):
 def _config(path, opts=()):
     """A config (ours, or ``mmdet::...``) with ``--cfg-options`` applied, as
     get_flops.py reads it."""
-    from pola_mm.tools.runner import load_config
+    from pola_mm.models.from_config import load_config
     tool = _get_flops_tool()
     args = tool.parse_args([path, '--cfg-options', *opts] if opts else
                            [path])

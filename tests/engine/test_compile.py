@@ -263,7 +263,7 @@ def test_retinanet_pola_pvt_compiled_as_eager(tmp_path):
     inductor run: losses as eager within 4e-5, the same metrics). The tiny
     model above runs the default inductor.
     """
-    from pola_mm.tools.runner import run_tool, test_main
+    from pola_mm.cli.train_test import run_tool, test_main
     data = e2e_data.make_coco(str(tmp_path / 'coco'))
     backend = dict(backend='aot_eager')
 

@@ -24,9 +24,9 @@ from helpers import REPO, subprocess_env
 from mmengine.config import Config
 
 import pola_mm  # noqa: F401
+from pola_mm.cli.train_test import (build_runner, prepare_train_config,
+                                    train_parser)
 from pola_mm.engine import InvalidLossHook, NonFiniteLossError
-from pola_mm.tools.runner import (build_runner, prepare_train_config,
-                                  train_parser)
 
 
 def test_invalid_loss_hook_names_iteration_and_terms(tmp_path):

@@ -17,8 +17,8 @@ from helpers import subprocess_env
 from mmengine.runner.checkpoint import CheckpointLoader
 
 import pola_mm  # noqa: F401
-from pola_mm.tools import runner
-from pola_mm.tools.runner import run_tool
+from pola_mm.cli import train_test as runner
+from pola_mm.cli.train_test import run_tool
 
 CFG = str(REPO / 'tests' / 'compat_tiny_cfg.py')
 
@@ -120,7 +120,7 @@ def test_good_file_still_loads(bad_files, tmp_path, checkpoint_loader):
     errors above come from the damage, not from the loader)."""
     from mmengine.runner.checkpoint import _load_checkpoint
 
-    from pola_mm.engine import install_checked_loader
+    from pola_mm.fileio import install_checked_loader
     install_checked_loader(allow_inert=False)
     ckpt = _load_checkpoint(str(bad_files['good']), map_location='cpu')
     assert ckpt['meta']['iter'] == 2

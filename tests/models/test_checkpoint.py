@@ -378,7 +378,7 @@ def test_load_authors_training_checkpoint(reference_dir, authors_files,
 
 def test_loading_imports_nothing_from_the_file(authors_files):
     """In a fresh interpreter, loading does not even import yacs."""
-    code = ('import sys; from pola_mm.models import load_checkpoint_file; '
+    code = ('import sys; from pola_mm.fileio import load_checkpoint_file; '
             f'ckpt = load_checkpoint_file({authors_files["swin"]!r}); '
             "assert 'yacs' not in sys.modules, 'yacs imported'; "
             "print(ckpt['config'].inert_global)")

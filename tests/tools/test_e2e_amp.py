@@ -56,7 +56,7 @@ def test_backbone_bf16_autocast_forward_backward(cfg):
     'pola_swin_t_in1k.py'
 ])
 def test_amp_flag_selects_amp_optim_wrapper(name):
-    from pola_mm.tools.runner import prepare_train_config, train_parser
+    from pola_mm.cli.train_test import prepare_train_config, train_parser
     path = osp.join(e2e_data.CONFIGS, name)
     args = train_parser().parse_args([path, '--amp'])
     cfg = prepare_train_config(args)

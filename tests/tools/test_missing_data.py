@@ -1,12 +1,13 @@
 """tools/train.py and tools/test.py without the data or weights a config
 needs: one line naming the path, the layout and how to point elsewhere
-(pola_mm.tools.data_paths), exit code 2, no Runner built."""
+(pola_mm.cli.data_paths), exit code 2, no Runner built."""
 import os.path as osp
 
 import pytest
 
-from pola_mm.tools import data_paths, runner
-from pola_mm.tools.runner import run_tool
+from pola_mm.cli import data_paths
+from pola_mm.cli import train_test as runner
+from pola_mm.cli.train_test import run_tool
 
 CONFIGS = osp.join(osp.dirname(osp.dirname(osp.dirname(
     osp.abspath(__file__)))), 'configs')

@@ -1,4 +1,5 @@
-"""Option handling of tools/train.py and tools/test.py (pola_mm.tools.runner).
+"""Option handling of tools/train.py and tools/test.py
+(pola_mm.cli.train_test).
 
 In-process and cheap: the configs are built, not run
 (tests/test_compat.py runs the tools for real).
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pola_mm.tools import runner
-from pola_mm.tools.runner import ToolError
+from pola_mm.cli import train_test as runner
+from pola_mm.cli.train_test import ToolError
 
 BASE = """
 default_scope = {scope!r}

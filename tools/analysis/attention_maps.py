@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
-import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
+import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 from pola_mm.analysis.attention import backbone_for_analysis  # noqa: E402
 from pola_mm.analysis.attention import (capture_blocks, image_to_tensor,
                                         load_image, plot_attention_map)

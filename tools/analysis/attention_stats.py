@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
-import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
+import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 from pola_mm.analysis.attention import backbone_for_analysis  # noqa: E402
 from pola_mm.analysis.attention import (block_statistics, capture_blocks,
                                         format_statistics, image_to_tensor,

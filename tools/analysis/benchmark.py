@@ -57,7 +57,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 from typing import Callable, List, Optional, Sequence, Tuple  # noqa: E402
 
-import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
+import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 from pola_mm.analysis.benchmark import (PRESETS, RUNTIMES,  # noqa: E402
                                         SEQ_METHODS, SEQ_MODES, WHOLE_MODELS,
                                         BenchmarkCase, BenchmarkResult,

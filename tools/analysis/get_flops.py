@@ -79,14 +79,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f'error: --shape takes H W or N, got {args.shape}',
               file=sys.stderr)
         return 2
-    import pola_mm  # noqa: F401  (registers pola_mm:: before reading)
+    # pola_mm:: registered before reading; the tools' warning filter
+    import pola_mm.cli  # noqa: F401
     from pola_mm.analysis.flops import format_report, model_complexity
-    from pola_mm.tools.runner import ToolError, load_config
+    from pola_mm.models.from_config import load_config
     try:
         cfg = load_config(resolve_config(args.config), args.cfg_options)
         _, report, kind = model_complexity(cfg, shape,
                                            compute=not args.shapes_only)
-    except (ToolError, ValueError) as exc:
+    except (FileNotFoundError, ValueError) as exc:  # ConfigFileError too
         print(f'error: {exc}', file=sys.stderr)
         return 2
     print(format_report(report, kind, shape))

@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
-import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
+import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 
 
 def main() -> int:

@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
-import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
+import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 from pola_mm.analysis.train_memory import (DEVICES, MiB,  # noqa: E402
                                            cuda_memory_check, format_breakdown,
                                            format_comparison, measure)

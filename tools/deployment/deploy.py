@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
-import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
+import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 from pola_mm.deployment.deploy import main, parse_args  # noqa: E402,F401
 
 if __name__ == '__main__':

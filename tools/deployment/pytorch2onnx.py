@@ -59,7 +59,7 @@ from typing import List, Optional
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
-import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
+import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

@@ -9,7 +9,7 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
+import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 from pola_mm.demo.shapes import make_shapes_dataset  # noqa: E402
 
 

@@ -17,7 +17,7 @@ import sys
 from typing import List
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-import pola_mm.tools  # noqa: E402,F401  (the tools' warning filter)
+import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 
 # isort: split
 

@@ -1,5 +1,4 @@
-"""Checkpoint files that a crash cannot corrupt, and the checked loader the
-tools give mmengine.
+"""Checkpoint files that a crash cannot corrupt.
 
 mmengine writes a checkpoint straight to its final path (``open(path,
 'wb').write(...)``) and then overwrites ``last_checkpoint``; a process
@@ -10,19 +9,15 @@ fsyncs the folder: a reader sees the old file or the complete new one.
 :func:`atomic_checkpoint_writes` makes ``Runner.save_checkpoint`` use it
 while :class:`pola_mm.engine.ResumableCheckpointHook` saves.
 
-:func:`install_checked_loader` replaces mmengine's loader of local files
-(``--resume``, ``load_from``, ``tools/test.py``) by
-:func:`pola_mm.fileio.load_checkpoint_file`, which reads weights-only
-(pola_mm's allow-list for Runner checkpoints, :mod:`pola_mm.fileio`) and
-turns a truncated, corrupt or refused file into one
-:class:`~pola_mm.fileio.CheckpointFileError` naming the file.
+Reading them back (``--resume``) is :mod:`pola_mm.fileio`'s job
+(:func:`pola_mm.fileio.install_checked_loader`).
 """
 import glob
 import os
 import os.path as osp
 import tempfile
 from contextlib import contextmanager
-from typing import Any, BinaryIO, Callable, Iterator, List, Optional
+from typing import BinaryIO, Callable, Iterator, List, Optional
 
 import torch
 
@@ -30,7 +25,7 @@ from .signals import signals_held
 
 __all__ = [
     'atomic_write', 'atomic_save_checkpoint', 'atomic_checkpoint_writes',
-    'install_checked_loader', 'stale_temporary_files', 'TMP_SUFFIX'
+    'stale_temporary_files', 'TMP_SUFFIX'
 ]
 
 #: suffix of the temporary files (``.<name>.<random>.tmp``)
@@ -125,35 +120,3 @@ def stale_temporary_files(folder: str) -> List[str]:
     return sorted(glob.glob(osp.join(folder, f'.*.pth.*{TMP_SUFFIX}')) +
                   glob.glob(osp.join(folder,
                                      f'.last_checkpoint.*{TMP_SUFFIX}')))
-
-
-def install_checked_loader(allow_inert: bool) -> None:
-    """Make mmengine load local checkpoint files with
-    :func:`pola_mm.fileio.load_checkpoint_file`.
-
-    Replaces the loader of mmengine's ``CheckpointLoader`` for plain paths
-    (the prefix ``''``), which ``Runner.resume``, ``Runner.load_checkpoint``
-    and ``mmengine.runner.load_checkpoint`` use. Called by the tools only.
-
-    Args:
-        allow_inert: what to do with a file that weights-only loading
-            refuses: read it with pola_mm's restricted unpickler (entries
-            that are not data come back inert) or refuse it. The tools
-            refuse: a checkpoint they load is a Runner checkpoint, which
-            loads weights-only (the authors' training files go through
-            ``tools/model_converters/pola_official_to_mm.py`` or
-            ``init_cfg``, which read them inertly).
-    """
-    from mmengine.runner.checkpoint import CheckpointLoader
-
-    from ..fileio import load_checkpoint_file
-
-    # named as mmengine's loaders: it logs "Loads checkpoint by
-    # {name[10:]} backend", i.e. "by local backend"
-    def load_from_local(filename: str, map_location: Any) -> dict:
-        return load_checkpoint_file(
-            osp.expanduser(filename), map_location=map_location,
-            allow_inert=allow_inert)
-
-    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local,
-                                     force=True)

@@ -1,9 +1,10 @@
-"""The logic behind ``tools/train.py`` and ``tools/test.py``.
+"""The train and test commands: ``tools/train.py`` and ``tools/test.py``.
 
 One pair of tools serves mmdet, mmseg and mmpretrain configs: the codebase is
 chosen by the config's ``default_scope`` (the Runner imports its modules
 through the registries), and the few scope-specific options (``--out``,
-``--show-dir``) are translated here. Only mmengine is imported.
+``--show-dir``) are translated here. Of the OpenMMLab packages only
+mmengine is imported.
 """
 import argparse
 import os
@@ -14,17 +15,16 @@ from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from ..compat import exit_process, finish_distributed, setup_cpu_distributed
-from ..engine import (NonFiniteLossError, TrainingInterrupted,
-                      install_checked_loader, stop_on_sigterm)
-from ..fileio import CheckpointFileError
+from ..engine import NonFiniteLossError, TrainingInterrupted, stop_on_sigterm
+from ..fileio import CheckpointFileError, install_checked_loader
+from ..models.from_config import ConfigFileError, load_config
 from .data_paths import first_missing
+from .distributed import finish_distributed, setup_cpu_distributed
 
 __all__ = [
-    'ToolError', 'train_parser', 'test_parser', 'load_config',
+    'ToolError', 'train_parser', 'test_parser',
     'prepare_train_config', 'prepare_test_config', 'build_runner',
-    'train_main', 'test_main', 'run_tool', 'exit_process',
-    'add_reliability_hooks'
+    'train_main', 'test_main', 'run_tool', 'add_reliability_hooks'
 ]
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
@@ -83,22 +83,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
 
 
-def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
-    """Read a config file and apply ``--cfg-options``.
-
-    Raises:
-        ToolError: the file does not exist or cannot be parsed.
+def _read_config(path: str, cfg_options: Optional[dict] = None) -> Config:
+    """:func:`pola_mm.models.from_config.load_config` for the tools: a
+    missing or unreadable file is a :class:`ToolError` (one line, exit 2).
     """
-    if not osp.isfile(path):
-        raise ToolError(f'config file not found: {path}')
     try:
-        cfg = Config.fromfile(path)
-    except Exception as exc:  # syntax errors, missing _base_ files, ...
-        raise ToolError(f'cannot read config {path}: '
-                        f'{type(exc).__name__}: {exc}') from exc
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    return cfg
+        return load_config(path, cfg_options)
+    except (FileNotFoundError, ConfigFileError) as exc:
+        raise ToolError(str(exc)) from None
 
 
 def _setup_launcher(cfg: Config, launcher: str, local_rank: int) -> None:
@@ -120,7 +112,7 @@ def _set_work_dir(cfg: Config, config_path: str,
 
 def prepare_train_config(args: argparse.Namespace) -> Config:
     """Build the Runner config for ``tools/train.py`` from parsed args."""
-    cfg = load_config(args.config, args.cfg_options)
+    cfg = _read_config(args.config, args.cfg_options)
     _setup_launcher(cfg, args.launcher, args.local_rank)
     _set_work_dir(cfg, args.config, args.work_dir)
 
@@ -157,7 +149,7 @@ def prepare_train_config(args: argparse.Namespace) -> Config:
 def _raise_if_missing(cfg: Config, mode: str) -> None:
     """One line (:class:`ToolError`) for the first dataset, annotation file
     or pretrained checkpoint the config needs that is not on disk
-    (:func:`pola_mm.tools.data_paths.first_missing`)."""
+    (:func:`pola_mm.cli.data_paths.first_missing`)."""
     missing = first_missing(cfg, mode)
     if missing:
         raise ToolError(missing)
@@ -246,7 +238,7 @@ def prepare_test_config(args: argparse.Namespace) -> Config:
     """Build the Runner config for ``tools/test.py`` from parsed args."""
     if '://' not in args.checkpoint and not osp.isfile(args.checkpoint):
         raise ToolError(f'checkpoint not found: {args.checkpoint}')
-    cfg = load_config(args.config, args.cfg_options)
+    cfg = _read_config(args.config, args.cfg_options)
     _setup_launcher(cfg, args.launcher, args.local_rank)
     _set_work_dir(cfg, args.config, args.work_dir)
     cfg.load_from = args.checkpoint
