@@ -36,7 +36,7 @@ def _checked_config(config: Any, cfg_options: Optional[dict]) -> Any:
 
     # importing pola_mm.models (for the base class) registers the backbones
     from ..models.backbones.base import PolaBackbone
-    from ..models.from_config import load_config
+    from ..models.from_config import ConfigFileError, load_config
     from ..registry import MODELS
     name = config if isinstance(config, str) else 'the config'
     if not isinstance(config, Config):
@@ -44,10 +44,9 @@ def _checked_config(config: Any, cfg_options: Optional[dict]) -> Any:
             config = load_config(config)
         except FileNotFoundError as err:
             raise ExportInputError(f'{err}; check the path') from err
-        except Exception as err:  # mmengine raises many kinds
+        except ConfigFileError as err:  # names the file and the cause
             raise ExportInputError(
-                f'config {name} cannot be read ({type(err).__name__}: '
-                f'{first_line(err)}); fix the file or pass a config of '
+                f'{first_line(err)}; fix the file or pass a config of '
                 'pola_mm (configs/*.py)') from err
     if cfg_options:
         try:
@@ -89,7 +88,7 @@ def build_backbone(config: Any,
             with ``model.backbone``) or an mmengine ``Config`` (changed in
             place by ``cfg_options``).
         checkpoint: optional weights, read through the backbone's strict
-            pretrained loading (:func:`pola_mm.models.load_checkpoint_file`,
+            pretrained loading (:func:`pola_mm.fileio.load_checkpoint_file`,
             which never runs code from the file): the authors' file, a
             converted classifier, a detector / segmentor checkpoint or a
             backbone state dict. The config's own ``init_cfg`` is ignored
