@@ -20,7 +20,9 @@ Each has its plain reference beside it, named ``*_pytorch``, which is also
 what it runs with the fast paths off. The pieces the references and the
 fast implementations share are written once
 (:mod:`~pola_mm.ops.features`), the CPU run planning apart from their
-arithmetic (:mod:`~pola_mm.ops.runs`).
+arithmetic (:mod:`~pola_mm.ops.runs`). Analysis tools see the attention
+ops, the gated projection and the table resize being called through
+:mod:`~pola_mm.ops.observers`.
 """
 from .depthwise_conv import depthwise_conv2d, depthwise_conv2d_pytorch
 from .dispatch import (FAST_PATHS_ENV, DynamicShapeExportError,
@@ -28,6 +30,7 @@ from .dispatch import (FAST_PATHS_ENV, DynamicShapeExportError,
 from .gate_linear import gate_linear, gate_linear_pytorch
 from .gelu_linear import (gelu_linear, gelu_linear_pytorch, gelu_mlp,
                           gelu_mlp_pytorch)
+from .observers import observe_calls, reporting, reports_calls
 from .pacs_attention import pacs_attention, pacs_attention_pytorch
 from .polarity_attention import polarity_attention, polarity_attention_pytorch
 from .position import (check_resize_mode, resize_pos_table,
@@ -45,5 +48,5 @@ __all__ = [
     'gelu_linear', 'gelu_linear_pytorch', 'gelu_mlp', 'gelu_mlp_pytorch',
     'resize_pos_table', 'resize_pos_table_pytorch', 'check_resize_mode',
     'check_window_export', 'DynamicShapeExportError', 'rotary_tables',
-    'theta_shift'
+    'theta_shift', 'observe_calls', 'reports_calls', 'reporting'
 ]

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from . import observers
 from .dispatch import records_grad, use_fast
 from .precision import no_autocast
 
@@ -87,6 +88,7 @@ class GateLinearFunction(torch.autograd.Function):
         return dx, dg, dw, db
 
 
+@observers.reports_calls
 def gate_linear(x: Tensor, g: Tensor, linear: nn.Linear) -> Tensor:
     """``linear(x * g)``, the gated output projection (the op).
 

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import observers
 from .checks import (check_broadcastable, check_head_inputs, no_queries,
                      param_shape)
 from .dispatch import capturing, use_fast
@@ -24,6 +25,7 @@ from .rotary import theta_shift
 __all__ = ['pacs_attention', 'pacs_attention_pytorch']
 
 
+@observers.reports_calls
 def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
                    sin: Optional[Tensor] = None,
                    cos: Optional[Tensor] = None) -> Tensor:
@@ -78,6 +80,7 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
     return out.to(q.dtype)
 
 
+@observers.reports_calls
 def pacs_attention_pytorch(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
                            s2: Tensor, sin: Optional[Tensor] = None,
                            cos: Optional[Tensor] = None,

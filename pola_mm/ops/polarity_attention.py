@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import observers
 from .checks import (check_broadcastable, check_head_inputs, no_queries,
                      param_shape)
 from .dispatch import capturing, use_fast
@@ -29,6 +30,7 @@ __all__ = ['polarity_attention', 'polarity_attention_pytorch']
 _FLOAT32_TINY = 1.1754943508222875e-38
 
 
+@observers.reports_calls
 def polarity_attention(q: Tensor,
                        k: Tensor,
                        v: Tensor,
@@ -91,6 +93,7 @@ def polarity_attention(q: Tensor,
     return out.to(q.dtype)
 
 
+@observers.reports_calls
 def polarity_attention_pytorch(q: Tensor,
                                k: Tensor,
                                v: Tensor,

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..type_aliases import Size2
+from . import observers
 from .dispatch import capturing, records_grad, use_fast
 
 __all__ = ['resize_pos_table', 'resize_pos_table_pytorch', 'resize_matrix',
@@ -45,6 +46,7 @@ def check_resize_mode(mode: str) -> str:
     return mode
 
 
+@observers.reports_calls
 def resize_pos_table(table: Tensor, ref_hw: Size2, hw: Size2,
                      mode: str = 'bicubic') -> Tensor:
     """Resize a learned ``(1, Hr * Wr, C)`` token table to ``(1, H * W, C)``.

@@ -5,14 +5,11 @@ module on a real forward pass.
 attention module asked for, the tokens it was called with and the map they
 lie on (a forward pre-hook on the module: no method of the module is
 hooked or replaced); :func:`op_calls` records the inputs the ops receive
-when a module runs (the ops' module globals wrapped for the duration, the
-mechanism the FLOPs counter charges them by,
-:func:`~pola_mm.analysis.flops.wrapped_globals`); :mod:`.maps` computes
-the attention rows from those.
+when a module runs (the ops report their calls,
+:func:`pola_mm.ops.observe_calls`, as they do to the FLOPs counter);
+:mod:`.maps` computes the attention rows from those.
 """
 import contextlib
-import functools
-import inspect
 import os.path as osp
 from dataclasses import dataclass
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
@@ -25,9 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...models.layers import PolarityAttention, WindowMSA
-from ...ops import plain_paths
+from ...ops import observe_calls, plain_paths, reporting
 from ...type_aliases import Size2
-from ..flops import wrapped_globals
 from ..zoo import stage_of
 
 __all__ = [
@@ -239,7 +235,8 @@ class OpCall:
     """One call of an op, as the op received it.
 
     Attributes:
-        op: the op function called (the original, not its wrapper).
+        op: the op called (the public function, e.g.
+            :func:`pola_mm.ops.polarity_attention`).
         args: its arguments by name, defaults filled in.
     """
     op: Callable[..., Any]
@@ -248,32 +245,37 @@ class OpCall:
 
 @contextlib.contextmanager
 def op_calls(*ops: Callable[..., Any]) -> Iterator[List[OpCall]]:
-    """While active, every call of ``ops`` through a module global (as the
-    models call the ops of :mod:`pola_mm.ops`) is recorded, in order, in
-    the yielded list; the ops run as they are. The globals are restored on
-    exit.
+    """While active, every call of ``ops`` (ops that report their calls,
+    :func:`pola_mm.ops.reports_calls`: the attention ops and their
+    references, :func:`~pola_mm.ops.gate_linear`,
+    :func:`~pola_mm.ops.resize_pos_table`) is recorded, in order, in the
+    yielded list, whatever name it is called by; the ops run as they are.
 
     Example::
 
         with op_calls(polarity_attention, gate_linear) as calls:
             attn(x, hw)
         q = calls[0].args['q']  # what the op received
+
+    Raises:
+        ValueError: for a function that does not report its calls.
     """
+    silent = [getattr(op, '__name__', repr(op)) for op in ops
+              if not reporting(op)]
+    if silent:
+        raise ValueError(f'op_calls: {", ".join(silent)} must report '
+                         'calls (pola_mm.ops.reports_calls) to be observed')
+    wanted = set(ops)
     calls: List[OpCall] = []
 
-    def observed(fn: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(fn)
+    @contextlib.contextmanager
+    def record(op: Callable[..., Any],
+               arguments: Dict[str, Any]) -> Iterator[None]:
+        if op in wanted:
+            calls.append(OpCall(op, dict(arguments)))
+        yield
 
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            calls.append(OpCall(fn, dict(bound.arguments)))
-            return fn(*args, **kwargs)
-
-        return call
-
-    with wrapped_globals({fn: observed(fn) for fn in ops}):
+    with observe_calls(record):
         yield calls
 
 
