@@ -42,6 +42,15 @@ def _modules() -> Dict[str, str]:
     return out
 
 
+def _from_module(node: ast.ImportFrom, here: List[str]) -> str:
+    """The absolute name of the module of ``from ... import``, for a
+    module whose package is ``here`` (its name's parts)."""
+    if not node.level:
+        return node.module or ''
+    base = here[:len(here) - node.level + 1]
+    return '.'.join(base + ([node.module] if node.module else []))
+
+
 def _imports(name: str, path: str, known: Set[str]) -> Set[str]:
     """The package's modules that ``name`` imports anywhere in its file
     (``from a import b`` names module ``a.b`` where that is a module),
@@ -55,11 +64,7 @@ def _imports(name: str, path: str, known: Set[str]) -> Set[str]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here[:len(here) - node.level + 1]
-                mod = '.'.join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ''
+            mod = _from_module(node, here)
             targets = [f'{mod}.{a.name}' if f'{mod}.{a.name}' in known
                        else mod for a in node.names]
         else:
@@ -262,11 +267,7 @@ def _private_uses(name: str, path: str, known: Set[str]) -> List[str]:
     out, bound = [], {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here[:len(here) - node.level + 1]
-                mod = '.'.join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ''
+            mod = _from_module(node, here)
             if mod not in known:
                 continue
             for a in node.names:
