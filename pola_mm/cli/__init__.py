@@ -9,15 +9,13 @@
 - :mod:`.distributed`: the start and end of the tools' processes
   (``--launcher pytorch`` without CUDA on gloo, a clean exit after it).
 
-Importing this package sets the tools' warning filter (below): the scripts
-under ``tools/`` that run mmengine or openmim import it before those do.
-Not imported by ``import pola_mm``.
+- :mod:`.quiet`: :func:`quiet_tool_warnings`.
+
+Every script calls :func:`quiet_tool_warnings` before it runs mmengine or
+openmim (``tools/train.py`` and ``tools/test.py`` through
+:func:`~.train_test.run_tool`). Not imported by ``import pola_mm``.
 What ships here rather than beside the scripts: docs/packaging.md.
 """
-import warnings
+from .quiet import quiet_tool_warnings
 
-# The tools' processes only: mmengine 0.10 and openmim import pkg_resources,
-# and the setuptools they need (< 81) warns on each import (4-6 lines per
-# command, nothing a user can act on). pola_mm itself does not use it.
-warnings.filterwarnings('ignore', message='pkg_resources is deprecated',
-                        category=UserWarning)
+__all__ = ['quiet_tool_warnings']

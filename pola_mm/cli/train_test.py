@@ -20,6 +20,7 @@ from ..fileio import CheckpointFileError, install_checked_loader
 from ..models.from_config import ConfigFileError, load_config
 from .data_paths import first_missing
 from .distributed import finish_distributed, setup_cpu_distributed
+from .quiet import quiet_tool_warnings
 
 __all__ = [
     'ToolError', 'train_parser', 'test_parser',
@@ -291,6 +292,7 @@ def run_tool(main, argv: Optional[List[str]] = None) -> int:
     (:class:`TrainingInterrupted`; checkpoints on disk are complete).
     """
     import sys
+    quiet_tool_warnings()
     try:
         main(argv)
     except (ToolError, CheckpointFileError) as exc:

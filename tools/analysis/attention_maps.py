@@ -23,11 +23,13 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
-import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 from pola_mm.analysis.attention import backbone_for_analysis  # noqa: E402
 from pola_mm.analysis.attention import (capture_blocks, image_to_tensor,
                                         load_image, plot_attention_map)
 from pola_mm.analysis.benchmark import parse_size  # noqa: E402
+from pola_mm.cli import quiet_tool_warnings  # noqa: E402
+
+quiet_tool_warnings()
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -25,13 +25,15 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
-import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 from pola_mm.analysis.attention import backbone_for_analysis  # noqa: E402
 from pola_mm.analysis.attention import (block_statistics, capture_blocks,
                                         format_statistics, image_to_tensor,
                                         load_image, plot_statistics,
                                         summarise_statistics)
 from pola_mm.analysis.benchmark import parse_size  # noqa: E402
+from pola_mm.cli import quiet_tool_warnings  # noqa: E402
+
+quiet_tool_warnings()
 
 CKPT_EXT = ('.pth', '.pt', '.ckpt')
 

@@ -57,7 +57,6 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 from typing import Callable, List, Optional, Sequence, Tuple  # noqa: E402
 
-import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 from pola_mm.analysis.benchmark import (PRESETS, RUNTIMES,  # noqa: E402
                                         SEQ_METHODS, SEQ_MODES, WHOLE_MODELS,
                                         BenchmarkCase, BenchmarkResult,
@@ -68,6 +67,9 @@ from pola_mm.analysis.benchmark import (PRESETS, RUNTIMES,  # noqa: E402
                                         run_whole_benchmarks, size_str,
                                         whole_spec)
 from pola_mm.analysis.zoo import zoo_names  # noqa: E402
+from pola_mm.cli import quiet_tool_warnings  # noqa: E402
+
+quiet_tool_warnings()
 
 #: The performance goals ``--preset goals`` is checked against: (title of
 #: the case, metric, largest allowed ratio of Pola over softmax).

@@ -79,8 +79,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f'error: --shape takes H W or N, got {args.shape}',
               file=sys.stderr)
         return 2
-    # pola_mm:: registered before reading; the tools' warning filter
-    import pola_mm.cli  # noqa: F401
+    # pola_mm:: registered before reading
+    import pola_mm  # noqa: F401
+    from pola_mm.cli import quiet_tool_warnings
+    quiet_tool_warnings()
     from pola_mm.analysis.flops import format_report, model_complexity
     from pola_mm.models.from_config import load_config
     try:

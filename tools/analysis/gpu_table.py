@@ -17,7 +17,9 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
-import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
+from pola_mm.cli import quiet_tool_warnings  # noqa: E402
+
+quiet_tool_warnings()
 
 
 def main() -> int:

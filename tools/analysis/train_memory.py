@@ -22,11 +22,13 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
-import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
 from pola_mm.analysis.train_memory import (DEVICES, MiB,  # noqa: E402
                                            cuda_memory_check, format_breakdown,
                                            format_comparison, measure)
 from pola_mm.analysis.zoo import counterpart, zoo_names  # noqa: E402
+from pola_mm.cli import quiet_tool_warnings  # noqa: E402
+
+quiet_tool_warnings()
 
 
 def parse_args() -> argparse.Namespace:

@@ -22,8 +22,10 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
-import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
+from pola_mm.cli import quiet_tool_warnings  # noqa: E402
 from pola_mm.deployment.deploy import main, parse_args  # noqa: E402,F401
+
+quiet_tool_warnings()
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -9,8 +9,10 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
+from pola_mm.cli import quiet_tool_warnings  # noqa: E402
 from pola_mm.demo.shapes import make_shapes_dataset  # noqa: E402
+
+quiet_tool_warnings()
 
 
 def parse_args() -> argparse.Namespace:

@@ -17,7 +17,7 @@ import sys
 from typing import List
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-import pola_mm.cli  # noqa: E402,F401  (the tools' warning filter)
+from pola_mm.cli import quiet_tool_warnings  # noqa: E402
 
 # isort: split
 
@@ -26,6 +26,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.structures import InstanceData  # noqa: E402
+
+quiet_tool_warnings()
 
 
 def parse_args() -> argparse.Namespace:
