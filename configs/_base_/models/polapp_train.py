@@ -56,12 +56,8 @@ pola_seg_optim_wrapper = dict(
     optimizer=dict(
         type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
     paramwise_cfg=dict(custom_keys={'norm': dict(decay_mult=0.)}))
-pola_ham_optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    _scope_='mmengine',  # mmengine's own: no scope lookup, no warning
-    optimizer=dict(
-        type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
+pola_ham_optim_wrapper = dict(  # UperNet's optimiser, the head's lr x10
+    pola_seg_optim_wrapper,
     paramwise_cfg=dict(
         custom_keys={
             'norm': dict(decay_mult=0.),
