@@ -188,8 +188,7 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
             'depthwise_conv', 'gelu_linear', 'pacs_attention', 'pacs_fast',
             'polarity_attention', 'polarity_fast', 'position'))
     spies = {
-        'polarity_fast': [(polarity_attention,
-                             'polarity_attention_fast')],
+        'polarity_fast': [(polarity_attention, 'polarity_attention_fast')],
         'PolarityAttentionFunction': [
             (polarity_fast.PolarityAttentionFunction, 'apply')],
         'pacs_fast': [(pacs_attention, 'pacs_attention_fast')],

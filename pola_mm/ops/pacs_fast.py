@@ -208,9 +208,9 @@ class PaCSAttentionFunction(torch.autograd.Function):
 
 
 def pacs_attention_fast(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
-                          s2: Tensor, sin: Optional[Tensor] = None,
-                          cos: Optional[Tensor] = None,
-                          eps: float = EPS) -> Tensor:
+                        s2: Tensor, sin: Optional[Tensor] = None,
+                        cos: Optional[Tensor] = None,
+                        eps: float = EPS) -> Tensor:
     """PaCS polarity attention (the published formula, see
     :func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`).
 

@@ -84,7 +84,7 @@ def polarity_attention(q: Tensor,
     with no_autocast(q.device.type):
         if use_fast(q):
             out = polarity_attention_fast(q, k, v, scale, power, alpha,
-                                            k_bias=k_bias)
+                                          k_bias=k_bias)
         else:
             dt = torch.promote_types(q.dtype, torch.float32)
             out = polarity_attention_pytorch(

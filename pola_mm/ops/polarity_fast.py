@@ -397,14 +397,9 @@ class PolarityAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dscale, dpower, None, None, dbias
 
 
-def polarity_attention_fast(q: Tensor,
-                              k: Tensor,
-                              v: Tensor,
-                              scale: Tensor,
-                              power: Tensor,
-                              alpha: float,
-                              eps: float = EPS,
-                              k_bias: Optional[Tensor] = None) -> Tensor:
+def polarity_attention_fast(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
+                            power: Tensor, alpha: float, eps: float = EPS,
+                            k_bias: Optional[Tensor] = None) -> Tensor:
     """Polarity-aware linear attention (the published formula), fast.
 
     Computes :func:`polarity_attention_pytorch` (see there for the formula
