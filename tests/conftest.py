@@ -7,6 +7,19 @@ import pytest
 
 os.environ.setdefault('MPLBACKEND', 'Agg')
 
+
+def _interpret_triton_without_gpu() -> None:
+    """Without a GPU, Triton's interpreter runs the kernels on CPU tensors
+    (the kernel tests, tests/ops/test_*_triton.py). Triton reads the switch
+    when a kernel is decorated, so it is set here, before any test module
+    imports pola_mm."""
+    import torch
+    if not torch.cuda.is_available():
+        os.environ.setdefault('TRITON_INTERPRET', '1')
+
+
+_interpret_triton_without_gpu()
+
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:  # helper modules such as compat_tiny
     sys.path.insert(0, TESTS_DIR)

@@ -180,17 +180,19 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
     from pola_mm.ops.gate_linear import GateLinearFunction
     from pola_mm.ops.gelu_linear import GeluLinearFunction
 
-    # (modules by name: pola_mm.ops.polarity_attention, ... are also the
+    # (modules by name: pola_mm.ops.pacs_attention, ... are also the
     # names of the ops' functions in pola_mm.ops)
-    (depthwise_conv, gelu_linear, pacs_attention, pacs_fast,
-     polarity_attention, polarity_fast, position) = (
+    (depthwise_conv, gelu_linear, pacs_attention, pacs_fast, polarity_op,
+     polarity_cpu, position) = (
         importlib.import_module(f'pola_mm.ops.{name}') for name in (
             'depthwise_conv', 'gelu_linear', 'pacs_attention', 'pacs_fast',
-            'polarity_attention', 'polarity_fast', 'position'))
+            'polarity.op', 'polarity.cpu', 'position'))
     spies = {
-        'polarity_fast': [(polarity_attention, 'polarity_attention_fast')],
+        'polarity_cpu': [(polarity_op, 'polarity_attention_cpu')],
         'PolarityAttentionFunction': [
-            (polarity_fast.PolarityAttentionFunction, 'apply')],
+            (polarity_cpu.PolarityAttentionFunction, 'apply')],
+        'polarity_triton': [(polarity_op.kernels,
+                             'polarity_attention_triton')],
         'pacs_fast': [(pacs_attention, 'pacs_attention_fast')],
         'PaCSAttentionFunction': [(pacs_fast.PaCSAttentionFunction,
                                    'apply')],
@@ -292,38 +294,3 @@ def stage_grids(family: str, H: int, W: int) -> list:
         h, w = grids[-1]
         grids.append((max(1, h // 2), max(1, w // 2)))
     return grids
-
-
-def polarity_attention_textbook(q: torch.Tensor, k: torch.Tensor,
-                                v: torch.Tensor, scale: torch.Tensor,
-                                power: torch.Tensor,
-                                alpha: float) -> torch.Tensor:
-    """The polarity attention written as the paper and the authors' code
-    write it (concatenated feature maps, two key products, ``k'`` and ``v``
-    each scaled by ``n^-1/2``): the arbiter of the package's kernel and of
-    its plain reference ``polarity_attention_pytorch``.
-
-    Args:
-        q: ``(B, h, N, d)``; k, v: ``(B, h, n, d)`` (positional table
-            already added to ``k``); scale: raw, broadcastable to
-            ``(1, h, 1, d)``; power: ``(1, h, 1, d)``; alpha: float.
-
-    Returns:
-        ``(B, h, N, d)``.
-    """
-    import torch.nn.functional as F
-    n = k.shape[-2]
-    s = F.softplus(scale)
-    q, k = q / s, k / s
-    p = 1 + alpha * torch.sigmoid(power)
-    q_pos, q_neg = F.relu(q) ** p, F.relu(-q) ** p
-    k_pos, k_neg = F.relu(k) ** p, F.relu(-k) ** p
-    q_sim = torch.cat([q_pos, q_neg], dim=-1)
-    q_opp = torch.cat([q_neg, q_pos], dim=-1)
-    kk = torch.cat([k_pos, k_neg], dim=-1)
-    v1, v2 = torch.chunk(v, 2, dim=-1)
-    k_mean = kk.mean(dim=-2, keepdim=True).transpose(-2, -1)
-    kt = kk.transpose(-2, -1) * n ** -0.5
-    x_sim = q_sim @ (kt @ (v1 * n ** -0.5)) / (q_sim @ k_mean + 1e-6)
-    x_opp = q_opp @ (kt @ (v2 * n ** -0.5)) / (q_opp @ k_mean + 1e-6)
-    return torch.cat([x_sim, x_opp], dim=-1)

@@ -3,8 +3,8 @@ implementation or its plain ``*_pytorch`` reference itself (mmcv's
 pattern), behind one switch (``POLA_MM_FAST_PATHS=0`` or
 :func:`plain_paths`; :mod:`~pola_mm.ops.dispatch`).
 
-- :func:`polarity_attention` (PolaFormer; fast implementation in
-  :mod:`~pola_mm.ops.polarity_fast`);
+- :func:`polarity_attention` (PolaFormer; its forms in
+  :mod:`~pola_mm.ops.polarity`: naive, graph, cpu, triton);
 - :func:`pacs_attention` (PolaFormer++'s PaCS; fast implementation in
   :mod:`~pola_mm.ops.pacs_fast`);
 - :func:`softmax_attention` (``scaled_dot_product_attention`` or the
@@ -32,7 +32,8 @@ from .gelu_linear import (gelu_linear, gelu_linear_pytorch, gelu_mlp,
                           gelu_mlp_pytorch)
 from .observers import observe_calls, reporting, reports_calls
 from .pacs_attention import pacs_attention, pacs_attention_pytorch
-from .polarity_attention import polarity_attention, polarity_attention_pytorch
+from .polarity import (polarity_attention, polarity_attention_naive,
+                       polarity_attention_pytorch)
 from .position import (check_resize_mode, resize_pos_table,
                        resize_pos_table_pytorch)
 from .rotary import rotary_tables, theta_shift
@@ -41,7 +42,8 @@ from .softmax_attention import (check_window_export, softmax_attention,
 
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'plain_paths', 'set_fast_paths',
-    'polarity_attention', 'polarity_attention_pytorch', 'pacs_attention',
+    'polarity_attention', 'polarity_attention_pytorch',
+    'polarity_attention_naive', 'pacs_attention',
     'pacs_attention_pytorch', 'softmax_attention',
     'softmax_attention_pytorch', 'depthwise_conv2d',
     'depthwise_conv2d_pytorch', 'gate_linear', 'gate_linear_pytorch',

@@ -15,8 +15,16 @@ While a graph is captured (``torch.export``, ONNX export, tracing,
 ``torch.compile``, ``torch.fx``) every op runs its reference, written in
 standard operations: the captured graph holds no custom autograd function
 or run sized for one input.
+
+The attention ops have three implementations each (``graph``: the
+reference; ``cpu``: torch operations rearranged; ``triton``: fused
+kernels), and :func:`implementation` is the one rule that picks among
+them. ``POLA_MM_KERNELS=0`` (or :func:`set_kernels`) keeps the fast paths
+but leaves the kernels out (the GPU check compares the two so).
 """
 import contextlib
+import functools
+import importlib.util
 import os
 from typing import Iterator
 
@@ -26,7 +34,8 @@ from torch import Tensor
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'set_fast_paths', 'plain_paths',
     'is_compiling', 'exporting', 'capturing', 'use_fast', 'records_grad',
-    'DynamicShapeExportError'
+    'DynamicShapeExportError', 'KERNELS_ENV', 'kernels_enabled',
+    'set_kernels', 'triton_available', 'implementation'
 ]
 
 #: Environment variable: ``0`` (or ``false``/``off``/``no``) turns every fast
@@ -42,6 +51,12 @@ def env_enabled(name: str) -> bool:
 
 
 _enabled = env_enabled(FAST_PATHS_ENV)
+
+#: Environment variable: ``0`` leaves the Triton kernels out (the other
+#: fast paths stay on).
+KERNELS_ENV = 'POLA_MM_KERNELS'
+
+_kernels = env_enabled(KERNELS_ENV)
 
 
 class DynamicShapeExportError(RuntimeError):
@@ -123,3 +138,58 @@ def records_grad(*tensors) -> bool:
     entries ignored)."""
     return torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in tensors)
+
+
+def kernels_enabled() -> bool:
+    """Whether the attention ops may run their Triton kernels."""
+    return _kernels
+
+
+def set_kernels(enabled: bool) -> None:
+    """Let the attention ops run their Triton kernels, or not (the whole
+    process; the other fast paths are unaffected)."""
+    global _kernels
+    _kernels = bool(enabled)
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    """Whether Triton is installed and torch registers custom ops
+    (``torch.library.custom_op``, torch >= 2.4)."""
+    return (importlib.util.find_spec('triton') is not None
+            and hasattr(torch.library, 'custom_op'))
+
+
+def _kernel_device(x: Tensor) -> bool:
+    """Whether ``x`` lives where the kernels run: a CUDA GPU with Triton,
+    or a tensor without values that stands for one (``meta``, fake CUDA:
+    memory estimates and structure tests see what a GPU runs)."""
+    if not hasattr(torch.library, 'custom_op'):  # torch < 2.4
+        return False
+    if x.device.type == 'meta':
+        return True
+    if x.device.type != 'cuda':
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+    if is_fake(x) or not torch.cuda.is_available():
+        return True
+    return triton_available()
+
+
+def implementation(x: Tensor, kernel_fits: bool,
+                   cpu_fits: bool = True) -> str:
+    """The implementation an attention op runs on its input ``x``.
+
+    - ``'graph'`` (the reference, standard operations) while a graph is
+      captured, with the fast paths off, and where neither fast path fits;
+    - ``'triton'`` (fused kernels) on a CUDA GPU with Triton, and on
+      ``meta`` and fake CUDA tensors, where ``kernel_fits`` (the op's
+      kernels take these shapes and dtypes) and the kernels are on;
+    - ``'cpu'`` (torch operations, any device) otherwise, where
+      ``cpu_fits``.
+    """
+    if not use_fast(x):
+        return 'graph'
+    if kernel_fits and _kernels and _kernel_device(x):
+        return 'triton'
+    return 'cpu' if cpu_fits else 'graph'

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import (PVT_TINY, SWIN_TINY_DEPTH2, polarity_attention_textbook,
-                     randomise_attention)
+from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise_attention
 
+from pola_mm.ops import polarity_attention_naive
 from pola_mm.analysis.attention import (attention_rows, block_statistics,
                                         capture_blocks, dwc_rows,
                                         image_to_tensor, load_image,
@@ -107,7 +107,7 @@ def test_polarity_rows_reproduce_the_module_output(kind, photo, swin_caps):
     # the flows alone equal the plain formula on the same q, k, v
     # (q, k are already scaled: a raw scale with softplus(scale) = 1)
     unit = torch.full((1, ), math.log(math.e - 1), dtype=torch.float64)
-    ref = polarity_attention_textbook(qk.q, qk.k, qk.v, unit,
+    ref = polarity_attention_naive(qk.q, qk.k, qk.v, unit,
                                       attn.power.detach().double(),
                                       attn.alpha)
     assert torch.allclose(torch.cat([x_sim, x_opp], -1), ref, atol=1e-9)

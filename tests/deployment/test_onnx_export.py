@@ -27,13 +27,14 @@ from pola_mm.deployment import onnx_export as onnx_mod
 from pola_mm.deployment import verify_onnx
 from pola_mm.deployment.onnx_files import gather_external_data
 from pola_mm.models import PolaPVT, PolaSwinTransformer
-from pola_mm.ops import dispatch, polarity_fast
+from pola_mm.ops import dispatch
+from pola_mm.ops.polarity import cpu as polarity_fast
 
 pytest.importorskip('onnxruntime')
 
 #: The module of the polarity attention op (``pola_mm.ops`` exports the op
 #: function under the same name).
-polarity_op_module = importlib.import_module('pola_mm.ops.polarity_attention')
+polarity_op_module = importlib.import_module('pola_mm.ops.polarity.op')
 
 BACKBONES = {'swin': (PolaSwinTransformer, SWIN_TINY_DEPTH2),
              'swin1': (PolaSwinTransformer, SWIN_TINY_DEPTH1),
@@ -74,12 +75,12 @@ def test_torchscript_export_matches_pytorch(tmp_path, monkeypatch, name,
     calls = []
     # the op's fast implementation, looked up where the op calls it, and
     # the features of one of the kernel's runs
-    for obj, attr in [(polarity_op_module, 'polarity_attention_fast'),
+    for obj, attr in [(polarity_op_module, 'polarity_attention_cpu'),
                       (polarity_fast, '_features')]:
         _spy(monkeypatch, calls, obj, attr)
     with torch.no_grad():
         model(example_inputs(model, shape))
-    assert {'polarity_attention_fast', '_features'} <= set(calls)
+    assert {'polarity_attention_cpu', '_features'} <= set(calls)
     calls.clear()
     out = str(tmp_path / 'm.onnx')
     export_onnx(model, shape, out, exporter='torchscript')

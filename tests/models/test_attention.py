@@ -5,7 +5,8 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import count_calls, polarity_attention_textbook, randomise
+from helpers import count_calls, randomise
+from pola_mm.ops import polarity_attention_naive
 
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
 from pola_mm.models.layers import (PolarityAttention, WindowMSA,
@@ -162,7 +163,7 @@ def test_bf16_autocast(fused):
 def _global_polarity_reference(attn, x, hw):
     """The published computation written out over the whole map: ``qkvg``
     split, the positional table bicubic-resized to the map and added to k,
-    the paper's formula (``helpers.polarity_attention_textbook``), the
+    the paper's formula (``pola_mm.ops.polarity_attention_naive``), the
     per-head depth-wise
     conv of v, gate and output projection."""
     B, L, C = x.shape
@@ -176,7 +177,7 @@ def _global_polarity_reference(attn, x, hw):
     def heads(t):
         return t.view(B, L, h, d).transpose(1, 2)
 
-    y = polarity_attention_textbook(heads(q), heads(k), heads(v),
+    y = polarity_attention_naive(heads(q), heads(k), heads(v),
                                     attn.scale.view(1, h, 1, d), attn.power,
                                     attn.alpha)
     vmap = heads(v).reshape(B * h, L, d).transpose(1, 2).reshape(

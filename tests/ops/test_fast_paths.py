@@ -30,7 +30,7 @@ from pola_mm.ops import dispatch
 FAMILIES = {
     'swin': (PolaSwinTransformer,
              dict(arch=SWIN_TINY_DEPTH2, softmax_window_size=3),
-             {'polarity_fast', 'PolarityAttentionFunction', 'sdpa',
+             {'polarity_cpu', 'PolarityAttentionFunction', 'sdpa',
               'GateLinearFunction', 'GeluLinearFunction'}),
     'swin_pacs': (PolaSwinTransformer,
                   dict(arch=SWIN_TINY_DEPTH2, softmax_window_size=3,
@@ -38,10 +38,10 @@ FAMILIES = {
                   {'pacs_fast', 'PaCSAttentionFunction', 'sdpa',
                    'GateLinearFunction', 'GeluLinearFunction'}),
     'pvt': (PolaPVT, dict(arch=PVT_TINY, attn_layout='LLLS'),
-            {'polarity_fast', 'PolarityAttentionFunction', 'sdpa',
+            {'polarity_cpu', 'PolarityAttentionFunction', 'sdpa',
              'GateLinearFunction', 'GeluLinearFunction'}),
     'pvt_la_sr': (PolaPVT, dict(arch=PVT_TINY, la_sr_ratios='8421'),
-                  {'polarity_fast', 'PolarityAttentionFunction',
+                  {'polarity_cpu', 'PolarityAttentionFunction',
                    'GateLinearFunction', 'GeluLinearFunction'}),
     'pvt_pacs': (PolaPVT, dict(arch=PVT_TINY, feature_map='pacs'),
                  {'pacs_fast', 'PaCSAttentionFunction',
@@ -129,7 +129,7 @@ def test_float32_inference_uses_the_fast_code_only_when_on(monkeypatch,
     x = torch.randn(1, 3, 97, 161, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         fast = model(x)
-        assert {'polarity_fast', 'cached_resize', 'sdpa'} <= ran(calls)
+        assert {'polarity_cpu', 'cached_resize', 'sdpa'} <= ran(calls)
         reset(calls)
         with ops.plain_paths():
             plain = model(x)
@@ -287,8 +287,8 @@ def _op_cases():
 
 #: the fast code each op runs with the switch on (inference, training)
 OP_FAST_CODE = {
-    'polarity_attention': ({'polarity_fast'},
-                           {'polarity_fast', 'PolarityAttentionFunction'}),
+    'polarity_attention': ({'polarity_cpu'},
+                           {'polarity_cpu', 'PolarityAttentionFunction'}),
     'pacs_attention': ({'pacs_fast'},
                        {'pacs_fast', 'PaCSAttentionFunction'}),
     'softmax_attention': ({'sdpa'}, set()),  # CPU training: the reference

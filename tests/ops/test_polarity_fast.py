@@ -6,14 +6,13 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers import polarity_attention_textbook as reference
+from pola_mm.ops import polarity_attention, polarity_attention_pytorch
+from pola_mm.ops import polarity_attention_naive as reference
+from pola_mm.ops.polarity import cpu as polarity_fast
+from pola_mm.ops.polarity.cpu import PolarityAttentionFunction
 
-from pola_mm.ops import (polarity_attention, polarity_attention_pytorch,
-                         polarity_fast)
-from pola_mm.ops.polarity_fast import PolarityAttentionFunction
-
-#: the op's module (``pola_mm.ops.polarity_attention`` is also the op)
-op_module = importlib.import_module('pola_mm.ops.polarity_attention')
+#: the op's module
+op_module = importlib.import_module('pola_mm.ops.polarity.op')
 
 # slab sizes (elements) that make the CPU path work on: everything at once;
 # a few whole sequences at a time; runs of tokens of one sequence
@@ -30,8 +29,8 @@ def chunking(request, monkeypatch):
 def fast(*args, **kwargs):
     """The op, which must run its fast kernel (fast paths on, no graph
     captured)."""
-    with mock.patch.object(op_module, 'polarity_attention_fast',
-                           wraps=op_module.polarity_attention_fast) as k:
+    with mock.patch.object(op_module, 'polarity_attention_cpu',
+                           wraps=op_module.polarity_attention_cpu) as k:
         out = polarity_attention(*args, **kwargs)
     assert k.call_count == 1
     return out
@@ -216,7 +215,7 @@ def test_compiled_module_runs_the_reference_without_graph_breaks(
     def kernel(*args, **kwargs):
         raise AssertionError('the kernel ran while a graph was captured')
 
-    monkeypatch.setattr(op_module, 'polarity_attention_fast', kernel)
+    monkeypatch.setattr(op_module, 'polarity_attention_cpu', kernel)
     for grad in (True, False):
         with torch.set_grad_enabled(grad):
             result = explain(attn)(x, (4, 5))

@@ -12,8 +12,8 @@ import pola_mm.ops as ops
 from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops import polarity_attention
 
-#: the op's module (``pola_mm.ops.polarity_attention`` is also the op)
-op_module = importlib.import_module('pola_mm.ops.polarity_attention')
+#: the op's module
+op_module = importlib.import_module('pola_mm.ops.polarity.op')
 
 from helpers import randomise  # noqa: E402
 
@@ -44,8 +44,8 @@ def test_low_precision_inputs_equal_float32_copies(dtype):
         saved.append((t.untyped_storage()._cdata, t.dtype, t.shape))
         return t
 
-    with mock.patch.object(op_module, 'polarity_attention_fast',
-                           wraps=op_module.polarity_attention_fast) as k:
+    with mock.patch.object(op_module, 'polarity_attention_cpu',
+                           wraps=op_module.polarity_attention_cpu) as k:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = polarity_attention(*lows, *params[0][:2], 4.0,
                                      k_bias=params[0][2])

@@ -1,14 +1,11 @@
-"""Polarity-aware linear attention (PolaFormer): the op.
+"""Polarity-aware linear attention (PolaFormer), the graph form:
+:func:`polarity_attention_pytorch`, the published formula in its cheap
+algebraic form, in standard operations only.
 
-:func:`polarity_attention` is what the models call. It runs the fast
-implementation (:func:`~.polarity_fast.polarity_attention_fast`: same
-outputs and gradients, the ``(B, h, N, 2d)`` feature maps recomputed in
-backward instead of stored, cache-sized runs in CPU inference) or, with
-the fast paths off and whenever a graph is captured (export,
-``torch.export``, ``torch.compile``), its plain reference
-:func:`polarity_attention_pytorch` beside it. It decides itself
-(:func:`~.dispatch.use_fast`); under fp16/bf16 autocast both compute in
-float32 (powers of fp16 overflow).
+It is what the op runs with the fast paths off and whenever a graph is
+captured (ONNX export, ``torch.export``, ``torch.compile``), and the
+reference that the CPU path (:mod:`.cpu`) and the kernels (:mod:`.triton`)
+are tested equal to, beside the paper's own form (:mod:`.naive`).
 """
 from typing import Optional, Tuple
 
@@ -16,81 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import observers
-from .checks import (check_broadcastable, check_head_inputs, no_queries,
-                     param_shape)
-from .dispatch import capturing, use_fast
-from .features import EPS, split_signs
-from .polarity_fast import polarity_attention_fast
-from .precision import no_autocast
+from .. import observers
+from ..features import EPS, split_signs
 
-__all__ = ['polarity_attention', 'polarity_attention_pytorch']
+__all__ = ['polarity_attention_pytorch']
 
 #: float32's smallest normal number (``torch.finfo(torch.float32).tiny``).
 _FLOAT32_TINY = 1.1754943508222875e-38
-
-
-@observers.reports_calls
-def polarity_attention(q: Tensor,
-                       k: Tensor,
-                       v: Tensor,
-                       scale: Tensor,
-                       power: Tensor,
-                       alpha: float,
-                       k_bias: Optional[Tensor] = None) -> Tensor:
-    """Polarity-aware linear attention of heads: the feature maps with the
-    learned power, the same-signed and opposite-signed flows and their
-    concatenation (the formula: :func:`polarity_attention_pytorch`).
-
-    The attention core only, on tensors already split into heads: no input
-    or output projection, no gate and no depth-wise conv (those are
-    :class:`~pola_mm.models.layers.PolarityAttention`'s). The normalisation
-    is inside: each flow is divided by its own ``q' . mean(k')``. It runs
-    the fast implementation or the plain reference by itself;
-    ``POLA_MM_FAST_PATHS=0`` or ``with pola_mm.ops.plain_paths():`` forces
-    the reference (:mod:`~pola_mm.ops.dispatch`).
-
-    Args:
-        q: ``(B, h, N, d)`` queries, ``d`` even.
-        k, v: ``(B, h, n, d)`` keys and values (``n`` may differ from
-            ``N``); the first half of each head's value channels feeds the
-            same-signed flow, the second half the opposite-signed one.
-        scale: the raw ``scale`` parameter, broadcastable to
-            ``(1, h, 1, d)``; queries and keys are divided by
-            ``softplus(scale)`` (zeros: ``ln 2``).
-        power: the raw ``power`` parameter, ``(1, h, 1, d)``: the
-            exponent of the feature maps ``relu(+-t)^p`` is
-            ``p = 1 + alpha * sigmoid(power)``.
-        alpha: exponent range; ``p`` lies in ``(1, 1 + alpha)``.
-        k_bias: optional table broadcastable to ``k``, added to the keys
-            (PolaFormer's ``positional_encoding``).
-
-    Returns:
-        ``(B, h, N, d)`` in the dtype of ``q``; computed in float32 at least.
-
-    Raises:
-        TypeError: when an input is not a tensor, or ``q``, ``k``, ``v``
-            are not floating point.
-        ValueError: on inputs of the wrong rank or mismatched shapes, with
-            the expected shape and the received ones (sizes that are
-            symbolic while a graph is captured are not compared), and on
-            keys without tokens (``n == 0``). Queries without tokens
-            (``N == 0``) give an empty output.
-    """
-    if not isinstance(q, torch.fx.Proxy):  # (nothing to check on a proxy)
-        _check_inputs(q, k, v, scale, power, k_bias)
-        if no_queries(q):
-            return q.clone()
-    with no_autocast(q.device.type):
-        if use_fast(q):
-            out = polarity_attention_fast(q, k, v, scale, power, alpha,
-                                          k_bias=k_bias)
-        else:
-            dt = torch.promote_types(q.dtype, torch.float32)
-            out = polarity_attention_pytorch(
-                q.to(dt), k.to(dt), v.to(dt), scale.to(dt), power.to(dt),
-                alpha, k_bias=None if k_bias is None else k_bias.to(dt))
-    return out.to(q.dtype)
 
 
 @observers.reports_calls
@@ -103,7 +32,7 @@ def polarity_attention_pytorch(q: Tensor,
                                eps: float = EPS,
                                k_bias: Optional[Tensor] = None) -> Tensor:
     """Polarity-aware linear attention (the published formula) in plain
-    PyTorch operations: the reference of :func:`polarity_attention_fast`,
+    PyTorch operations: the reference of the CPU path and the kernels,
     and what runs with the fast paths off and in captured graphs (export).
 
     With ``h`` heads of width ``d`` (even), ``s = softplus(scale)``,
@@ -138,8 +67,8 @@ def polarity_attention_pytorch(q: Tensor,
     channels), ``kp``, ``kn`` the sums of ``f+(k)``, ``f-(k)`` over keys,
     and ``z + eps n`` dividing its flow's half of the channels.
     No feature map is concatenated; every operation exports to ONNX opset
-    11. (The paper's form, with the concatenated features, is kept in the
-    tests as the arbiter.)
+    11. (The paper's form, with the concatenated features, is
+    :func:`~.naive.polarity_attention_naive`.)
 
     The computation runs token-major on the inputs as given: no transposed
     copy of a token map (in ONNX Runtime a ``Transpose`` of a token map
@@ -202,19 +131,3 @@ def _signed_powers(t: Tensor, p: Tensor,
     """
     return split_signs(t * torch.exp((p - 1) * torch.log(
         t.abs().clamp_min(tiny))))
-
-
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
-                  power: Tensor, k_bias: Optional[Tensor]) -> None:
-    """The shape checks of :func:`polarity_attention` (``ValueError``
-    naming the expected and the received shapes)."""
-    eager = not capturing()
-    op = 'polarity_attention'
-    check_head_inputs(op, q, k, v, eager=eager)
-    target = param_shape(q)
-    check_broadcastable(op, 'power', power, '(1, h, 1, d)', target, eager,
-                        exact=True)
-    check_broadcastable(op, 'scale', scale, '(1, h, 1, d)', target, eager)
-    if k_bias is not None:
-        check_broadcastable(op, 'k_bias', k_bias, 'k (B, h, n, d)',
-                            tuple(k.shape), eager)

@@ -1,7 +1,8 @@
-"""A fast, memory-lean implementation of the polarity-aware linear attention.
+"""The polarity-aware linear attention on the CPU (and on GPUs without
+Triton): fast and memory-lean, in torch operations.
 
 Computes exactly the published formula (see
-:func:`polarity_attention_fast`), rearranged so that it does less work:
+:func:`polarity_attention_cpu`), rearranged so that it does less work:
 
 - One power for both signs: ``relu(t)^p`` and ``relu(-t)^p`` come from
   one ``|t|^p`` (as ``exp(p log|t|)``) and the sign of ``t`` (they have
@@ -39,10 +40,10 @@ Computes exactly the published formula (see
 Everything is whole-tensor torch operations without host synchronisation or
 data-dependent Python control flow; on GPUs the whole input is one run.
 
-The op :func:`~.polarity_attention.polarity_attention` calls this code
-or its plain reference
-:func:`~.polarity_attention.polarity_attention_pytorch`; this code never
-sees a captured graph.
+The op :func:`~.op.polarity_attention` picks this code, the kernels
+(:mod:`.triton`) or the graph form
+(:func:`~.graph.polarity_attention_pytorch`); this code never sees a
+captured graph.
 """
 from typing import List, Optional, Sequence, Tuple
 
@@ -50,12 +51,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dispatch import records_grad
-from .features import EPS, split_signs
-from .runs import RunBuffers, plan_runs, token_major, token_runs
-from .token_product import token_product
+from ..dispatch import records_grad
+from ..features import EPS, split_signs
+from ..runs import RunBuffers, plan_runs, token_major, token_runs
+from ..token_product import token_product
 
-__all__ = ['polarity_attention_fast', 'PolarityAttentionFunction']
+__all__ = ['polarity_attention_cpu', 'PolarityAttentionFunction']
 
 #: CPU: runs of about this many elements of one ``(B, h, N, d)`` input, so
 #: that the forward's elementwise chains stay in cache ...
@@ -353,7 +354,7 @@ class PolarityAttentionFunction(torch.autograd.Function):
     its normalisers ``1 / z`` (``(B, h, N, 2)``) and the small mix matrix,
     but none of the ``(B, h, N, 2d)`` feature maps, which backward
     recomputes elementwise (no matrix product is recomputed). See
-    :func:`polarity_attention_fast` for the arguments.
+    :func:`polarity_attention_cpu` for the arguments.
     """
 
     @staticmethod
@@ -397,13 +398,14 @@ class PolarityAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dscale, dpower, None, None, dbias
 
 
-def polarity_attention_fast(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
-                            power: Tensor, alpha: float, eps: float = EPS,
-                            k_bias: Optional[Tensor] = None) -> Tensor:
+def polarity_attention_cpu(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
+                           power: Tensor, alpha: float, eps: float = EPS,
+                           k_bias: Optional[Tensor] = None) -> Tensor:
     """Polarity-aware linear attention (the published formula), fast.
 
-    Computes :func:`polarity_attention_pytorch` (see there for the formula
-    and the arguments) with the rearrangements of this module's docstring.
+    Computes :func:`~.graph.polarity_attention_pytorch` (see there for the
+    formula and the arguments) with the rearrangements of this module's
+    docstring.
 
     ``q``, ``k``, ``v`` may be in a lower precision than the parameters
     (fp16/bf16 under autocast, float32 ``scale``): the computation runs in

@@ -1,0 +1,672 @@
+"""Polarity-aware linear attention as fused Triton kernels.
+
+The feature maps ``f+(t) = relu(t)^p`` and ``f-(t) = relu(-t)^p`` of the
+scaled queries and keys (``t = x / softplus(scale)``, ``x = k + k_bias``
+for the keys) are computed in float32 registers inside the products and
+never written to memory. Four kernels, each reading every token map once:
+
+- **key pass** (:func:`_key_pass`): grid ``(B h, chunks)``; each program
+  walks its chunk of keys and accumulates ``[f+(k), f-(k)]^T v`` (two
+  ``d x d`` products, ``tl.dot`` in float32) and the key sums of ``f+``
+  and ``f-``. The partial sums of the chunks are added afterwards (no
+  atomics: deterministic); the chunks split the tokens so that the grid
+  fills the GPU (a product per image and head alone would run a few
+  programs over 67200 tokens).
+- **query pass** (:func:`_query_pass`): grid ``(B h, blocks of N)``; each
+  program takes a tile of queries, multiplies its features with the small
+  mix matrices (both flows at once: ``num = f+(q) A+ + f-(q) A-``, see
+  :func:`mix_matrices`), divides by the two normalisers and writes ``x``
+  (in the queries' dtype) and ``1 / z`` (float32, for the backward).
+- **query backward** and **key backward** (:func:`_query_grad`,
+  :func:`_key_grad`): the features recomputed in registers; ``dq``,
+  ``dk``, ``dv`` written once; the small matrices' gradients and the
+  per-channel sums for the parameter gradients (``scale``, ``power``)
+  accumulated per program and added afterwards.
+
+With ``P = f+(k)^T v``, ``Q = f-(k)^T v`` (halves ``1``, ``2`` of the value
+channels), ``kp``, ``kn`` the key sums of ``f+``, ``f-`` and ``n`` keys,
+both flows of PolaFormer are::
+
+    num = f+(q) [P1, Q2] / n + f-(q) [Q1, P2] / n        # (N, d)
+    z_sim = (f+(q) kp + f-(q) kn) / n,   z_opp = (f+(q) kn + f-(q) kp) / n
+    x = [num_1 / (z_sim + eps), num_2 / (z_opp + eps)]
+
+Half-precision inputs (autocast) stay half precision in memory: the
+kernels load them, compute in float32 registers and write ``x``, ``dq``,
+``dk``, ``dv`` in the inputs' dtypes; only the ``d x d`` matrices, ``1 / z``
+``(B, h, N, 2)`` and the per-program partial sums are float32.
+
+Everything here is plain functions of tensors; :mod:`.op` registers them
+as torch custom ops with fake implementations and autograd. Without
+Triton this module imports and :data:`HAVE_TRITON` is False. Under
+``TRITON_INTERPRET=1`` (set before this module is imported) the kernels
+run on CPU tensors: that is how the tests prove them equal to the formula.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..dispatch import records_grad
+from ..features import EPS
+from ..token_product import multiprocessors
+
+try:
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except ImportError:  # pragma: no cover - depends on the installation
+    triton = tl = None
+    HAVE_TRITON = False
+
+__all__ = ['HAVE_TRITON', 'fits', 'polarity_attention_triton',
+           'polarity_params', 'chunk_count',
+           'polarity_forward', 'polarity_backward', 'param_grads', 'BLOCK_N']
+
+#: Tokens per tile of the kernels on a GPU.
+BLOCK_N = 64
+#: float32's smallest normal number: ``|t|`` is clamped to it inside the
+#: logarithm (the features of ``t = 0`` are 0 by their sign masks).
+TINY = 1.1754943508222875e-38
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the kernels take these inputs: 4-D float32/fp16/bf16 heads
+    whose width ``d`` is a power of two in [16, 128] (``tl.dot`` needs
+    tiles of at least 16). (Whether Triton runs here is
+    :func:`~pola_mm.ops.dispatch.implementation`'s question.)"""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return False
+    d = q.shape[-1]
+    return (16 <= d <= 128 and d & (d - 1) == 0 and k.shape[-1] == d
+            and v.shape[-1] == d
+            and all(t.dtype in _DTYPES for t in (q, k, v)))
+
+
+def polarity_params(scale: Tensor, power: Tensor, alpha: float, h: int,
+                    d: int) -> Tuple[Tensor, Tensor]:
+    """``1 / softplus(scale)`` and ``p = 1 + alpha sigmoid(power)`` as
+    contiguous float32 ``(h, d)`` tables (what the kernels read)."""
+    inv_s = F.softplus(scale.float()).reciprocal()
+    p = 1 + alpha * torch.sigmoid(power.float())
+    return (inv_s.expand(1, h, 1, d).reshape(h, d).contiguous(),
+            p.expand(1, h, 1, d).reshape(h, d).contiguous())
+
+
+def chunk_count(bh: int, n: int, block: int, device: torch.device) -> int:
+    """Programs per image and head for the passes that sum over tokens:
+    enough for about two waves on the GPU's multiprocessors, never more
+    than the tiles of ``n`` tokens; two on other devices (the interpreter),
+    so that the split is exercised."""
+    tiles = max(1, math.ceil(n / block))
+    sms = multiprocessors(device)
+    want = math.ceil(2 * sms / bh) if sms else 2
+    return max(1, min(want, tiles))
+
+
+def _strides(t: Tensor) -> Tuple[int, int, int, int]:
+    """Strides of a ``(B, h, L, d)`` tensor (0 where it is broadcast)."""
+    return tuple(t.stride())  # type: ignore[return-value]
+
+
+def _token_major(B: int, h: int, N: int, d: int, like: Tensor,
+                 dtype: Optional[torch.dtype] = None) -> Tensor:
+    """A new ``(B, h, N, d)`` tensor laid out ``(B, N, h, d)`` in memory:
+    the models merge the heads back into ``(B, N, h d)`` without a copy."""
+    return like.new_empty(B, N, h, d,
+                          dtype=dtype or like.dtype).transpose(1, 2)
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _features(x, inv_s, p):
+        """``f+``, ``f-`` of ``t = x inv_s`` (float32 tiles), with ``t``
+        clamped away from 0 keeping its sign (the derivatives' divisor) and
+        ``log|t|``."""
+        t = x * inv_s[None, :]
+        at = tl.maximum(tl.abs(t), 1.1754943508222875e-38)
+        la = tl.log(at)
+        a = tl.exp(p[None, :] * la)
+        fp = tl.where(t > 0, a, 0.0)
+        fn = tl.where(t < 0, a, 0.0)
+        ts = tl.where(t < 0, -at, at)
+        return fp, fn, ts, la
+
+    @triton.jit
+    def _load_keys(K, KB, b, hh, rows, mask, cols, sk_b, sk_h, sk_n, sk_d,
+                   sb_b, sb_h, sb_n, sb_d, HAS_BIAS: tl.constexpr):
+        """A float32 tile of keys (plus the key bias) of one image and
+        head."""
+        k = tl.load(K + b * sk_b + hh * sk_h + rows[:, None] * sk_n +
+                    cols[None, :] * sk_d, mask=mask[:, None],
+                    other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            k += tl.load(KB + b * sb_b + hh * sb_h + rows[:, None] * sb_n +
+                         cols[None, :] * sb_d, mask=mask[:, None],
+                         other=0.0).to(tl.float32)
+        return k
+
+    @triton.jit
+    def _key_pass(K, V, KB, INV_S, P, PART, H, n, span,
+                  sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+                  sb_b, sb_h, sb_n, sb_d,
+                  HAS_BIAS: tl.constexpr, D: tl.constexpr,
+                  BLOCK: tl.constexpr):
+        """Partial ``[f+, f-]^T v`` and key sums of one chunk of ``span``
+        keys, written to the row ``PART[bh, c]``: ``P``, ``Q`` (``D x D``
+        each), ``kp``, ``kn`` (``D`` each)."""
+        bh = tl.program_id(0)
+        c = tl.program_id(1)
+        chunks = tl.num_programs(1)
+        b = bh // H
+        hh = bh % H
+        cols = tl.arange(0, D)
+        inv_s = tl.load(INV_S + hh * D + cols)
+        p = tl.load(P + hh * D + cols)
+        acc_p = tl.zeros((D, D), dtype=tl.float32)
+        acc_n = tl.zeros((D, D), dtype=tl.float32)
+        sum_p = tl.zeros((D, ), dtype=tl.float32)
+        sum_n = tl.zeros((D, ), dtype=tl.float32)
+        start = c * span
+        end = tl.minimum(start + span, n)
+        for s in range(start, end, BLOCK):
+            rows = s + tl.arange(0, BLOCK)
+            mask = rows < end
+            k = _load_keys(K, KB, b, hh, rows, mask, cols, sk_b, sk_h, sk_n,
+                           sk_d, sb_b, sb_h, sb_n, sb_d, HAS_BIAS)
+            v = tl.load(V + b * sv_b + hh * sv_h + rows[:, None] * sv_n +
+                        cols[None, :] * sv_d, mask=mask[:, None],
+                        other=0.0).to(tl.float32)
+            fp, fn, _, _ = _features(k, inv_s, p)
+            acc_p += tl.dot(tl.trans(fp), v, input_precision='ieee')
+            acc_n += tl.dot(tl.trans(fn), v, input_precision='ieee')
+            sum_p += tl.sum(fp, 0)
+            sum_n += tl.sum(fn, 0)
+        row = PART + (bh * chunks + c) * (2 * D * D + 2 * D)
+        mat = cols[:, None] * D + cols[None, :]
+        tl.store(row + mat, acc_p)
+        tl.store(row + D * D + mat, acc_n)
+        tl.store(row + 2 * D * D + cols, sum_p)
+        tl.store(row + 2 * D * D + D + cols, sum_n)
+
+    @triton.jit
+    def _load_mix(R, bh, cols, inv_n, D: tl.constexpr):
+        """The mix matrices and key means from the summed key row ``R[bh]``
+        (``P``, ``Q``, ``kp``, ``kn``): ``A+ = [P1, Q2] / n`` (rows for
+        ``f+(q)``), ``A- = [Q1, P2] / n`` (rows for ``f-(q)``), ``kp / n``,
+        ``kn / n``."""
+        row = R + bh * (2 * D * D + 2 * D)
+        mat = cols[:, None] * D + cols[None, :]
+        P = tl.load(row + mat)
+        Q = tl.load(row + D * D + mat)
+        first = cols[None, :] < D // 2
+        a_pos = tl.where(first, P, Q) * inv_n
+        a_neg = tl.where(first, Q, P) * inv_n
+        kp = tl.load(row + 2 * D * D + cols) * inv_n
+        kn = tl.load(row + 2 * D * D + D + cols) * inv_n
+        return a_pos, a_neg, kp, kn
+
+    @triton.jit
+    def _query_pass(Q, R, INV_S, P, X, RZ, H, N, inv_n, eps,
+                    sq_b, sq_h, sq_n, sq_d, sx_b, sx_h, sx_n, sx_d,
+                    D: tl.constexpr, BLOCK: tl.constexpr):
+        """``x`` and ``1 / z`` of one tile of queries."""
+        bh = tl.program_id(0)
+        b = bh // H
+        hh = bh % H
+        cols = tl.arange(0, D)
+        rows = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = rows < N
+        inv_s = tl.load(INV_S + hh * D + cols)
+        p = tl.load(P + hh * D + cols)
+        q = tl.load(Q + b * sq_b + hh * sq_h + rows[:, None] * sq_n +
+                    cols[None, :] * sq_d, mask=mask[:, None],
+                    other=0.0).to(tl.float32)
+        fp, fn, _, _ = _features(q, inv_s, p)
+        a_pos, a_neg, kp, kn = _load_mix(R, bh, cols, inv_n, D)
+        num = tl.dot(fp, a_pos, input_precision='ieee')
+        num += tl.dot(fn, a_neg, input_precision='ieee')
+        rz_sim = 1.0 / (tl.sum(fp * kp[None, :] + fn * kn[None, :], 1) + eps)
+        rz_opp = 1.0 / (tl.sum(fp * kn[None, :] + fn * kp[None, :], 1) + eps)
+        first = cols[None, :] < D // 2
+        x = num * tl.where(first, rz_sim[:, None], rz_opp[:, None])
+        tl.store(X + b * sx_b + hh * sx_h + rows[:, None] * sx_n +
+                 cols[None, :] * sx_d, x.to(X.dtype.element_ty),
+                 mask=mask[:, None])
+        tl.store(RZ + (bh * N + rows) * 2, rz_sim, mask=mask)
+        tl.store(RZ + (bh * N + rows) * 2 + 1, rz_opp, mask=mask)
+
+    @triton.jit
+    def _query_grad(Q, DX, RZ, R, INV_S, P, DQ, PART, H, N, inv_n, span,
+                    sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d,
+                    so_b, so_h, so_n, so_d,
+                    D: tl.constexpr, BLOCK: tl.constexpr):
+        """``dq`` of one chunk of ``span`` queries, and its partial sums in
+        the row ``PART[bh, c]``: ``dA+``, ``dA-`` (``D x D``), the key
+        means' gradients ``dkp``, ``dkn`` and the per-channel sums of ``g``
+        and ``g log|t|`` (``g = df+ f+ + df- f-``), ``D`` each. The
+        output ``x`` is recomputed from the features (two small products)
+        rather than read back: exact in float32 whatever its stored dtype,
+        and never saved."""
+        bh = tl.program_id(0)
+        c = tl.program_id(1)
+        chunks = tl.num_programs(1)
+        b = bh // H
+        hh = bh % H
+        cols = tl.arange(0, D)
+        first = cols[None, :] < D // 2
+        inv_s = tl.load(INV_S + hh * D + cols)
+        p = tl.load(P + hh * D + cols)
+        a_pos, a_neg, kp, kn = _load_mix(R, bh, cols, inv_n, D)
+        da_pos = tl.zeros((D, D), dtype=tl.float32)
+        da_neg = tl.zeros((D, D), dtype=tl.float32)
+        dkp = tl.zeros((D, ), dtype=tl.float32)
+        dkn = tl.zeros((D, ), dtype=tl.float32)
+        w_g = tl.zeros((D, ), dtype=tl.float32)
+        w_l = tl.zeros((D, ), dtype=tl.float32)
+        start = c * span
+        end = tl.minimum(start + span, N)
+        for s in range(start, end, BLOCK):
+            rows = s + tl.arange(0, BLOCK)
+            mask = rows < end
+            m2 = mask[:, None]
+            q = tl.load(Q + b * sq_b + hh * sq_h + rows[:, None] * sq_n +
+                        cols[None, :] * sq_d, mask=m2,
+                        other=0.0).to(tl.float32)
+            dx = tl.load(DX + b * sg_b + hh * sg_h + rows[:, None] * sg_n +
+                         cols[None, :] * sg_d, mask=m2,
+                         other=0.0).to(tl.float32)
+            rz_sim = tl.load(RZ + (bh * N + rows) * 2, mask=mask, other=0.0)
+            rz_opp = tl.load(RZ + (bh * N + rows) * 2 + 1, mask=mask,
+                             other=0.0)
+            fp, fn, ts, la = _features(q, inv_s, p)
+            # x = num / z per half: d(num) and d(z) of both flows
+            rz = tl.where(first, rz_sim[:, None], rz_opp[:, None])
+            num = tl.dot(fp, a_pos, input_precision='ieee')
+            num += tl.dot(fn, a_neg, input_precision='ieee')
+            dnum = dx * rz
+            dxx = dnum * num  # dx * x
+            dz_sim = -tl.sum(tl.where(first, dxx, 0.0), 1) * rz_sim
+            dz_opp = -tl.sum(tl.where(first, 0.0, dxx), 1) * rz_opp
+            # through num = f+ A+ + f- A- and the normalisers
+            dfp = tl.dot(dnum, tl.trans(a_pos), input_precision='ieee')
+            dfp += (dz_sim[:, None] * kp[None, :] +
+                    dz_opp[:, None] * kn[None, :])
+            dfn = tl.dot(dnum, tl.trans(a_neg), input_precision='ieee')
+            dfn += (dz_sim[:, None] * kn[None, :] +
+                    dz_opp[:, None] * kp[None, :])
+            da_pos += tl.dot(tl.trans(fp), dnum, input_precision='ieee')
+            da_neg += tl.dot(tl.trans(fn), dnum, input_precision='ieee')
+            dkp += tl.sum(fp * dz_sim[:, None] + fn * dz_opp[:, None], 0)
+            dkn += tl.sum(fn * dz_sim[:, None] + fp * dz_opp[:, None], 0)
+            # through f = |t|^p: df/dt = p f / t, df/dp = f log|t|
+            g = dfp * fp + dfn * fn
+            w_g += tl.sum(g, 0)
+            w_l += tl.sum(g * la, 0)
+            dq = p[None, :] * g / ts * inv_s[None, :]
+            tl.store(DQ + b * so_b + hh * so_h + rows[:, None] * so_n +
+                     cols[None, :] * so_d, dq.to(DQ.dtype.element_ty),
+                     mask=m2)
+        row = PART + (bh * chunks + c) * (2 * D * D + 4 * D)
+        mat = cols[:, None] * D + cols[None, :]
+        tl.store(row + mat, da_pos)
+        tl.store(row + D * D + mat, da_neg)
+        tl.store(row + 2 * D * D + cols, dkp)
+        tl.store(row + 2 * D * D + D + cols, dkn)
+        tl.store(row + 2 * D * D + 2 * D + cols, w_g)
+        tl.store(row + 2 * D * D + 3 * D + cols, w_l)
+
+    @triton.jit
+    def _key_grad(K, V, KB, G, INV_S, P, DK, DV, W, H, n, inv_n, span,
+                  sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+                  sb_b, sb_h, sb_n, sb_d, so_b, so_h, so_n, so_d,
+                  sw_b, sw_h, sw_n, sw_d,
+                  HAS_BIAS: tl.constexpr, NEED_V: tl.constexpr,
+                  D: tl.constexpr, BLOCK: tl.constexpr):
+        """``dk`` (and ``dv``) of one chunk of ``span`` keys from the summed
+        query-gradient row ``G[bh]`` (:func:`_query_grad`'s); the partial
+        sums of ``g`` and ``g log|t|`` into ``W[bh, c]`` ``(2, D)``."""
+        bh = tl.program_id(0)
+        c = tl.program_id(1)
+        chunks = tl.num_programs(1)
+        b = bh // H
+        hh = bh % H
+        cols = tl.arange(0, D)
+        inv_s = tl.load(INV_S + hh * D + cols)
+        p = tl.load(P + hh * D + cols)
+        # adjoint of the mix: dP = [dA+_1, dA-_2] / n, dQ = [dA-_1, dA+_2] / n
+        first = cols[None, :] < D // 2
+        row = G + bh * (2 * D * D + 4 * D)
+        mat = cols[:, None] * D + cols[None, :]
+        da_pos = tl.load(row + mat)
+        da_neg = tl.load(row + D * D + mat)
+        dP = tl.where(first, da_pos, da_neg) * inv_n
+        dQ = tl.where(first, da_neg, da_pos) * inv_n
+        dkp = tl.load(row + 2 * D * D + cols) * inv_n
+        dkn = tl.load(row + 2 * D * D + D + cols) * inv_n
+        w_g = tl.zeros((D, ), dtype=tl.float32)
+        w_l = tl.zeros((D, ), dtype=tl.float32)
+        start = c * span
+        end = tl.minimum(start + span, n)
+        for s in range(start, end, BLOCK):
+            rows = s + tl.arange(0, BLOCK)
+            mask = rows < end
+            m2 = mask[:, None]
+            k = _load_keys(K, KB, b, hh, rows, mask, cols, sk_b, sk_h, sk_n,
+                           sk_d, sb_b, sb_h, sb_n, sb_d, HAS_BIAS)
+            v = tl.load(V + b * sv_b + hh * sv_h + rows[:, None] * sv_n +
+                        cols[None, :] * sv_d, mask=m2,
+                        other=0.0).to(tl.float32)
+            fp, fn, ts, la = _features(k, inv_s, p)
+            # P = f+^T v, Q = f-^T v, kp = sum f+, kn = sum f-
+            dfp = tl.dot(v, tl.trans(dP), input_precision='ieee')
+            dfp += dkp[None, :]
+            dfn = tl.dot(v, tl.trans(dQ), input_precision='ieee')
+            dfn += dkn[None, :]
+            if NEED_V:
+                dv = tl.dot(fp, dP, input_precision='ieee')
+                dv += tl.dot(fn, dQ, input_precision='ieee')
+                tl.store(DV + b * sw_b + hh * sw_h + rows[:, None] * sw_n +
+                         cols[None, :] * sw_d, dv.to(DV.dtype.element_ty),
+                         mask=m2)
+            g = dfp * fp + dfn * fn
+            w_g += tl.sum(g, 0)
+            w_l += tl.sum(g * la, 0)
+            dk = p[None, :] * g / ts * inv_s[None, :]
+            tl.store(DK + b * so_b + hh * so_h + rows[:, None] * so_n +
+                     cols[None, :] * so_d, dk.to(DK.dtype.element_ty),
+                     mask=m2)
+        out = W + (bh * chunks + c) * 2 * D
+        tl.store(out + cols, w_g)
+        tl.store(out + D + cols, w_l)
+
+
+def _bias_args(k_bias: Optional[Tensor], k: Tensor):
+    """The key bias broadcast to ``k``'s shape (strides 0 where it is
+    broadcast) and its strides; ``k`` itself as a dummy without bias."""
+    if k_bias is None:
+        return k, (0, 0, 0, 0)
+    kb = k_bias.expand(k.shape)
+    return kb, _strides(kb)
+
+
+def _span(n: int, chunks: int, block: int) -> int:
+    """Tokens per chunk: a multiple of the block, ``chunks`` of them
+    covering ``n``."""
+    return math.ceil(math.ceil(n / chunks) / block) * block
+
+
+def key_row(d: int) -> int:
+    """Length of a key pass's row: ``P``, ``Q``, ``kp``, ``kn``."""
+    return 2 * d * d + 2 * d
+
+
+def grad_row(d: int) -> int:
+    """Length of a query-gradient row: ``dA+``, ``dA-``, ``dkp``,
+    ``dkn``, and the sums of ``g`` and ``g log|t|``."""
+    return 2 * d * d + 4 * d
+
+
+# --- the kernels as torch custom ops -----------------------------------
+# One op per kernel launch (what a GPU runs, one to one): on ``meta`` and
+# fake CUDA tensors their fake implementations give the outputs' shapes,
+# dtypes and strides, so the memory estimates and the structure tests see
+# the GPU's path; the sums between them stay plain torch operations.
+
+
+def key_pass(k: Tensor, v: Tensor, k_bias: Optional[Tensor], inv_s: Tensor,
+             p: Tensor, chunks: int, block: int) -> Tensor:
+    """The key pass: ``(B h, chunks, key_row(d))`` float32 partial rows."""
+    B, h, n, d = k.shape
+    part = k.new_empty(B * h, chunks, key_row(d), dtype=torch.float32)
+    kb, sb = _bias_args(k_bias, k)
+    _key_pass[(B * h, chunks)](
+        k, v, kb, inv_s, p, part, h, n, _span(n, chunks, block),
+        *_strides(k), *_strides(v), *sb, HAS_BIAS=k_bias is not None, D=d,
+        BLOCK=block)
+    return part
+
+
+def _key_pass_fake(k, v, k_bias, inv_s, p, chunks, block):
+    B, h, _, d = k.shape
+    return k.new_empty(B * h, chunks, key_row(d), dtype=torch.float32)
+
+
+def query_pass(q: Tensor, R: Tensor, inv_s: Tensor, p: Tensor, n: int,
+               eps: float, block: int) -> Tuple[Tensor, Tensor]:
+    """The query pass: ``x`` ``(B, h, N, d)`` in ``q``'s dtype (laid out
+    ``(B, N, h, d)``) and ``1 / z`` ``(B, h, N, 2)`` float32, from the
+    summed key rows ``R`` ``(B h, key_row(d))``."""
+    B, h, N, d = q.shape
+    x, rz = _query_pass_fake(q, R, inv_s, p, n, eps, block)
+    _query_pass[(B * h, triton.cdiv(N, block))](
+        q, R, inv_s, p, x, rz, h, N, 1.0 / n, eps, *_strides(q),
+        *_strides(x), D=d, BLOCK=block)
+    return x, rz
+
+
+def _query_pass_fake(q, R, inv_s, p, n, eps, block):
+    B, h, N, d = q.shape
+    return (_token_major(B, h, N, d, q),
+            q.new_empty(B, h, N, 2, dtype=torch.float32))
+
+
+def query_grad(q: Tensor, dx: Tensor, rz: Tensor, R: Tensor,
+               inv_s: Tensor, p: Tensor, n: int, chunks: int,
+               block: int) -> Tuple[Tensor, Tensor]:
+    """The queries' backward: ``dq`` and ``(B h, chunks, grad_row(d))``
+    float32 partial rows."""
+    B, h, N, d = q.shape
+    dq, part = _query_grad_fake(q, dx, rz, R, inv_s, p, n, chunks, block)
+    _query_grad[(B * h, chunks)](
+        q, dx, rz, R, inv_s, p, dq, part, h, N, 1.0 / n,
+        _span(N, chunks, block), *_strides(q), *_strides(dx), *_strides(dq),
+        D=d, BLOCK=block)
+    return dq, part
+
+
+def _query_grad_fake(q, dx, rz, R, inv_s, p, n, chunks, block):
+    B, h, N, d = q.shape
+    return (_token_major(B, h, N, d, q),
+            q.new_empty(B * h, chunks, grad_row(d), dtype=torch.float32))
+
+
+def key_grad(k: Tensor, v: Tensor, k_bias: Optional[Tensor], G: Tensor,
+             inv_s: Tensor, p: Tensor, chunks: int, block: int,
+             need_v: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """The keys' backward from the summed query-gradient rows ``G`` ``(B
+    h, grad_row(d))``: ``dk``, ``dv`` (empty unless ``need_v``) and ``(B
+    h, chunks, 2, d)`` float32 partial sums of ``g``, ``g log|t|``."""
+    B, h, n, d = k.shape
+    dk, dv, w = _key_grad_fake(k, v, k_bias, G, inv_s, p, chunks, block,
+                               need_v)
+    kb, sb = _bias_args(k_bias, k)
+    _key_grad[(B * h, chunks)](
+        k, v, kb, G, inv_s, p, dk, dv if need_v else dk, w, h, n, 1.0 / n,
+        _span(n, chunks, block), *_strides(k), *_strides(v), *sb,
+        *_strides(dk), *_strides(dv if need_v else dk),
+        HAS_BIAS=k_bias is not None, NEED_V=need_v, D=d, BLOCK=block)
+    return dk, dv, w
+
+
+def _key_grad_fake(k, v, k_bias, G, inv_s, p, chunks, block, need_v):
+    B, h, n, d = k.shape
+    dv = (_token_major(B, h, n, d, v) if need_v else v.new_empty(0))
+    return (_token_major(B, h, n, d, k), dv,
+            k.new_empty(B * h, chunks, 2, d, dtype=torch.float32))
+
+
+def _register(name: str, fn, fake):
+    """``fn`` as the custom op ``pola_mm::name`` with its fake
+    implementation (torch >= 2.4); ``fn`` itself on older torch."""
+    custom_op = getattr(torch.library, 'custom_op', None)
+    if custom_op is None:  # pragma: no cover - torch < 2.4
+        return fn
+    op = custom_op(f'pola_mm::{name}', fn, mutates_args=())
+    op.register_fake(fake)
+    return op
+
+
+key_pass = _register('polarity_key_pass', key_pass, _key_pass_fake)
+query_pass = _register('polarity_query_pass', query_pass, _query_pass_fake)
+query_grad = _register('polarity_query_grad', query_grad, _query_grad_fake)
+key_grad = _register('polarity_key_grad', key_grad, _key_grad_fake)
+
+
+def polarity_forward(q: Tensor, k: Tensor, v: Tensor, inv_s: Tensor,
+                     p: Tensor, k_bias: Optional[Tensor] = None,
+                     eps: float = EPS, *, block_n: Optional[int] = None,
+                     chunks: Optional[int] = None
+                     ) -> Tuple[Tensor, Tensor, Tensor]:
+    """The forward kernels: key pass, sum of its chunks, query pass.
+
+    Args:
+        q: ``(B, h, N, d)`` queries, any strides, float32/fp16/bf16.
+        k, v: ``(B, h, n, d)`` keys and values, any strides.
+        inv_s, p: ``(h, d)`` float32 (:func:`polarity_params`).
+        k_bias: optional, broadcastable to ``k``.
+        eps: added to the normalisers (of the key means).
+        block_n: tokens per tile (default :data:`BLOCK_N`).
+        chunks: programs per image and head of the key pass (default
+            :func:`chunk_count`).
+
+    Returns:
+        ``x`` ``(B, h, N, d)`` in ``q``'s dtype (laid out ``(B, N, h,
+        d)``), ``1 / z`` ``(B, h, N, 2)`` and the key rows ``R`` ``(B h,
+        key_row(d))`` (``P``, ``Q``, ``kp``, ``kn`` summed over keys),
+        float32.
+    """
+    B, h, N, d = q.shape
+    n = k.shape[2]
+    block = block_n or BLOCK_N
+    chunks = chunks or chunk_count(B * h, n, block, q.device)
+    R = key_pass(k, v, k_bias, inv_s, p, chunks, block).sum(1)
+    x, rz = query_pass(q, R, inv_s, p, n, eps, block)
+    return x, rz, R
+
+
+def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                      inv_s: Tensor, p: Tensor, k_bias: Optional[Tensor],
+                      rz: Tensor, R: Tensor, *,
+                      need_v: bool = True, block_n: Optional[int] = None,
+                      chunks: Optional[int] = None
+                      ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor]:
+    """The backward kernels: queries, sum of their chunks, keys.
+
+    Args:
+        dx: ``(B, h, N, d)`` gradient of the output, any strides.
+        q, k, v, inv_s, p, k_bias: as for :func:`polarity_forward`.
+        rz, R: what :func:`polarity_forward` returned (beside ``x``).
+        need_v: compute ``dv``.
+        block_n, chunks: as for :func:`polarity_forward` (``chunks`` for
+            both passes).
+
+    Returns:
+        ``dq``, ``dk``, ``dv`` (None unless ``need_v``) in their inputs'
+        dtypes, and ``W`` ``(B h, 2, d)`` float32: the sums over tokens of
+        ``g = df+ f+ + df- f-`` and of ``g log|t|``, queries and keys
+        together (:func:`param_grads` turns them into the parameters'
+        gradients).
+    """
+    B, h, N, d = q.shape
+    n = k.shape[2]
+    bh = B * h
+    block = block_n or BLOCK_N
+    cq = chunks or chunk_count(bh, N, block, q.device)
+    ck = chunks or chunk_count(bh, n, block, q.device)
+    dq, part = query_grad(q, dx, rz, R, inv_s, p, n, cq, block)
+    G = part.sum(1)
+    dk, dv, w = key_grad(k, v, k_bias, G, inv_s, p, ck, block, need_v)
+    w = w.sum(1).add_(G[:, 2 * d * d + 2 * d:].view(bh, 2, d))
+    return dq, dk, dv if need_v else None, w
+
+
+def param_grads(w: Tensor, inv_s: Tensor, p: Tensor, scale: Tensor,
+                power: Tensor, alpha: float) -> Tuple[Tensor, Tensor]:
+    """``dL/dscale`` and ``dL/dpower`` per head and channel ``(h, d)``
+    from the sums ``W`` ``(B h, 2, d)`` of :func:`polarity_backward`.
+
+    With ``t = x / s``, ``s = softplus(scale)``, ``f = |t|^p``: ``dL/d(1/s)
+    = sum(dL/dt x) = p sum(g) s`` and ``d(1/s)/dscale = -sigmoid(scale) /
+    s^2``, so ``dL/dscale = -p sum(g) sigmoid(scale) / s``; ``dL/dp =
+    sum(g log|t|)`` and ``dp/dpower = alpha sigmoid'(power)``.
+    """
+    h, d = p.shape
+    w = w.view(-1, h, 2, d).sum(0)
+    sig_s = torch.sigmoid(scale.float()).expand(1, h, 1, d).reshape(h, d)
+    sig_p = torch.sigmoid(power.float()).expand(1, h, 1, d).reshape(h, d)
+    dscale = -w[:, 0] * p * inv_s * sig_s
+    dpower = w[:, 1] * alpha * sig_p * (1 - sig_p)
+    return dscale, dpower
+
+
+def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
+    """``t`` summed over the dims where ``shape`` is 1 (a broadcast
+    parameter's gradient)."""
+    dims = [i for i, (a, b) in enumerate(zip(t.shape, shape))
+            if b == 1 and a != 1]
+    return (t.sum(dim=dims, keepdim=True) if dims else t).reshape(shape)
+
+
+class PolarityTritonFunction(torch.autograd.Function):
+    """The kernels with their backward: saves ``q``, ``k``, ``v`` as
+    given (half precision stays half), the parameters, the key bias,
+    ``1 / z`` and the key rows; no feature map, and not the output (the
+    backward recomputes it in registers)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
+                power: Tensor, alpha: float, eps: float,
+                k_bias: Optional[Tensor]) -> Tensor:
+        h, d = q.shape[1], q.shape[3]
+        inv_s, p = polarity_params(scale, power, alpha, h, d)
+        x, rz, R = polarity_forward(q, k, v, inv_s, p, k_bias, eps)
+        ctx.save_for_backward(q, k, v, scale, power, k_bias, rz, R)
+        ctx.alpha = alpha
+        return x
+
+    @staticmethod
+    def backward(ctx, dx: Tensor):
+        q, k, v, scale, power, k_bias, rz, R = ctx.saved_tensors
+        h, d = q.shape[1], q.shape[3]
+        inv_s, p = polarity_params(scale, power, ctx.alpha, h, d)
+        need = ctx.needs_input_grad
+        dq, dk, dv, w = polarity_backward(dx, q, k, v, inv_s, p, k_bias, rz,
+                                          R, need_v=need[2])
+        dscale = dpower = dbias = None
+        if need[3] or need[4]:
+            ds, dp = param_grads(w, inv_s, p, scale, power, ctx.alpha)
+            if need[3]:
+                dscale = _sum_to(ds.view(1, h, 1, d),
+                                 scale.shape).to(scale.dtype)
+            if need[4]:
+                dpower = _sum_to(dp.view(1, h, 1, d),
+                                 power.shape).to(power.dtype)
+        if need[7]:
+            dbias = _sum_to(dk, k_bias.shape).to(k_bias.dtype)
+        return dq, dk, dv, dscale, dpower, None, None, dbias
+
+
+def polarity_attention_triton(q: Tensor, k: Tensor, v: Tensor,
+                              scale: Tensor, power: Tensor, alpha: float,
+                              eps: float = EPS,
+                              k_bias: Optional[Tensor] = None) -> Tensor:
+    """Polarity-aware linear attention by the fused kernels (the formula
+    and the arguments: :func:`~.graph.polarity_attention_pytorch`).
+
+    ``q``, ``k``, ``v`` stay in their dtypes in memory (fp16/bf16 under
+    autocast); the kernels compute in float32 registers.
+
+    Returns:
+        ``(B, h, N, d)`` in ``q``'s dtype, laid out ``(B, N, h, d)``.
+    """
+    if records_grad(q, k, v, scale, power, k_bias):
+        return PolarityTritonFunction.apply(q, k, v, scale, power, alpha,
+                                            eps, k_bias)
+    h, d = q.shape[1], q.shape[3]
+    inv_s, p = polarity_params(scale, power, alpha, h, d)
+    return polarity_forward(q, k, v, inv_s, p, k_bias, eps)[0]
