@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pola_mm.analysis.zoo import build
+from pola_mm.ops import dispatch
 from pola_mm.ops.token_product import META_MULTIPROCESSORS, TILE
 
 aten = torch.ops.aten
@@ -45,25 +46,40 @@ def _idle(b, M, K, N):
     return tiles < META_MULTIPROCESSORS and K >= 8 * max(M, N)
 
 
+@pytest.mark.parametrize('kernels', [True, False],
+                         ids=['kernels', 'torch-path'])
 @pytest.mark.parametrize('train', [True, False], ids=['train', 'infer'])
 @pytest.mark.parametrize('name', ['pola_swin_t', 'pola_pvt_t', 'polapp_b2'])
-def test_products_fill_the_gpu_at_800x1344(name, train):
+def test_products_fill_the_gpu_at_800x1344(name, train, kernels):
+    """With the attention's Triton kernels (the GPU's default) the
+    products over tokens are inside the kernels, whose grid splits the
+    tokens; without them (``POLA_MM_KERNELS=0``) the torch path's products
+    are split."""
     built = build(name)
     model = built.model
     model.train(train)
     model.to('meta')
     x = torch.empty(2 if train else 1, 3, 800, 1344, device='meta')
-    with _Products() as rec:
-        if train:
-            outs = built.forward(x)
-            sum(o.sum() for o in outs).backward()
-        else:
-            with torch.no_grad():
-                built.forward(x)
-    # the products over tokens exist (head-sized outputs summed over a
-    # stage's tokens, split or not) ...
-    assert any(b * K >= 16800 and max(M, N) <= 256
-               for b, M, K, N in rec.products), rec.products
+    dispatch.set_kernels(kernels)
+    try:
+        with _Products() as rec:
+            if train:
+                outs = built.forward(x)
+                sum(o.sum() for o in outs).backward()
+            else:
+                with torch.no_grad():
+                    built.forward(x)
+    finally:
+        dispatch.set_kernels(True)
+    kernel_ops = [op for op in rec.ops if op.endswith('_pass')]
+    if kernels:
+        assert kernel_ops, sorted(rec.ops)
+    else:
+        # the products over tokens exist (head-sized outputs summed over a
+        # stage's tokens, split or not) ...
+        assert not kernel_ops
+        assert any(b * K >= 16800 and max(M, N) <= 256
+                   for b, M, K, N in rec.products), rec.products
     # ... and none of them leaves the GPU idle
     idle = [p for p in rec.products if _idle(*p)]
     assert not idle, f'{name}: products with too few tiles: {idle}'

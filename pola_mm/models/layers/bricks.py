@@ -146,8 +146,9 @@ def drop_path(x: Tensor, drop_prob: float = 0.,
     shape = [x.shape[0]] + [1] * (x.dim() - 1)
     # keep where u >= drop_prob, u ~ U[0, 1): mmcv's draw, so a seed gives
     # the same samples as mmcv's DropPath
+    # (a boolean factor: the product casts it on the fly, no float copy)
     keep = torch.rand(shape, dtype=x.dtype, device=x.device) >= drop_prob
-    return x.div(keep_prob) * keep.to(x.dtype)
+    return x.div(keep_prob) * keep
 
 
 class DropPath(nn.Module):
@@ -187,12 +188,13 @@ def linear_chunks(linear: nn.Linear, x: Tensor,
     (faster in PyTorch, ONNX Runtime and OpenVINO on the CPU:
     docs/performance.md, "Per-part projections").
 
-    On the GPU, and where the module is observed or replaced (a hook, as
-    FLOP counters and feature extractors add; a subclass or wrapper of
-    ``nn.Linear``), the module is called once and the parts are views of
-    its output.
+    On the GPU (and on ``meta``, which stands for it in estimates and
+    structure tests), and where the module is observed or replaced (a
+    hook, as FLOP counters and feature extractors add; a subclass or
+    wrapper of ``nn.Linear``), the module is called once and the parts are
+    views of its output.
     """
-    if x.device.type == 'cuda' or type(linear) is not nn.Linear or \
+    if x.device.type in ('cuda', 'meta') or type(linear) is not nn.Linear or \
             linear._forward_hooks or linear._forward_pre_hooks or \
             nn.modules.module._global_forward_hooks or \
             nn.modules.module._global_forward_pre_hooks:

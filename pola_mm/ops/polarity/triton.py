@@ -46,7 +46,6 @@ import math
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..dispatch import records_grad
@@ -62,14 +61,11 @@ except ImportError:  # pragma: no cover - depends on the installation
     HAVE_TRITON = False
 
 __all__ = ['HAVE_TRITON', 'fits', 'polarity_attention_triton',
-           'polarity_params', 'chunk_count',
-           'polarity_forward', 'polarity_backward', 'param_grads', 'BLOCK_N']
+           'chunk_count', 'polarity_forward', 'polarity_backward',
+           'BLOCK_N']
 
 #: Tokens per tile of the kernels on a GPU.
 BLOCK_N = 64
-#: float32's smallest normal number: ``|t|`` is clamped to it inside the
-#: logarithm (the features of ``t = 0`` are 0 by their sign masks).
-TINY = 1.1754943508222875e-38
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -84,16 +80,6 @@ def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return (16 <= d <= 128 and d & (d - 1) == 0 and k.shape[-1] == d
             and v.shape[-1] == d
             and all(t.dtype in _DTYPES for t in (q, k, v)))
-
-
-def polarity_params(scale: Tensor, power: Tensor, alpha: float, h: int,
-                    d: int) -> Tuple[Tensor, Tensor]:
-    """``1 / softplus(scale)`` and ``p = 1 + alpha sigmoid(power)`` as
-    contiguous float32 ``(h, d)`` tables (what the kernels read)."""
-    inv_s = F.softplus(scale.float()).reciprocal()
-    p = 1 + alpha * torch.sigmoid(power.float())
-    return (inv_s.expand(1, h, 1, d).reshape(h, d).contiguous(),
-            p.expand(1, h, 1, d).reshape(h, d).contiguous())
 
 
 def chunk_count(bh: int, n: int, block: int, device: torch.device) -> int:
@@ -123,10 +109,28 @@ def _token_major(B: int, h: int, N: int, d: int, like: Tensor,
 if HAVE_TRITON:
 
     @triton.jit
+    def _params(S, PW, hh, cols, ss_h, ss_d, sp_h, sp_d, alpha):
+        """The per-channel constants of head ``hh`` from the raw
+        parameters: ``1 / softplus(scale)``, ``p = 1 + alpha
+        sigmoid(power)``, ``sigmoid(scale)`` and ``sigmoid(power)``."""
+        s = tl.load(S + hh * ss_h + cols * ss_d).to(tl.float32)
+        pw = tl.load(PW + hh * sp_h + cols * sp_d).to(tl.float32)
+        # softplus(s) = max(s, 0) + log1p(exp(-|s|)); log1p(e) written as
+        # log(u) - ((u - 1) - e) / u with u = 1 + e (exact to rounding)
+        e = tl.exp(-tl.abs(s))
+        u = 1.0 + e
+        softplus = tl.maximum(s, 0.0) + tl.log(u) - ((u - 1.0) - e) / u
+        sig_s = 1.0 / (1.0 + tl.exp(-s))
+        sig_p = 1.0 / (1.0 + tl.exp(-pw))
+        return 1.0 / softplus, 1.0 + alpha * sig_p, sig_s, sig_p
+
+    @triton.jit
     def _features(x, inv_s, p):
         """``f+``, ``f-`` of ``t = x inv_s`` (float32 tiles), with ``t``
         clamped away from 0 keeping its sign (the derivatives' divisor) and
-        ``log|t|``."""
+        ``log|t|``. ``|t|`` is clamped to float32's smallest normal number
+        inside the logarithm; the features of ``t = 0`` are 0 by their sign
+        masks."""
         t = x * inv_s[None, :]
         at = tl.maximum(tl.abs(t), 1.1754943508222875e-38)
         la = tl.log(at)
@@ -151,7 +155,7 @@ if HAVE_TRITON:
         return k
 
     @triton.jit
-    def _key_pass(K, V, KB, INV_S, P, PART, H, n, span,
+    def _key_pass(K, V, KB, S, PW, ss_h, ss_d, sp_h, sp_d, alpha, PART, H, n, span,
                   sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                   sb_b, sb_h, sb_n, sb_d,
                   HAS_BIAS: tl.constexpr, D: tl.constexpr,
@@ -165,8 +169,8 @@ if HAVE_TRITON:
         b = bh // H
         hh = bh % H
         cols = tl.arange(0, D)
-        inv_s = tl.load(INV_S + hh * D + cols)
-        p = tl.load(P + hh * D + cols)
+        inv_s, p, sig_s, sig_p = _params(S, PW, hh, cols, ss_h, ss_d, sp_h,
+                                         sp_d, alpha)
         acc_p = tl.zeros((D, D), dtype=tl.float32)
         acc_n = tl.zeros((D, D), dtype=tl.float32)
         sum_p = tl.zeros((D, ), dtype=tl.float32)
@@ -211,7 +215,8 @@ if HAVE_TRITON:
         return a_pos, a_neg, kp, kn
 
     @triton.jit
-    def _query_pass(Q, R, INV_S, P, X, RZ, H, N, inv_n, eps,
+    def _query_pass(Q, R, S, PW, ss_h, ss_d, sp_h, sp_d, alpha, X, RZ, H, N, inv_n,
+                    eps,
                     sq_b, sq_h, sq_n, sq_d, sx_b, sx_h, sx_n, sx_d,
                     D: tl.constexpr, BLOCK: tl.constexpr):
         """``x`` and ``1 / z`` of one tile of queries."""
@@ -221,8 +226,8 @@ if HAVE_TRITON:
         cols = tl.arange(0, D)
         rows = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = rows < N
-        inv_s = tl.load(INV_S + hh * D + cols)
-        p = tl.load(P + hh * D + cols)
+        inv_s, p, sig_s, sig_p = _params(S, PW, hh, cols, ss_h, ss_d, sp_h,
+                                         sp_d, alpha)
         q = tl.load(Q + b * sq_b + hh * sq_h + rows[:, None] * sq_n +
                     cols[None, :] * sq_d, mask=mask[:, None],
                     other=0.0).to(tl.float32)
@@ -241,7 +246,8 @@ if HAVE_TRITON:
         tl.store(RZ + (bh * N + rows) * 2 + 1, rz_opp, mask=mask)
 
     @triton.jit
-    def _query_grad(Q, DX, RZ, R, INV_S, P, DQ, PART, H, N, inv_n, span,
+    def _query_grad(Q, DX, RZ, R, S, PW, ss_h, ss_d, sp_h, sp_d, alpha, DQ, PART, H, N,
+                    inv_n, span,
                     sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d,
                     so_b, so_h, so_n, so_d,
                     D: tl.constexpr, BLOCK: tl.constexpr):
@@ -259,8 +265,8 @@ if HAVE_TRITON:
         hh = bh % H
         cols = tl.arange(0, D)
         first = cols[None, :] < D // 2
-        inv_s = tl.load(INV_S + hh * D + cols)
-        p = tl.load(P + hh * D + cols)
+        inv_s, p, sig_s, sig_p = _params(S, PW, hh, cols, ss_h, ss_d, sp_h,
+                                         sp_d, alpha)
         a_pos, a_neg, kp, kn = _load_mix(R, bh, cols, inv_n, D)
         da_pos = tl.zeros((D, D), dtype=tl.float32)
         da_neg = tl.zeros((D, D), dtype=tl.float32)
@@ -317,11 +323,14 @@ if HAVE_TRITON:
         tl.store(row + D * D + mat, da_neg)
         tl.store(row + 2 * D * D + cols, dkp)
         tl.store(row + 2 * D * D + D + cols, dkn)
-        tl.store(row + 2 * D * D + 2 * D + cols, w_g)
-        tl.store(row + 2 * D * D + 3 * D + cols, w_l)
+        # the parameters' gradients (see param_factors)
+        tl.store(row + 2 * D * D + 2 * D + cols, w_g * -p * inv_s * sig_s)
+        tl.store(row + 2 * D * D + 3 * D + cols,
+                 w_l * alpha * sig_p * (1.0 - sig_p))
 
     @triton.jit
-    def _key_grad(K, V, KB, G, INV_S, P, DK, DV, W, H, n, inv_n, span,
+    def _key_grad(K, V, KB, G, S, PW, ss_h, ss_d, sp_h, sp_d, alpha, DK, DV, W, H, n,
+                  inv_n, span,
                   sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                   sb_b, sb_h, sb_n, sb_d, so_b, so_h, so_n, so_d,
                   sw_b, sw_h, sw_n, sw_d,
@@ -336,8 +345,8 @@ if HAVE_TRITON:
         b = bh // H
         hh = bh % H
         cols = tl.arange(0, D)
-        inv_s = tl.load(INV_S + hh * D + cols)
-        p = tl.load(P + hh * D + cols)
+        inv_s, p, sig_s, sig_p = _params(S, PW, hh, cols, ss_h, ss_d, sp_h,
+                                         sp_d, alpha)
         # adjoint of the mix: dP = [dA+_1, dA-_2] / n, dQ = [dA-_1, dA+_2] / n
         first = cols[None, :] < D // 2
         row = G + bh * (2 * D * D + 4 * D)
@@ -380,9 +389,16 @@ if HAVE_TRITON:
             tl.store(DK + b * so_b + hh * so_h + rows[:, None] * so_n +
                      cols[None, :] * so_d, dk.to(DK.dtype.element_ty),
                      mask=m2)
+        # the parameters' gradients (see param_factors); the first chunk
+        # adds the queries' (summed in G)
+        dscale = w_g * -p * inv_s * sig_s
+        dpower = w_l * alpha * sig_p * (1.0 - sig_p)
+        if c == 0:
+            dscale += tl.load(row + 2 * D * D + 2 * D + cols)
+            dpower += tl.load(row + 2 * D * D + 3 * D + cols)
         out = W + (bh * chunks + c) * 2 * D
-        tl.store(out + cols, w_g)
-        tl.store(out + D + cols, w_l)
+        tl.store(out + cols, dscale)
+        tl.store(out + D + cols, dpower)
 
 
 def _bias_args(k_bias: Optional[Tensor], k: Tensor):
@@ -418,82 +434,96 @@ def grad_row(d: int) -> int:
 # the GPU's path; the sums between them stay plain torch operations.
 
 
-def key_pass(k: Tensor, v: Tensor, k_bias: Optional[Tensor], inv_s: Tensor,
-             p: Tensor, chunks: int, block: int) -> Tensor:
+def _param_args(scale: Tensor, power: Tensor, h: int, d: int) -> tuple:
+    """The raw parameters and their head and channel strides (0 where
+    they are broadcast), as the kernels read them."""
+    scale = scale.expand(1, h, 1, d)
+    power = power.expand(1, h, 1, d)
+    return (scale, power, scale.stride(1), scale.stride(3), power.stride(1),
+            power.stride(3))
+
+
+def key_pass(k: Tensor, v: Tensor, k_bias: Optional[Tensor], scale: Tensor,
+             power: Tensor, alpha: float, chunks: int, block: int) -> Tensor:
     """The key pass: ``(B h, chunks, key_row(d))`` float32 partial rows."""
     B, h, n, d = k.shape
-    part = k.new_empty(B * h, chunks, key_row(d), dtype=torch.float32)
+    part = _key_pass_fake(k, v, k_bias, scale, power, alpha, chunks, block)
     kb, sb = _bias_args(k_bias, k)
     _key_pass[(B * h, chunks)](
-        k, v, kb, inv_s, p, part, h, n, _span(n, chunks, block),
-        *_strides(k), *_strides(v), *sb, HAS_BIAS=k_bias is not None, D=d,
-        BLOCK=block)
+        k, v, kb, *_param_args(scale, power, h, d), alpha, part, h, n,
+        _span(n, chunks, block), *_strides(k), *_strides(v), *sb,
+        HAS_BIAS=k_bias is not None, D=d, BLOCK=block)
     return part
 
 
-def _key_pass_fake(k, v, k_bias, inv_s, p, chunks, block):
+def _key_pass_fake(k, v, k_bias, scale, power, alpha, chunks, block):
     B, h, _, d = k.shape
     return k.new_empty(B * h, chunks, key_row(d), dtype=torch.float32)
 
 
-def query_pass(q: Tensor, R: Tensor, inv_s: Tensor, p: Tensor, n: int,
-               eps: float, block: int) -> Tuple[Tensor, Tensor]:
+def query_pass(q: Tensor, R: Tensor, scale: Tensor, power: Tensor,
+               alpha: float, n: int, eps: float,
+               block: int) -> Tuple[Tensor, Tensor]:
     """The query pass: ``x`` ``(B, h, N, d)`` in ``q``'s dtype (laid out
     ``(B, N, h, d)``) and ``1 / z`` ``(B, h, N, 2)`` float32, from the
     summed key rows ``R`` ``(B h, key_row(d))``."""
     B, h, N, d = q.shape
-    x, rz = _query_pass_fake(q, R, inv_s, p, n, eps, block)
+    x, rz = _query_pass_fake(q, R, scale, power, alpha, n, eps, block)
     _query_pass[(B * h, triton.cdiv(N, block))](
-        q, R, inv_s, p, x, rz, h, N, 1.0 / n, eps, *_strides(q),
-        *_strides(x), D=d, BLOCK=block)
+        q, R, *_param_args(scale, power, h, d), alpha, x, rz, h, N, 1.0 / n,
+        eps, *_strides(q), *_strides(x), D=d, BLOCK=block)
     return x, rz
 
 
-def _query_pass_fake(q, R, inv_s, p, n, eps, block):
+def _query_pass_fake(q, R, scale, power, alpha, n, eps, block):
     B, h, N, d = q.shape
     return (_token_major(B, h, N, d, q),
             q.new_empty(B, h, N, 2, dtype=torch.float32))
 
 
-def query_grad(q: Tensor, dx: Tensor, rz: Tensor, R: Tensor,
-               inv_s: Tensor, p: Tensor, n: int, chunks: int,
+def query_grad(q: Tensor, dx: Tensor, rz: Tensor, R: Tensor, scale: Tensor,
+               power: Tensor, alpha: float, n: int, chunks: int,
                block: int) -> Tuple[Tensor, Tensor]:
     """The queries' backward: ``dq`` and ``(B h, chunks, grad_row(d))``
     float32 partial rows."""
     B, h, N, d = q.shape
-    dq, part = _query_grad_fake(q, dx, rz, R, inv_s, p, n, chunks, block)
+    dq, part = _query_grad_fake(q, dx, rz, R, scale, power, alpha, n, chunks,
+                                block)
     _query_grad[(B * h, chunks)](
-        q, dx, rz, R, inv_s, p, dq, part, h, N, 1.0 / n,
-        _span(N, chunks, block), *_strides(q), *_strides(dx), *_strides(dq),
-        D=d, BLOCK=block)
+        q, dx, rz, R, *_param_args(scale, power, h, d), alpha, dq, part, h,
+        N, 1.0 / n, _span(N, chunks, block), *_strides(q), *_strides(dx),
+        *_strides(dq), D=d, BLOCK=block)
     return dq, part
 
 
-def _query_grad_fake(q, dx, rz, R, inv_s, p, n, chunks, block):
+def _query_grad_fake(q, dx, rz, R, scale, power, alpha, n, chunks, block):
     B, h, N, d = q.shape
     return (_token_major(B, h, N, d, q),
             q.new_empty(B * h, chunks, grad_row(d), dtype=torch.float32))
 
 
 def key_grad(k: Tensor, v: Tensor, k_bias: Optional[Tensor], G: Tensor,
-             inv_s: Tensor, p: Tensor, chunks: int, block: int,
-             need_v: bool) -> Tuple[Tensor, Tensor, Tensor]:
+             scale: Tensor, power: Tensor, alpha: float, chunks: int,
+             block: int, need_v: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """The keys' backward from the summed query-gradient rows ``G`` ``(B
     h, grad_row(d))``: ``dk``, ``dv`` (empty unless ``need_v``) and ``(B
-    h, chunks, 2, d)`` float32 partial sums of ``g``, ``g log|t|``."""
+    h, chunks, 2, d)`` float32 partial gradients of ``scale`` and
+    ``power`` (the queries' included)."""
     B, h, n, d = k.shape
-    dk, dv, w = _key_grad_fake(k, v, k_bias, G, inv_s, p, chunks, block,
-                               need_v)
+    dk, dv, w = _key_grad_fake(k, v, k_bias, G, scale, power, alpha, chunks,
+                               block, need_v)
     kb, sb = _bias_args(k_bias, k)
+    dv_arg = dv if need_v else dk
     _key_grad[(B * h, chunks)](
-        k, v, kb, G, inv_s, p, dk, dv if need_v else dk, w, h, n, 1.0 / n,
-        _span(n, chunks, block), *_strides(k), *_strides(v), *sb,
-        *_strides(dk), *_strides(dv if need_v else dk),
-        HAS_BIAS=k_bias is not None, NEED_V=need_v, D=d, BLOCK=block)
+        k, v, kb, G, *_param_args(scale, power, h, d), alpha, dk, dv_arg, w,
+        h, n, 1.0 / n, _span(n, chunks, block), *_strides(k), *_strides(v),
+        *sb, *_strides(dk), *_strides(dv_arg), HAS_BIAS=k_bias is not None,
+        NEED_V=need_v, D=d, BLOCK=block)
     return dk, dv, w
 
 
-def _key_grad_fake(k, v, k_bias, G, inv_s, p, chunks, block, need_v):
+def _key_grad_fake(k, v, k_bias, G, scale, power, alpha, chunks, block,
+                   need_v):
     B, h, n, d = k.shape
     dv = (_token_major(B, h, n, d, v) if need_v else v.new_empty(0))
     return (_token_major(B, h, n, d, k), dv,
@@ -517,9 +547,10 @@ query_grad = _register('polarity_query_grad', query_grad, _query_grad_fake)
 key_grad = _register('polarity_key_grad', key_grad, _key_grad_fake)
 
 
-def polarity_forward(q: Tensor, k: Tensor, v: Tensor, inv_s: Tensor,
-                     p: Tensor, k_bias: Optional[Tensor] = None,
-                     eps: float = EPS, *, block_n: Optional[int] = None,
+def polarity_forward(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
+                     power: Tensor, alpha: float,
+                     k_bias: Optional[Tensor] = None, eps: float = EPS, *,
+                     block_n: Optional[int] = None,
                      chunks: Optional[int] = None
                      ) -> Tuple[Tensor, Tensor, Tensor]:
     """The forward kernels: key pass, sum of its chunks, query pass.
@@ -527,7 +558,9 @@ def polarity_forward(q: Tensor, k: Tensor, v: Tensor, inv_s: Tensor,
     Args:
         q: ``(B, h, N, d)`` queries, any strides, float32/fp16/bf16.
         k, v: ``(B, h, n, d)`` keys and values, any strides.
-        inv_s, p: ``(h, d)`` float32 (:func:`polarity_params`).
+        scale, power: the raw parameters, broadcastable to ``(1, h, 1,
+            d)``; alpha: the exponent range (as for
+            :func:`~.graph.polarity_attention_pytorch`).
         k_bias: optional, broadcastable to ``k``.
         eps: added to the normalisers (of the key means).
         block_n: tokens per tile (default :data:`BLOCK_N`).
@@ -544,22 +577,24 @@ def polarity_forward(q: Tensor, k: Tensor, v: Tensor, inv_s: Tensor,
     n = k.shape[2]
     block = block_n or BLOCK_N
     chunks = chunks or chunk_count(B * h, n, block, q.device)
-    R = key_pass(k, v, k_bias, inv_s, p, chunks, block).sum(1)
-    x, rz = query_pass(q, R, inv_s, p, n, eps, block)
+    R = key_pass(k, v, k_bias, scale, power, alpha, chunks, block).sum(1)
+    x, rz = query_pass(q, R, scale, power, alpha, n, eps, block)
     return x, rz, R
 
 
 def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
-                      inv_s: Tensor, p: Tensor, k_bias: Optional[Tensor],
-                      rz: Tensor, R: Tensor, *,
+                      scale: Tensor, power: Tensor, alpha: float,
+                      k_bias: Optional[Tensor], rz: Tensor, R: Tensor, *,
                       need_v: bool = True, block_n: Optional[int] = None,
                       chunks: Optional[int] = None
-                      ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor]:
+                      ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor,
+                                 Tensor]:
     """The backward kernels: queries, sum of their chunks, keys.
 
     Args:
         dx: ``(B, h, N, d)`` gradient of the output, any strides.
-        q, k, v, inv_s, p, k_bias: as for :func:`polarity_forward`.
+        q, k, v, scale, power, alpha, k_bias: as for
+            :func:`polarity_forward`.
         rz, R: what :func:`polarity_forward` returned (beside ``x``).
         need_v: compute ``dv``.
         block_n, chunks: as for :func:`polarity_forward` (``chunks`` for
@@ -567,10 +602,13 @@ def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
 
     Returns:
         ``dq``, ``dk``, ``dv`` (None unless ``need_v``) in their inputs'
-        dtypes, and ``W`` ``(B h, 2, d)`` float32: the sums over tokens of
-        ``g = df+ f+ + df- f-`` and of ``g log|t|``, queries and keys
-        together (:func:`param_grads` turns them into the parameters'
-        gradients).
+        dtypes, and the gradients of ``scale`` and ``power`` per head and
+        channel, ``(h, d)`` float32 each (summed over images and tokens).
+        With ``t = x / s``, ``s = softplus(scale)``, ``f = |t|^p`` and ``g
+        = df+ f+ + df- f-`` per element: ``dL/d(1/s) = sum(dL/dt x) = p
+        sum(g) s`` and ``d(1/s)/dscale = -sigmoid(scale) / s^2``, so
+        ``dL/dscale = -p sum(g) sigmoid(scale) / s``; ``dL/dp = sum(g
+        log|t|)`` and ``dp/dpower = alpha sigmoid'(power)``.
     """
     B, h, N, d = q.shape
     n = k.shape[2]
@@ -578,30 +616,12 @@ def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
     block = block_n or BLOCK_N
     cq = chunks or chunk_count(bh, N, block, q.device)
     ck = chunks or chunk_count(bh, n, block, q.device)
-    dq, part = query_grad(q, dx, rz, R, inv_s, p, n, cq, block)
+    dq, part = query_grad(q, dx, rz, R, scale, power, alpha, n, cq, block)
     G = part.sum(1)
-    dk, dv, w = key_grad(k, v, k_bias, G, inv_s, p, ck, block, need_v)
-    w = w.sum(1).add_(G[:, 2 * d * d + 2 * d:].view(bh, 2, d))
-    return dq, dk, dv if need_v else None, w
-
-
-def param_grads(w: Tensor, inv_s: Tensor, p: Tensor, scale: Tensor,
-                power: Tensor, alpha: float) -> Tuple[Tensor, Tensor]:
-    """``dL/dscale`` and ``dL/dpower`` per head and channel ``(h, d)``
-    from the sums ``W`` ``(B h, 2, d)`` of :func:`polarity_backward`.
-
-    With ``t = x / s``, ``s = softplus(scale)``, ``f = |t|^p``: ``dL/d(1/s)
-    = sum(dL/dt x) = p sum(g) s`` and ``d(1/s)/dscale = -sigmoid(scale) /
-    s^2``, so ``dL/dscale = -p sum(g) sigmoid(scale) / s``; ``dL/dp =
-    sum(g log|t|)`` and ``dp/dpower = alpha sigmoid'(power)``.
-    """
-    h, d = p.shape
-    w = w.view(-1, h, 2, d).sum(0)
-    sig_s = torch.sigmoid(scale.float()).expand(1, h, 1, d).reshape(h, d)
-    sig_p = torch.sigmoid(power.float()).expand(1, h, 1, d).reshape(h, d)
-    dscale = -w[:, 0] * p * inv_s * sig_s
-    dpower = w[:, 1] * alpha * sig_p * (1 - sig_p)
-    return dscale, dpower
+    dk, dv, w = key_grad(k, v, k_bias, G, scale, power, alpha, ck, block,
+                         need_v)
+    dparams = w.view(B, h, ck, 2, d).sum((0, 2))
+    return dq, dk, dv if need_v else None, dparams[:, 0], dparams[:, 1]
 
 
 def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
@@ -622,9 +642,7 @@ class PolarityTritonFunction(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
                 power: Tensor, alpha: float, eps: float,
                 k_bias: Optional[Tensor]) -> Tensor:
-        h, d = q.shape[1], q.shape[3]
-        inv_s, p = polarity_params(scale, power, alpha, h, d)
-        x, rz, R = polarity_forward(q, k, v, inv_s, p, k_bias, eps)
+        x, rz, R = polarity_forward(q, k, v, scale, power, alpha, k_bias, eps)
         ctx.save_for_backward(q, k, v, scale, power, k_bias, rz, R)
         ctx.alpha = alpha
         return x
@@ -633,19 +651,15 @@ class PolarityTritonFunction(torch.autograd.Function):
     def backward(ctx, dx: Tensor):
         q, k, v, scale, power, k_bias, rz, R = ctx.saved_tensors
         h, d = q.shape[1], q.shape[3]
-        inv_s, p = polarity_params(scale, power, ctx.alpha, h, d)
         need = ctx.needs_input_grad
-        dq, dk, dv, w = polarity_backward(dx, q, k, v, inv_s, p, k_bias, rz,
-                                          R, need_v=need[2])
+        dq, dk, dv, ds, dp = polarity_backward(
+            dx, q, k, v, scale, power, ctx.alpha, k_bias, rz, R,
+            need_v=need[2])
         dscale = dpower = dbias = None
-        if need[3] or need[4]:
-            ds, dp = param_grads(w, inv_s, p, scale, power, ctx.alpha)
-            if need[3]:
-                dscale = _sum_to(ds.view(1, h, 1, d),
-                                 scale.shape).to(scale.dtype)
-            if need[4]:
-                dpower = _sum_to(dp.view(1, h, 1, d),
-                                 power.shape).to(power.dtype)
+        if need[3]:
+            dscale = _sum_to(ds.view(1, h, 1, d), scale.shape).to(scale.dtype)
+        if need[4]:
+            dpower = _sum_to(dp.view(1, h, 1, d), power.shape).to(power.dtype)
         if need[7]:
             dbias = _sum_to(dk, k_bias.shape).to(k_bias.dtype)
         return dq, dk, dv, dscale, dpower, None, None, dbias
@@ -667,6 +681,4 @@ def polarity_attention_triton(q: Tensor, k: Tensor, v: Tensor,
     if records_grad(q, k, v, scale, power, k_bias):
         return PolarityTritonFunction.apply(q, k, v, scale, power, alpha,
                                             eps, k_bias)
-    h, d = q.shape[1], q.shape[3]
-    inv_s, p = polarity_params(scale, power, alpha, h, d)
-    return polarity_forward(q, k, v, inv_s, p, k_bias, eps)[0]
+    return polarity_forward(q, k, v, scale, power, alpha, k_bias, eps)[0]
