@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise_attention
 
-from pola_mm.ops import polarity_attention_naive
 from pola_mm.analysis.attention import (attention_rows, block_statistics,
                                         capture_blocks, dwc_rows,
                                         image_to_tensor, load_image,
                                         polarity_qk, polarity_scores,
                                         positive_sequence_entropy,
                                         query_tokens, softmax_rows)
+from pola_mm.ops import polarity_attention_naive
 from pola_mm.registry import MODELS
 
 

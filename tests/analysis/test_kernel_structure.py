@@ -1,9 +1,10 @@
 """What a GPU runs with the attention kernels, proved on ``meta`` tensors
 (no GPU needed: on ``meta`` the layers and ops take the GPU's code paths,
 the attention ops the kernels', whose custom ops give their outputs'
-shapes; fake CUDA tensors cannot run a backward without a GPU): at 800x1344, batch 2, a training step writes no ``(B, h, N, 2d)``
-feature map in the attention, and Pola-Swin-T launches fewer kernels than
-mmdet's Swin-T.
+shapes; fake CUDA tensors cannot run a backward without a GPU): at
+800x1344, batch 2, a training step writes no ``(B, h, N, 2d)`` feature map
+in the attention, and Pola-Swin-T launches fewer kernels than mmdet's
+Swin-T.
 
 Every aten op that computes counts as one kernel launch; views,
 allocations and ``detach`` launch nothing. The kernels' custom ops count

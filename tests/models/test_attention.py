@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import count_calls, randomise
-from pola_mm.ops import polarity_attention_naive
 
 from pola_mm.models.backbones.pola_swin import PolaSwinBlock
 from pola_mm.models.layers import (PolarityAttention, WindowMSA,
@@ -15,7 +14,7 @@ from pola_mm.models.layers.window import (crop_map, cyclic_shift, grid_padding,
                                           key_valid_mask, pad_map,
                                           shift_region_mask, valid_token_map,
                                           window_partition, window_reverse)
-from pola_mm.ops import plain_paths, resize_pos_table
+from pola_mm.ops import plain_paths, polarity_attention_naive, resize_pos_table
 
 
 # -- window helpers ---------------------------------------------------------

@@ -6,8 +6,10 @@ from unittest import mock
 
 import pytest
 import torch
-from pola_mm.ops import polarity_attention, polarity_attention_pytorch
+
+from pola_mm.ops import polarity_attention
 from pola_mm.ops import polarity_attention_naive as reference
+from pola_mm.ops import polarity_attention_pytorch
 from pola_mm.ops.polarity import cpu as polarity_fast
 from pola_mm.ops.polarity.cpu import PolarityAttentionFunction
 

@@ -10,8 +10,7 @@ split sums run."""
 import pytest
 import torch
 
-from pola_mm.ops import polarity_attention, polarity_attention_naive
-from pola_mm.ops import dispatch
+from pola_mm.ops import dispatch, polarity_attention, polarity_attention_naive
 from pola_mm.ops.polarity import triton as kernels
 from pola_mm.ops.polarity.cpu import polarity_attention_cpu
 

@@ -4,10 +4,10 @@ attention kernels equal their references with the split forced on the CPU
 (the path a GPU takes)."""
 import pytest
 import torch
-from pola_mm.ops import polarity_attention_naive
 
 from pola_mm.ops import (pacs_attention, pacs_attention_pytorch,
-                         polarity_attention, rotary_tables)
+                         polarity_attention, polarity_attention_naive,
+                         rotary_tables)
 from pola_mm.ops import token_product as tp
 
 D64 = torch.float64

@@ -59,6 +59,8 @@ from ...models.layers import PolarityAttention
 from ...models.layers.window import (cyclic_shift, grid_padding,
                                      shift_region_mask, window_partition)
 from ...ops import gate_linear, pacs_attention, plain_paths, polarity_attention
+from ...ops.features import pacs_features
+from ...ops.polarity.naive import feature_params, polarity_features
 from ...type_aliases import Size2
 from .capture import BlockCapture, op_calls
 
@@ -147,16 +149,12 @@ def polarity_qk(attn: PolarityAttention, x: Tensor, hw: Size2) -> PolarityQK:
                           g, None, hw, torch.sigmoid(a['s1'].double()),
                           torch.sigmoid(a['s2'].double()))
     a = received(polarity_attention)
-    s = F.softplus(a['scale'].double())
+    s, p = feature_params(a['scale'].double(), a['power'].double(),
+                          a['alpha'])
     k = a['k'].double()
     if a['k_bias'] is not None:
         k = k + a['k_bias'].double()
-    p = 1 + a['alpha'] * torch.sigmoid(a['power'].double())
     return PolarityQK(a['q'].double() / s, k / s, a['v'].double(), g, p, hw)
-
-
-def _features(t: Tensor, p: Tensor) -> Tuple[Tensor, Tensor]:
-    return F.relu(t) ** p, F.relu(-t) ** p
 
 
 def polarity_scores(qk: PolarityQK, rows: Tensor) -> Dict[str, Tensor]:
@@ -173,16 +171,12 @@ def polarity_scores(qk: PolarityQK, rows: Tensor) -> Dict[str, Tensor]:
     qr = qk.q[:, :, rows]
     relu = F.relu(qr) @ F.relu(qk.k).transpose(-2, -1)
     if qk.p is None:  # PaCS: exp(t [relu(x), relu(-x)]) - 1
-        def halves(t: Tensor, swap: bool = False) -> Tensor:
-            return torch.cat([F.relu(-t), F.relu(t)] if swap else
-                             [F.relu(t), F.relu(-t)], -1)
-
-        kk = torch.expm1(halves(qk.k)).transpose(-2, -1)  # (B, h, 2d, N)
-        return dict(same=torch.expm1(halves(qr) * qk.t_same) @ kk,
-                    opposite=torch.expm1(halves(qr, True) * qk.t_opp) @ kk,
+        kk = pacs_features(qk.k).transpose(-2, -1)  # (B, h, 2d, N)
+        return dict(same=pacs_features(qr, qk.t_same) @ kk,
+                    opposite=pacs_features(qr, qk.t_opp, swap=True) @ kk,
                     relu=relu)
-    q_pos, q_neg = _features(qr, qk.p)
-    k_pos, k_neg = _features(qk.k, qk.p)
+    q_pos, q_neg = polarity_features(qr, qk.p)
+    k_pos, k_neg = polarity_features(qk.k, qk.p)
     kk = torch.cat([k_pos, k_neg], -1).transpose(-2, -1)  # (B, h, 2d, N)
     return dict(
         same=torch.cat([q_pos, q_neg], -1) @ kk,

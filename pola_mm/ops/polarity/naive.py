@@ -5,13 +5,29 @@ other form (:mod:`.graph`, :mod:`.cpu`, :mod:`.triton`) is tested equal to.
 Slow and memory-hungry on purpose: the concatenated feature maps
 ``(B, h, N, 2d)`` of both flows, two key products, nothing rearranged.
 """
+from typing import Tuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..features import EPS
 
-__all__ = ['polarity_attention_naive']
+__all__ = ['polarity_attention_naive', 'feature_params', 'polarity_features']
+
+
+def feature_params(scale: Tensor, power: Tensor,
+                   alpha: float) -> Tuple[Tensor, Tensor]:
+    """The divisor ``s = softplus(scale)`` of queries and keys and the
+    exponent ``p = 1 + alpha sigmoid(power)`` of the feature maps, from the
+    raw parameters (any shape; elementwise)."""
+    return F.softplus(scale), 1 + alpha * torch.sigmoid(power)
+
+
+def polarity_features(t: Tensor, p: Tensor) -> Tuple[Tensor, Tensor]:
+    """``f+(t) = relu(t)^p`` and ``f-(t) = relu(-t)^p`` of scaled queries
+    or keys ``t`` ``(..., d)``, ``p`` broadcastable to ``t``."""
+    return F.relu(t)**p, F.relu(-t)**p
 
 
 def polarity_attention_naive(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
@@ -43,11 +59,9 @@ def polarity_attention_naive(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
         ``(B, h, N, d)``.
     """
     n = k.shape[-2]
-    s = F.softplus(scale)
-    q, k = q / s, k / s
-    p = 1 + alpha * torch.sigmoid(power)
-    q_pos, q_neg = F.relu(q)**p, F.relu(-q)**p
-    k_pos, k_neg = F.relu(k)**p, F.relu(-k)**p
+    s, p = feature_params(scale, power, alpha)
+    q_pos, q_neg = polarity_features(q / s, p)
+    k_pos, k_neg = polarity_features(k / s, p)
     q_sim = torch.cat([q_pos, q_neg], dim=-1)
     q_opp = torch.cat([q_neg, q_pos], dim=-1)
     kk = torch.cat([k_pos, k_neg], dim=-1)

@@ -20,8 +20,9 @@ never written to memory. Four kernels, each reading every token map once:
 - **query backward** and **key backward** (:func:`_query_grad`,
   :func:`_key_grad`): the features recomputed in registers; ``dq``,
   ``dk``, ``dv`` written once; the small matrices' gradients and the
-  per-channel sums for the parameter gradients (``scale``, ``power``)
-  accumulated per program and added afterwards.
+  parameters' gradients (``scale``, ``power``: their softplus and sigmoid
+  are taken in the kernels too) accumulated per program and added
+  afterwards.
 
 With ``P = f+(k)^T v``, ``Q = f-(k)^T v`` (halves ``1``, ``2`` of the value
 channels), ``kp``, ``kn`` the key sums of ``f+``, ``f-`` and ``n`` keys,
@@ -155,7 +156,8 @@ if HAVE_TRITON:
         return k
 
     @triton.jit
-    def _key_pass(K, V, KB, S, PW, ss_h, ss_d, sp_h, sp_d, alpha, PART, H, n, span,
+    def _key_pass(K, V, KB, S, PW, ss_h, ss_d, sp_h, sp_d, alpha,
+                  PART, H, n, span,
                   sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                   sb_b, sb_h, sb_n, sb_d,
                   HAS_BIAS: tl.constexpr, D: tl.constexpr,
@@ -215,7 +217,8 @@ if HAVE_TRITON:
         return a_pos, a_neg, kp, kn
 
     @triton.jit
-    def _query_pass(Q, R, S, PW, ss_h, ss_d, sp_h, sp_d, alpha, X, RZ, H, N, inv_n,
+    def _query_pass(Q, R, S, PW, ss_h, ss_d, sp_h, sp_d, alpha,
+                    X, RZ, H, N, inv_n,
                     eps,
                     sq_b, sq_h, sq_n, sq_d, sx_b, sx_h, sx_n, sx_d,
                     D: tl.constexpr, BLOCK: tl.constexpr):
@@ -246,15 +249,17 @@ if HAVE_TRITON:
         tl.store(RZ + (bh * N + rows) * 2 + 1, rz_opp, mask=mask)
 
     @triton.jit
-    def _query_grad(Q, DX, RZ, R, S, PW, ss_h, ss_d, sp_h, sp_d, alpha, DQ, PART, H, N,
+    def _query_grad(Q, DX, RZ, R, S, PW, ss_h, ss_d, sp_h, sp_d, alpha,
+                    DQ, PART, H, N,
                     inv_n, span,
                     sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d,
                     so_b, so_h, so_n, so_d,
                     D: tl.constexpr, BLOCK: tl.constexpr):
         """``dq`` of one chunk of ``span`` queries, and its partial sums in
         the row ``PART[bh, c]``: ``dA+``, ``dA-`` (``D x D``), the key
-        means' gradients ``dkp``, ``dkn`` and the per-channel sums of ``g``
-        and ``g log|t|`` (``g = df+ f+ + df- f-``), ``D`` each. The
+        means' gradients ``dkp``, ``dkn`` and the queries' part of the
+        gradients of ``scale`` and ``power`` (:func:`polarity_backward`),
+        ``D`` each. The
         output ``x`` is recomputed from the features (two small products)
         rather than read back: exact in float32 whatever its stored dtype,
         and never saved."""
@@ -323,13 +328,14 @@ if HAVE_TRITON:
         tl.store(row + D * D + mat, da_neg)
         tl.store(row + 2 * D * D + cols, dkp)
         tl.store(row + 2 * D * D + D + cols, dkn)
-        # the parameters' gradients (see param_factors)
+        # the parameters' gradients (see polarity_backward)
         tl.store(row + 2 * D * D + 2 * D + cols, w_g * -p * inv_s * sig_s)
         tl.store(row + 2 * D * D + 3 * D + cols,
                  w_l * alpha * sig_p * (1.0 - sig_p))
 
     @triton.jit
-    def _key_grad(K, V, KB, G, S, PW, ss_h, ss_d, sp_h, sp_d, alpha, DK, DV, W, H, n,
+    def _key_grad(K, V, KB, G, S, PW, ss_h, ss_d, sp_h, sp_d, alpha,
+                  DK, DV, W, H, n,
                   inv_n, span,
                   sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                   sb_b, sb_h, sb_n, sb_d, so_b, so_h, so_n, so_d,
@@ -337,8 +343,9 @@ if HAVE_TRITON:
                   HAS_BIAS: tl.constexpr, NEED_V: tl.constexpr,
                   D: tl.constexpr, BLOCK: tl.constexpr):
         """``dk`` (and ``dv``) of one chunk of ``span`` keys from the summed
-        query-gradient row ``G[bh]`` (:func:`_query_grad`'s); the partial
-        sums of ``g`` and ``g log|t|`` into ``W[bh, c]`` ``(2, D)``."""
+        query-gradient row ``G[bh]`` (:func:`_query_grad`'s); the keys'
+        part of the gradients of ``scale`` and ``power`` into ``W[bh, c]``
+        ``(2, D)`` (the first chunk adds the queries')."""
         bh = tl.program_id(0)
         c = tl.program_id(1)
         chunks = tl.num_programs(1)
@@ -389,7 +396,7 @@ if HAVE_TRITON:
             tl.store(DK + b * so_b + hh * so_h + rows[:, None] * so_n +
                      cols[None, :] * so_d, dk.to(DK.dtype.element_ty),
                      mask=m2)
-        # the parameters' gradients (see param_factors); the first chunk
+        # the parameters' gradients (see polarity_backward); the first chunk
         # adds the queries' (summed in G)
         dscale = w_g * -p * inv_s * sig_s
         dpower = w_l * alpha * sig_p * (1.0 - sig_p)
