@@ -180,12 +180,10 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
     from pola_mm.ops.gate_linear import GateLinearFunction
     from pola_mm.ops.gelu_linear import GeluLinearFunction
 
-    # (modules by name: pola_mm.ops.pacs_attention, ... are also the
-    # names of the ops' functions in pola_mm.ops)
-    (depthwise_conv, gelu_linear, pacs_attention, pacs_fast, polarity_op,
+    (depthwise_conv, gelu_linear, pacs_op, pacs_cpu, polarity_op,
      polarity_cpu, position) = (
         importlib.import_module(f'pola_mm.ops.{name}') for name in (
-            'depthwise_conv', 'gelu_linear', 'pacs_attention', 'pacs_fast',
+            'depthwise_conv', 'gelu_linear', 'pacs.op', 'pacs.cpu',
             'polarity.op', 'polarity.cpu', 'position'))
     spies = {
         'polarity_cpu': [(polarity_op, 'polarity_attention_cpu')],
@@ -193,8 +191,9 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
             (polarity_cpu.PolarityAttentionFunction, 'apply')],
         'polarity_triton': [(polarity_op.kernels,
                              'polarity_attention_triton')],
-        'pacs_fast': [(pacs_attention, 'pacs_attention_fast')],
-        'PaCSAttentionFunction': [(pacs_fast.PaCSAttentionFunction,
+        'pacs_cpu': [(pacs_op, 'pacs_attention_cpu')],
+        'pacs_triton': [(pacs_op.kernels, 'pacs_attention_triton')],
+        'PaCSAttentionFunction': [(pacs_cpu.PaCSAttentionFunction,
                                    'apply')],
         'GateLinearFunction': [(GateLinearFunction, 'apply')],
         'GeluLinearFunction': [(GeluLinearFunction, 'apply')],

@@ -15,11 +15,15 @@ there once; nothing here repeats a width, depth or head count):
   (``PyramidVisionTransformerV2``), at the same widths, depths, heads and
   drop path;
 - ``<pola name>_plain``: the same Pola model run with every fast path off
-  (:func:`pola_mm.ops.plain_paths`).
+  (:func:`pola_mm.ops.plain_paths`);
+- ``<pola name>_torch``: the same Pola model with the fast paths on but
+  without the attention's Triton kernels (the torch path they replace on a
+  GPU; ``POLA_MM_KERNELS=0``).
 
 What :func:`build` takes (a *spec*): a name; a backbone config dict
 (``_scope_='mmdet'`` builds it with mmdet's registry, pola_mm's otherwise;
 ``_fast_paths_=False`` runs it with every fast path off, as a ``_plain``
+name; ``_kernels_=False`` without the Triton kernels, as a ``_torch``
 name; a ``type`` of the form ``'package.module:Name'`` calls that class or
 function with the other keys); an OpenMMLab config file (``.py``: its
 whole model, measured through ``extract_feat``, or its bare backbone); or
@@ -63,6 +67,7 @@ FAMILIES: Dict[str, tuple] = {
 }
 
 _PLAIN = '_plain'
+_TORCH = '_torch'
 
 
 def _backbone_class(kind: str) -> type:
@@ -94,6 +99,7 @@ def zoo() -> Dict[str, Dict[str, Any]]:
             cfg = dict(_scope_='pola_mm', type=kind, arch=arch)
             table[name] = cfg
             table[name + _PLAIN] = dict(cfg, _fast_paths_=False)
+            table[name + _TORCH] = dict(cfg, _kernels_=False)
             soft = _softmax_backbone(cfg)
             if soft is not None:
                 table[f'{soft_prefix}_{arch}'] = soft
@@ -252,19 +258,24 @@ class Built:
         kind: ``'backbone'`` or ``'extract_feat'``.
         fast_paths: False for a ``_plain`` name: run it under
             :meth:`paths`.
+        kernels: False for a ``_torch`` name: run it under :meth:`paths`.
     """
     model: nn.Module
     forward: Callable[..., Any]
     kind: str = 'backbone'
     fast_paths: bool = True
+    kernels: bool = True
 
     def paths(self) -> ContextManager[None]:
         """The context the model runs in: every fast path off for a
-        ``_plain`` model, nothing otherwise."""
-        if self.fast_paths:
-            return contextlib.nullcontext()
-        from ..ops import plain_paths
-        return plain_paths()
+        ``_plain`` model, the kernels off for a ``_torch`` one, nothing
+        otherwise."""
+        from ..ops import no_kernels, plain_paths
+        if not self.fast_paths:
+            return plain_paths()
+        if not self.kernels:
+            return no_kernels()
+        return contextlib.nullcontext()
 
 
 def build(spec: Spec) -> Built:
@@ -293,6 +304,7 @@ def build(spec: Spec) -> Built:
         return Built(model, model.extract_feat, 'extract_feat')
     cfg = backbone_config(spec)
     fast_paths = bool(cfg.pop('_fast_paths_', True))
+    kernels = bool(cfg.pop('_kernels_', True))
     scope = cfg.pop('_scope_')
     kind = cfg.get('type')
     if isinstance(kind, str) and ':' in kind:
@@ -300,4 +312,4 @@ def build(spec: Spec) -> Built:
         model = getattr(importlib.import_module(module), attr)(**cfg)
     else:
         model = build_in_scope(cfg, scope)
-    return Built(model, model, 'backbone', fast_paths)
+    return Built(model, model, 'backbone', fast_paths, kernels)

@@ -5,8 +5,8 @@ pattern), behind one switch (``POLA_MM_FAST_PATHS=0`` or
 
 - :func:`polarity_attention` (PolaFormer; its forms in
   :mod:`~pola_mm.ops.polarity`: naive, graph, cpu, triton);
-- :func:`pacs_attention` (PolaFormer++'s PaCS; fast implementation in
-  :mod:`~pola_mm.ops.pacs_fast`);
+- :func:`pacs_attention` (PolaFormer++'s PaCS; its forms in
+  :mod:`~pola_mm.ops.pacs`: naive, cpu, triton);
 - :func:`softmax_attention` (``scaled_dot_product_attention`` or the
   explicit form);
 - :func:`depthwise_conv2d`, :func:`gate_linear`, :func:`gelu_linear`
@@ -25,13 +25,14 @@ ops, the gated projection and the table resize being called through
 :mod:`~pola_mm.ops.observers`.
 """
 from .depthwise_conv import depthwise_conv2d, depthwise_conv2d_pytorch
-from .dispatch import (FAST_PATHS_ENV, DynamicShapeExportError,
-                       fast_paths_enabled, plain_paths, set_fast_paths)
+from .dispatch import (FAST_PATHS_ENV, KERNELS_ENV, DynamicShapeExportError,
+                       fast_paths_enabled, kernels_enabled, no_kernels,
+                       plain_paths, set_fast_paths, set_kernels)
 from .gate_linear import gate_linear, gate_linear_pytorch
 from .gelu_linear import (gelu_linear, gelu_linear_pytorch, gelu_mlp,
                           gelu_mlp_pytorch)
 from .observers import observe_calls, reporting, reports_calls
-from .pacs_attention import pacs_attention, pacs_attention_pytorch
+from .pacs import pacs_attention, pacs_attention_pytorch
 from .polarity import (polarity_attention, polarity_attention_naive,
                        polarity_attention_pytorch)
 from .position import (check_resize_mode, resize_pos_table,
@@ -42,6 +43,7 @@ from .softmax_attention import (check_window_export, softmax_attention,
 
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'plain_paths', 'set_fast_paths',
+    'KERNELS_ENV', 'kernels_enabled', 'no_kernels', 'set_kernels',
     'polarity_attention', 'polarity_attention_pytorch',
     'polarity_attention_naive', 'pacs_attention',
     'pacs_attention_pytorch', 'softmax_attention',

@@ -35,7 +35,7 @@ __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'set_fast_paths', 'plain_paths',
     'is_compiling', 'exporting', 'capturing', 'use_fast', 'records_grad',
     'DynamicShapeExportError', 'KERNELS_ENV', 'kernels_enabled',
-    'set_kernels', 'triton_available', 'implementation'
+    'set_kernels', 'no_kernels', 'triton_available', 'implementation'
 ]
 
 #: Environment variable: ``0`` (or ``false``/``off``/``no``) turns every fast
@@ -150,6 +150,18 @@ def set_kernels(enabled: bool) -> None:
     process; the other fast paths are unaffected)."""
     global _kernels
     _kernels = bool(enabled)
+
+
+@contextlib.contextmanager
+def no_kernels() -> Iterator[None]:
+    """Run a block without the Triton kernels (the other fast paths stay
+    on); the previous setting is restored on exit."""
+    previous = _kernels
+    set_kernels(False)
+    try:
+        yield
+    finally:
+        set_kernels(previous)
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ fast implementations share, written once.
   through :func:`polar_halves`.
 
 The references (:mod:`~.polarity_attention`, :mod:`~.pacs_attention`) and
-the fast implementations (:mod:`~.polarity_fast`, :mod:`~.pacs_fast`)
+the fast implementations (:mod:`~.polarity.cpu`, :mod:`~.pacs.cpu`)
 import from here; nothing here imports either of them.
 """
 from typing import Optional, Sequence, Tuple

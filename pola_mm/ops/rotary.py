@@ -11,7 +11,7 @@ map, so the encoding works at any input size with nothing learned.
 The one rotation of pola_mm: the plain PaCS formula
 (:func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`), PolaPP's
 softmax blocks and the fast PaCS implementation
-(:mod:`~pola_mm.ops.pacs_fast`, which multiplies channel pairs as complex
+(:mod:`~pola_mm.ops.pacs.cpu`, which multiplies channel pairs as complex
 numbers, the same rotation) all use these tables and this rotation.
 """
 from typing import Optional, Tuple

@@ -40,7 +40,7 @@ def _linears(B: int, N: int, C: int) -> int:
 def _references_restored() -> bool:
     """After a count, the ops' modules hold their own functions again."""
     mods = [importlib.import_module('pola_mm.ops.polarity.op'),
-            importlib.import_module('pola_mm.ops.pacs_attention')]
+            importlib.import_module('pola_mm.ops.pacs.op')]
     return all(vars(m)[fn.__name__] is fn for fn in FORMULAS for m in mods
                if fn.__name__ in vars(m))
 

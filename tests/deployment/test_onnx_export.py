@@ -662,7 +662,7 @@ def test_polapp_export_matches_pytorch(tmp_path, exporter):
 def test_polapp_export_under_grad_without_tool(tmp_path, monkeypatch):
     """A user's plain TorchScript ``torch.onnx.export`` of PolaPP with
     autograd on: the PaCS kernel's autograd function steps aside."""
-    from pola_mm.ops import pacs_fast
+    from pola_mm.ops.pacs import cpu as pacs_fast
     model = _polapp(seed=1)
     calls = []
     _spy(monkeypatch, calls, pacs_fast.PaCSAttentionFunction, 'apply')

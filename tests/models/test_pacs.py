@@ -16,14 +16,14 @@ from pola_mm.ops import (pacs_attention, pacs_attention_pytorch, plain_paths,
 
 D64 = torch.float64
 #: the op's module (``pola_mm.ops.pacs_attention`` is also the op)
-op_module = importlib.import_module('pola_mm.ops.pacs_attention')
+op_module = importlib.import_module('pola_mm.ops.pacs.op')
 
 
 def fast(*args):
     """The PaCS op, which must run its fast kernel (fast paths on, as many keys
     as queries)."""
-    with mock.patch.object(op_module, 'pacs_attention_fast',
-                           wraps=op_module.pacs_attention_fast) as k:
+    with mock.patch.object(op_module, 'pacs_attention_cpu',
+                           wraps=op_module.pacs_attention_cpu) as k:
         out = pacs_attention(*args)
     assert k.call_count == 1
     return out
@@ -98,7 +98,7 @@ def test_kernel_matches_formula_values_and_gradients(rope):
         sin, cos = (torch.randn(20, 12, generator=g, dtype=D64)
                     for _ in range(2))
     if rope:
-        from pola_mm.ops.pacs_fast import _phasor
+        from pola_mm.ops.pacs.cpu import _phasor
         assert (_phasor(sin, cos) is None) == (rope == 'arbitrary')
     grad = torch.randn(2, 2, 20, 6, dtype=D64)
     leaves = (q, k, v, s1, s2)
@@ -185,7 +185,7 @@ def test_pacs_attention_fast_and_reference_agree(monkeypatch):
     ref = PaCSAttention(16, 2)
     ref.load_state_dict(attn.state_dict())
     kernel = helpers.count_calls(monkeypatch, op_module,
-                                 'pacs_attention_fast')
+                                 'pacs_attention_cpu')
     formula = helpers.count_calls(monkeypatch, op_module,
                                   'pacs_attention_pytorch')
     x = torch.randn(2, 30, 16)
@@ -208,8 +208,9 @@ def test_one_feature_map_and_one_temperature_init():
     (the op :func:`pola_mm.ops.pacs_attention`), and their temperatures are
     created and reset by one function (zero, the authors' init)."""
     import pola_mm.models.layers.linear_attention as pa
-    import pola_mm.ops.pacs_fast as pk
-    assert op_module.pacs_features is pk.pacs_features
+    import pola_mm.ops.pacs.cpu as pk
+    import pola_mm.ops.pacs.naive as naive
+    assert naive.pacs_features is pk.pacs_features
     x = torch.randn(3, 5, 4, dtype=D64, requires_grad=True)
     t = torch.rand(8, dtype=D64, requires_grad=True)
     pos, neg = F.relu(x), F.relu(-x)

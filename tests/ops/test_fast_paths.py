@@ -35,7 +35,7 @@ FAMILIES = {
     'swin_pacs': (PolaSwinTransformer,
                   dict(arch=SWIN_TINY_DEPTH2, softmax_window_size=3,
                        feature_map='pacs'),
-                  {'pacs_fast', 'PaCSAttentionFunction', 'sdpa',
+                  {'pacs_cpu', 'PaCSAttentionFunction', 'sdpa',
                    'GateLinearFunction', 'GeluLinearFunction'}),
     'pvt': (PolaPVT, dict(arch=PVT_TINY, attn_layout='LLLS'),
             {'polarity_cpu', 'PolarityAttentionFunction', 'sdpa',
@@ -44,10 +44,10 @@ FAMILIES = {
                   {'polarity_cpu', 'PolarityAttentionFunction',
                    'GateLinearFunction', 'GeluLinearFunction'}),
     'pvt_pacs': (PolaPVT, dict(arch=PVT_TINY, feature_map='pacs'),
-                 {'pacs_fast', 'PaCSAttentionFunction',
+                 {'pacs_cpu', 'PaCSAttentionFunction',
                   'GateLinearFunction', 'GeluLinearFunction'}),
     'polapp': (PolaPP, dict(arch=POLAPP_TINY),
-               {'pacs_fast', 'PaCSAttentionFunction', 'sdpa',
+               {'pacs_cpu', 'PaCSAttentionFunction', 'sdpa',
                 'GateLinearFunction'}),
 }
 
@@ -289,8 +289,8 @@ def _op_cases():
 OP_FAST_CODE = {
     'polarity_attention': ({'polarity_cpu'},
                            {'polarity_cpu', 'PolarityAttentionFunction'}),
-    'pacs_attention': ({'pacs_fast'},
-                       {'pacs_fast', 'PaCSAttentionFunction'}),
+    'pacs_attention': ({'pacs_cpu'},
+                       {'pacs_cpu', 'PaCSAttentionFunction'}),
     'softmax_attention': ({'sdpa'}, set()),  # CPU training: the reference
     'depthwise_conv2d': ({'DepthwiseConv2d'}, {'DepthwiseConv2d'}),
     'gate_linear': (set(), {'GateLinearFunction'}),

@@ -22,8 +22,15 @@ from .worker import Size, StepMemory, run_in_worker, timed_steps
 #: op plus the depth-wise conv on v, as a block computes it), torch's
 #: ``scaled_dot_product_attention`` (flash / memory-efficient kernels where
 #: the device has them) and softmax written out (``softmax(q k^T) v``, the
-#: ``N x N`` matrix materialised).
-SEQ_METHODS: Tuple[str, ...] = ('polarity', 'sdpa', 'naive')
+#: ``N x N`` matrix materialised); and, beside the default three, the op
+#: alone (``polarity_op``; ``polarity_op_torch`` without its Triton
+#: kernels) and the memory-bandwidth bound of any attention (``bound``: one
+#: elementwise pass, ``addcmul(q, k, v)``, that reads q, k and v once and
+#: writes one map; its backward reads the gradient and writes three).
+SEQ_METHODS: Tuple[str, ...] = ('polarity', 'sdpa', 'naive', 'polarity_op',
+                                'polarity_op_torch', 'bound')
+#: What the sequence-length mode measures unless told.
+DEFAULT_SEQ_METHODS: Tuple[str, ...] = ('polarity', 'sdpa', 'naive')
 SEQ_MODES: Tuple[str, ...] = ('fwd', 'fwd+bwd')
 
 
@@ -103,7 +110,17 @@ def measure_seqlen(method: str, mode: str, tokens: int, batch: int = 1,
     q, k, v = (torch.randn(shape, device=dev, requires_grad=train)
                for _ in range(3))
     H, W = seq_grid(tokens)
-    if method == 'polarity':
+    if method in ('polarity_op', 'polarity_op_torch'):
+        from pola_mm.ops import polarity_attention
+        power = torch.randn(1, heads, 1, head_dims, device=dev) * 0.5
+        scale = torch.randn(1, heads, 1, head_dims, device=dev) * 0.5
+
+        def attend():
+            return polarity_attention(q, k, v, scale, power, 4.0)
+    elif method == 'bound':
+        def attend():
+            return torch.addcmul(q, k, v)
+    elif method == 'polarity':
         from pola_mm.ops import depthwise_conv2d, polarity_attention
         power = torch.randn(1, heads, 1, head_dims, device=dev) * 0.5
         scale = torch.randn(1, heads, 1, head_dims, device=dev) * 0.5
@@ -135,13 +152,19 @@ def measure_seqlen(method: str, mode: str, tokens: int, batch: int = 1,
             with torch.no_grad():
                 attend()
 
-    times, base, peak = timed_steps(step, dev, warmup, repeats)
+    import contextlib
+
+    from pola_mm.ops import no_kernels
+    paths = (no_kernels() if method == 'polarity_op_torch'
+             else contextlib.nullcontext())
+    with paths:
+        times, base, peak = timed_steps(step, dev, warmup, repeats)
     return dict(times=times, peak_mem_mb=peak, base_mem_mb=base,
                 threads=torch.get_num_threads())
 
 
 def run_seqlen(tokens: Sequence[int],
-               methods: Sequence[str] = SEQ_METHODS,
+               methods: Sequence[str] = DEFAULT_SEQ_METHODS,
                modes: Sequence[str] = SEQ_MODES,
                batch: int = 1,
                heads: int = 1,
@@ -313,7 +336,9 @@ def plot_seqlen(results: Sequence[SeqLenResult], path: str) -> None:
             if not rs:
                 continue
             style = ('-' if mode == 'fwd' else '--') + \
-                {'polarity': 'o', 'sdpa': 's', 'naive': '^'}[method]
+                {'polarity': 'o', 'sdpa': 's', 'naive': '^',
+                 'polarity_op': 'D', 'polarity_op_torch': 'd',
+                 'bound': 'x'}[method]
             xs = [r.tokens for r in rs]
             ax_t.plot(xs, [r.time_median for r in rs], style,
                       label=f'{method} {mode}')

@@ -37,8 +37,9 @@ kernels load them, compute in float32 registers and write ``x``, ``dq``,
 ``dk``, ``dv`` in the inputs' dtypes; only the ``d x d`` matrices, ``1 / z``
 ``(B, h, N, 2)`` and the per-program partial sums are float32.
 
-Everything here is plain functions of tensors; :mod:`.op` registers them
-as torch custom ops with fake implementations and autograd. Without
+Each launch is a torch custom op with a fake implementation
+(:mod:`~pola_mm.ops.custom_ops`), and :class:`PolarityTritonFunction`
+gives them their autograd. Without
 Triton this module imports and :data:`HAVE_TRITON` is False. Under
 ``TRITON_INTERPRET=1`` (set before this module is imported) the kernels
 run on CPU tensors: that is how the tests prove them equal to the formula.
@@ -49,6 +50,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..custom_ops import register_kernel
 from ..dispatch import records_grad
 from ..features import EPS
 from ..token_product import multiprocessors
@@ -434,11 +436,8 @@ def grad_row(d: int) -> int:
     return 2 * d * d + 4 * d
 
 
-# --- the kernels as torch custom ops -----------------------------------
-# One op per kernel launch (what a GPU runs, one to one): on ``meta`` and
-# fake CUDA tensors their fake implementations give the outputs' shapes,
-# dtypes and strides, so the memory estimates and the structure tests see
-# the GPU's path; the sums between them stay plain torch operations.
+# --- the kernels as torch custom ops (..custom_ops), one per launch; the
+# sums between them stay plain torch operations
 
 
 def _param_args(scale: Tensor, power: Tensor, h: int, d: int) -> tuple:
@@ -537,21 +536,12 @@ def _key_grad_fake(k, v, k_bias, G, scale, power, alpha, chunks, block,
             k.new_empty(B * h, chunks, 2, d, dtype=torch.float32))
 
 
-def _register(name: str, fn, fake):
-    """``fn`` as the custom op ``pola_mm::name`` with its fake
-    implementation (torch >= 2.4); ``fn`` itself on older torch."""
-    custom_op = getattr(torch.library, 'custom_op', None)
-    if custom_op is None:  # pragma: no cover - torch < 2.4
-        return fn
-    op = custom_op(f'pola_mm::{name}', fn, mutates_args=())
-    op.register_fake(fake)
-    return op
-
-
-key_pass = _register('polarity_key_pass', key_pass, _key_pass_fake)
-query_pass = _register('polarity_query_pass', query_pass, _query_pass_fake)
-query_grad = _register('polarity_query_grad', query_grad, _query_grad_fake)
-key_grad = _register('polarity_key_grad', key_grad, _key_grad_fake)
+key_pass = register_kernel('polarity_key_pass', key_pass, _key_pass_fake)
+query_pass = register_kernel('polarity_query_pass', query_pass,
+                             _query_pass_fake)
+query_grad = register_kernel('polarity_query_grad', query_grad,
+                             _query_grad_fake)
+key_grad = register_kernel('polarity_key_grad', key_grad, _key_grad_fake)
 
 
 def polarity_forward(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,

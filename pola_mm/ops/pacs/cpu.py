@@ -1,12 +1,13 @@
-"""A memory-lean implementation of the PaCS polarity attention (PolaFormer++).
+"""The PaCS polarity attention (PolaFormer++) on the CPU (and on GPUs
+without Triton): memory-lean, in torch operations.
 
 The PaCS feature map is the plain formula's
 (:func:`~pola_mm.ops.features.pacs_features`, which
-:func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch` uses too), for
+:func:`~.naive.pacs_attention_pytorch` uses too), for
 PolaPP's :class:`~pola_mm.models.layers.PaCSAttention` and for
 ``PolarityAttention(feature_map='pacs')`` alike.
 
-:func:`pacs_attention_fast` computes exactly the plain formula,
+:func:`pacs_attention_cpu` computes exactly the plain formula,
 rearranged:
 
 - One key-value product for both flows: the rotary-encoded key features
@@ -36,7 +37,7 @@ rearranged:
   :func:`~pola_mm.ops.rotary.theta_shift`).
 
 Callers compute in float32 at least (the op
-:func:`~pola_mm.ops.pacs_attention.pacs_attention` disables autocast
+:func:`~.op.pacs_attention` disables autocast
 around it: ``exp`` overflows fp16 above 11).
 
 The feature map is written ``exp(x) - 1`` as the authors write it (every
@@ -49,12 +50,12 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .dispatch import records_grad
-from .features import EPS, pacs_features, polar_halves, split_signs_grad
-from .rotary import rotate_every_two, theta_shift
-from .token_product import token_product
+from ..dispatch import records_grad
+from ..features import EPS, pacs_features, polar_halves, split_signs_grad
+from ..rotary import rotate_every_two, theta_shift
+from ..token_product import token_product
 
-__all__ = ['pacs_attention_fast', 'PaCSAttentionFunction']
+__all__ = ['pacs_attention_cpu', 'PaCSAttentionFunction']
 
 
 def _phasor(sin: Tensor, cos: Tensor) -> Optional[Tensor]:
@@ -140,7 +141,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
 
 class PaCSAttentionFunction(torch.autograd.Function):
     """PaCS attention with feature maps recomputed in backward (see the
-    module docstring and :func:`pacs_attention_fast`)."""
+    module docstring and :func:`pacs_attention_cpu`)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
@@ -207,12 +208,12 @@ class PaCSAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, ds1, ds2, None, None, None
 
 
-def pacs_attention_fast(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
+def pacs_attention_cpu(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
                         s2: Tensor, sin: Optional[Tensor] = None,
                         cos: Optional[Tensor] = None,
                         eps: float = EPS) -> Tensor:
     """PaCS polarity attention (the published formula, see
-    :func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`).
+    :func:`~.naive.pacs_attention_pytorch`).
 
     Args:
         q, k, v: ``(B, h, N, d)``, ``d`` even.

@@ -1,0 +1,934 @@
+"""Fused Triton kernels of the PaCS polarity attention (PolaFormer++).
+
+The formula is :func:`~.naive.pacs_attention_pytorch`'s;
+these kernels compute it with every ``(N, 2d)`` feature map in registers,
+recomputed where the backward needs it, never written to memory. Per
+image and head, with ``t1``, ``t2`` the temperatures (sigmoids) and the
+polar halves ``pos = relu(x)``, ``neg = relu(-x)``:
+
+- features, ``2d`` wide, kept as two ``d``-wide halves ``a`` (channels
+  ``0..d-1``) and ``b`` (``d..2d-1``):
+  same-signed ``q_sim = [e^(pos t1a) - 1, e^(neg t1b) - 1]``,
+  opposite-signed ``q_opp = [e^(neg t2a) - 1, e^(pos t2b) - 1]``,
+  keys ``k' = [e^pos - 1, e^neg - 1]``;
+- ``k_mean = sum_n k' / n`` ``(2d)``, ``M = R(k')^T v / N`` ``(2d, d)`` (as
+  the reference: divided by the number of queries ``N``);
+- ``z_j = q_j . k_mean``, ``x_j = R(q_j) M_j / (z_j + eps)`` with ``M_sim``
+  the first ``d / 2`` columns of ``M``, ``M_opp`` the last; out ``[x_sim,
+  x_opp]``.
+
+``R`` is the rotary encoding :func:`~pola_mm.ops.rotary.theta_shift` when
+the tables ``sin``, ``cos`` ``(N, 2d)`` are given (else the identity):
+``R(f)[c] = f[c] cos[c] + sgn(c) f[c^1] sin[c]`` with ``sgn(c) = -1`` on
+even, ``+1`` on odd channels (``rotate_every_two``), and its adjoint
+``R^T(y)[c] = y[c] cos[c] - sgn(c) y[c^1] sin[c^1]``. The kernels need no
+shuffle for it: the partner values ``f[c^1]`` are the same feature formula
+on the input loaded a second time at channels ``c ^ 1`` (``d`` is even, so
+the partner stays in its half), the partner values of a product ``y = u
+M^T`` the product with the rows of ``M`` read at ``c ^ 1``.
+
+Four kernels, launched by :func:`pacs_forward` and :func:`pacs_backward`:
+
+- forward, key pass (grid ``(B h, chunks)``): partial sums of ``R(k')^T v``
+  and ``k'`` over chunks of keys, summed in torch (deterministic);
+- forward, query pass (grid ``(B h, blocks of queries)``): ``x`` and
+  ``1 / (z + eps)``;
+- backward, query pass (grid ``(B h, chunks)``): ``dq`` and partial sums of
+  ``dM``, ``dk_mean`` and the temperatures' gradients;
+- backward, key pass (grid ``(B h, blocks of keys)``): ``dk`` and ``dv``.
+
+Every product is a ``tl.dot`` in IEEE float32, on inputs of any float
+dtype and strides. The half-width products of a flow (``d / 2`` columns,
+8 for ``d = 16``, below ``tl.dot``'s 16) run on ``W = max(d / 2, 16)``
+columns with the extra ones masked to zero. :func:`fits` says which
+inputs the kernels take (``d`` a power of two in ``[16, 128]``); the op
+falls back on the torch implementations for others.
+
+Each launch is a torch custom op with a fake implementation
+(:mod:`~pola_mm.ops.custom_ops`: ``meta`` and fake CUDA tensors see the
+GPU's path), and :class:`PaCSTritonFunction` gives them their autograd.
+
+Half precision: the backward reads the output ``x`` (for ``dz = -sum(dx
+x) / (z + eps)``) only when it is float32 and otherwise recomputes it in
+float32, since a rounded ``x`` would show in the temperatures' float32
+gradients. Under Triton's CPU interpreter, whose float32 -> bfloat16 cast
+truncates, bfloat16 outputs are written in float32 and rounded by torch.
+"""
+import contextlib
+from typing import ContextManager, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..custom_ops import register_kernel
+from ..dispatch import records_grad
+from ..features import EPS
+from ..token_product import multiprocessors
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the module imports anyway (no kernel defined)
+    triton = None
+    tl = None
+
+__all__ = ['HAVE_TRITON', 'fits', 'pacs_attention_triton', 'pacs_forward',
+           'pacs_backward']
+
+#: Whether triton is importable (else no kernel is defined).
+HAVE_TRITON = triton is not None
+
+#: Input dtypes the kernels read (they compute in float32).
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Head widths the kernels take: powers of two in this range.
+_MIN_D, _MAX_D = 16, 128
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _tile(base, rows, cols, s_row, s_col, mask):
+        """``base[rows, cols]`` ``(len(rows), len(cols))`` as float32, zero
+        where ``mask`` (broadcast to the tile) is false."""
+        ptrs = base + rows[:, None] * s_row + cols[None, :] * s_col
+        return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _expm1(c):
+        """The PaCS feature of a pre-activation: ``e^c - 1``."""
+        return tl.exp(c) - 1.0
+
+    @triton.jit
+    def _pair_sign(cols):
+        """``sgn(c)`` ``(len(cols))``: ``rotate_every_two(f)[c] = sgn(c)
+        f[c ^ 1]``, -1 on even channels, +1 on odd ones."""
+        return tl.where(cols % 2 == 0, -1.0, 1.0)
+
+    @triton.jit
+    def _rot(f, f_partner, sin, cos, sgn):
+        """``R(f) = f cos + rotate_every_two(f) sin`` on a ``(BLOCK_N, D)``
+        half, ``f_partner[:, c] = f[:, c ^ 1]``."""
+        return f * cos + sgn[None, :] * f_partner * sin
+
+    @triton.jit
+    def _rot_t(y, y_partner, cos, sin_partner, sgn):
+        """Adjoint of :func:`_rot`: ``R^T(y)[c] = y[c] cos[c] - sgn(c)
+        y[c^1] sin[c^1]`` (``y_partner``, ``sin_partner`` read at
+        ``c ^ 1``)."""
+        return y * cos - sgn[None, :] * y_partner * sin_partner
+
+    @triton.jit
+    def _halves(ptr, rows, cols, s_row, s_col, mask, D: tl.constexpr):
+        """Both ``D``-wide halves ``(BLOCK_N, D)`` of a ``(N, 2D)`` table
+        at channels ``cols`` and ``D + cols``."""
+        return (_tile(ptr, rows, cols, s_row, s_col, mask),
+                _tile(ptr, rows, D + cols, s_row, s_col, mask))
+
+    @triton.jit
+    def _temperatures(t_ptr, hh, cols, D: tl.constexpr):
+        """Head ``hh``'s temperatures at channels ``cols`` of both halves,
+        ``(1, D)`` each (``t`` is ``(h, 2D)`` float32, contiguous)."""
+        base = t_ptr + hh * (2 * D)
+        return (tl.load(base + cols)[None, :],
+                tl.load(base + D + cols)[None, :])
+
+    @triton.jit
+    def _query_features(pos, neg, t1a, t1b, t2a, t2b):
+        """The two flows' feature halves from the polar halves ``pos =
+        relu(q)``, ``neg = relu(-q)``: same-signed ``[e^(pos t1a) - 1,
+        e^(neg t1b) - 1]``, opposite-signed ``[e^(neg t2a) - 1, e^(pos t2b)
+        - 1]``."""
+        return (_expm1(pos * t1a), _expm1(neg * t1b),
+                _expm1(neg * t2a), _expm1(pos * t2b))
+
+    @triton.jit
+    def _m_cols(m_base, m_rows, col0, wcols, wmask, D: tl.constexpr):
+        """``(D, W)`` tile ``[l, w] = M[m_rows[l], col0 + w]`` of a
+        row-major ``(2D, D)`` matrix, zero where ``wmask`` is false."""
+        ptrs = m_base + m_rows[:, None] * D + (col0 + wcols)[None, :]
+        return tl.load(ptrs, mask=wmask[None, :], other=0.0)
+
+    @triton.jit
+    def _fwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, m_part_ptr,
+                         ks_part_ptr, H, n, per_chunk,
+                         s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+                         s_tn, s_tc,
+                         D: tl.constexpr, BLOCK_N: tl.constexpr,
+                         HAS_ROT: tl.constexpr):
+        """Forward, key pass: program ``(bh, chunk)`` sums over its chunk
+        of ``per_chunk`` blocks of keys ``R(k')^T v`` (``(2D, D)``, written
+        to ``m_part[bh, chunk]``) and ``k'`` (``(2D)``, to
+        ``ks_part[bh, chunk]``)."""
+        bh = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        hh = (bh % H).to(tl.int64)
+        k_base = k_ptr + b * s_kb + hh * s_kh
+        v_base = v_ptr + b * s_vb + hh * s_vh
+        cols = tl.arange(0, D)
+        partner = cols ^ 1
+        sgn = _pair_sign(cols)
+        m_a = tl.zeros((D, D), dtype=tl.float32)  # rows 0..D-1 of R(k')^T v
+        m_b = tl.zeros((D, D), dtype=tl.float32)  # rows D..2D-1
+        sum_a = tl.zeros((D, ), dtype=tl.float32)
+        sum_b = tl.zeros((D, ), dtype=tl.float32)
+        first = chunk * per_chunk
+        last = tl.minimum(first + per_chunk, tl.cdiv(n, BLOCK_N))
+        for blk in range(first, last):
+            rows = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = (rows < n)[:, None]  # keys past n: k = v = 0, k' = 0
+            kk = _tile(k_base, rows, cols, s_kn, s_kd, mask)
+            vv = _tile(v_base, rows, cols, s_vn, s_vd, mask)
+            fa = _expm1(tl.maximum(kk, 0.0))  # e^relu(k) - 1
+            fb = _expm1(tl.maximum(-kk, 0.0))  # e^relu(-k) - 1
+            sum_a += tl.sum(fa, axis=0)
+            sum_b += tl.sum(fb, axis=0)
+            if HAS_ROT:  # R(k'), partner features from k[:, c ^ 1]
+                kp = _tile(k_base, rows, partner, s_kn, s_kd, mask)
+                sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
+                                       mask, D)
+                cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
+                                       mask, D)
+                fa = _rot(fa, _expm1(tl.maximum(kp, 0.0)), sin_a, cos_a,
+                          sgn)
+                fb = _rot(fb, _expm1(tl.maximum(-kp, 0.0)), sin_b, cos_b,
+                          sgn)
+            m_a = tl.dot(tl.trans(fa), vv, m_a, input_precision='ieee')
+            m_b = tl.dot(tl.trans(fb), vv, m_b, input_precision='ieee')
+        out = bh.to(tl.int64) * tl.num_programs(1) + chunk
+        m_base = m_part_ptr + out * (2 * D * D)
+        tl.store(m_base + cols[:, None] * D + cols[None, :], m_a)
+        tl.store(m_base + (D + cols)[:, None] * D + cols[None, :], m_b)
+        ks_base = ks_part_ptr + out * (2 * D)
+        tl.store(ks_base + cols, sum_a)
+        tl.store(ks_base + D + cols, sum_b)
+
+    @triton.jit
+    def _fwd_queries_kernel(q_ptr, t1_ptr, t2_ptr, sin_ptr, cos_ptr, m_ptr,
+                            km_ptr, x_ptr, rz_ptr, H, N, eps,
+                            s_qb, s_qh, s_qn, s_qd, s_tn, s_tc,
+                            D: tl.constexpr, HALF: tl.constexpr,
+                            W: tl.constexpr, BLOCK_N: tl.constexpr,
+                            HAS_ROT: tl.constexpr):
+        """Forward, query pass: program ``(bh, block)`` writes ``x``
+        ``(BLOCK_N, D)`` (contiguous ``(B h, N, D)``, the dtype of
+        ``x_ptr``) and ``1 / (z + eps)`` of both flows (``(B h, N, 2)``
+        float32)."""
+        bh = tl.program_id(0)
+        b = (bh // H).to(tl.int64)
+        hh = (bh % H).to(tl.int64)
+        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        cols = tl.arange(0, D)
+        q_base = q_ptr + b * s_qb + hh * s_qh
+        q = _tile(q_base, rows, cols, s_qn, s_qd, rmask[:, None])
+        t1a, t1b = _temperatures(t1_ptr, hh, cols, D)
+        t2a, t2b = _temperatures(t2_ptr, hh, cols, D)
+        sa, sb, oa, ob = _query_features(tl.maximum(q, 0.0),
+                                         tl.maximum(-q, 0.0),
+                                         t1a, t1b, t2a, t2b)
+        # normalisers on the un-rotated features: z_j = q_j . k_mean
+        km_base = km_ptr + bh.to(tl.int64) * (2 * D)
+        km_a = tl.load(km_base + cols)[None, :]
+        km_b = tl.load(km_base + D + cols)[None, :]
+        rz_s = 1.0 / (tl.sum(sa * km_a + sb * km_b, axis=1) + eps)
+        rz_o = 1.0 / (tl.sum(oa * km_a + ob * km_b, axis=1) + eps)
+        if HAS_ROT:  # R(q_j), partner features from q[:, c ^ 1]
+            partner = cols ^ 1
+            sgn = _pair_sign(cols)
+            qp = _tile(q_base, rows, partner, s_qn, s_qd, rmask[:, None])
+            p1a, p1b = _temperatures(t1_ptr, hh, partner, D)
+            p2a, p2b = _temperatures(t2_ptr, hh, partner, D)
+            spa, spb, opa, opb = _query_features(tl.maximum(qp, 0.0),
+                                                 tl.maximum(-qp, 0.0),
+                                                 p1a, p1b, p2a, p2b)
+            sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
+                                   rmask[:, None], D)
+            cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
+                                   rmask[:, None], D)
+            sa = _rot(sa, spa, sin_a, cos_a, sgn)
+            sb = _rot(sb, spb, sin_b, cos_b, sgn)
+            oa = _rot(oa, opa, sin_a, cos_a, sgn)
+            ob = _rot(ob, opb, sin_b, cos_b, sgn)
+        # x_j = R(q_j) M_j / (z_j + eps); M_sim = M[:, :HALF], M_opp =
+        # M[:, HALF:], read W >= 16 columns wide (the extra ones zero)
+        m_base = m_ptr + bh.to(tl.int64) * (2 * D * D)
+        wcols = tl.arange(0, W)
+        wmask = wcols < HALF
+        x_s = tl.dot(sa, _m_cols(m_base, cols, 0, wcols, wmask, D),
+                     input_precision='ieee')
+        x_s = tl.dot(sb, _m_cols(m_base, D + cols, 0, wcols, wmask, D), x_s,
+                     input_precision='ieee')
+        x_o = tl.dot(oa, _m_cols(m_base, cols, HALF, wcols, wmask, D),
+                     input_precision='ieee')
+        x_o = tl.dot(ob, _m_cols(m_base, D + cols, HALF, wcols, wmask, D),
+                     x_o, input_precision='ieee')
+        x_base = x_ptr + bh.to(tl.int64) * N * D
+        x_ptrs = x_base + rows[:, None] * D + wcols[None, :]
+        x_mask = rmask[:, None] & wmask[None, :]
+        x_ty = x_ptr.dtype.element_ty
+        tl.store(x_ptrs, (x_s * rz_s[:, None]).to(x_ty), mask=x_mask)
+        tl.store(x_ptrs + HALF, (x_o * rz_o[:, None]).to(x_ty), mask=x_mask)
+        rz_base = rz_ptr + bh.to(tl.int64) * N * 2
+        tl.store(rz_base + rows * 2, rz_s, mask=rmask)
+        tl.store(rz_base + rows * 2 + 1, rz_o, mask=rmask)
+
+    @triton.jit
+    def _flow_backward(dx_base, x_base, rows, rmask, wcols, wmask,
+                       s_dn, s_dd, s_xn, s_xd, rz, fa, fb, ra, rb, m_base,
+                       col0, cols, partner, sgn, km_a, km_b, cos_a, cos_b,
+                       sinp_a, sinp_b, D: tl.constexpr,
+                       HAS_ROT: tl.constexpr, USE_X: tl.constexpr):
+        """One flow's backward through ``x_j = R(f) M_j rz`` with ``rz = 1
+        / (f . k_mean + eps)``, for a block of queries whose feature halves
+        are ``fa``, ``fb`` ``(BLOCK_N, D)`` (``ra``, ``rb`` rotary-encoded),
+        with ``M_j`` the ``HALF`` columns of ``M`` from ``col0``. ``x_j`` is
+        read from ``x`` with ``USE_X`` (a float32 ``x``), else recomputed
+        in float32 (a half-precision ``x`` would round ``dz``).
+
+        Returns ``da = dx_j rz`` ``(BLOCK_N, W)`` (zero past ``HALF``),
+        ``dz = -sum(dx_j x_j) rz`` ``(BLOCK_N)`` and the gradients of the
+        pre-activations ``c t`` of both halves, ``dpre = (R^T(da M_j^T) +
+        dz k_mean) (f + 1)`` (``d(e^u - 1) = e^u du``), ``(BLOCK_N, D)``
+        each."""
+        mask = rmask[:, None] & wmask[None, :]
+        ma = _m_cols(m_base, cols, col0, wcols, wmask, D)  # (D, W)
+        mb = _m_cols(m_base, D + cols, col0, wcols, wmask, D)
+        dxj = _tile(dx_base, rows, col0 + wcols, s_dn, s_dd, mask)
+        if USE_X:
+            xj = _tile(x_base, rows, col0 + wcols, s_xn, s_xd, mask)
+        else:
+            xj = tl.dot(ra, ma, input_precision='ieee')
+            xj = tl.dot(rb, mb, xj, input_precision='ieee') * rz[:, None]
+        da = dxj * rz[:, None]
+        dz = -tl.sum(dxj * xj, axis=1) * rz
+        # y = da M_j^T, the gradient of R(f), per half
+        ya = tl.dot(da, tl.trans(ma), input_precision='ieee')
+        yb = tl.dot(da, tl.trans(mb), input_precision='ieee')
+        if HAS_ROT:  # R^T(y), partner values from the rows of M at c ^ 1
+            ypa = tl.dot(da, tl.trans(_m_cols(m_base, partner, col0, wcols,
+                                              wmask, D)),
+                         input_precision='ieee')
+            ypb = tl.dot(da, tl.trans(_m_cols(m_base, D + partner, col0,
+                                              wcols, wmask, D)),
+                         input_precision='ieee')
+            ya = _rot_t(ya, ypa, cos_a, sinp_a, sgn)
+            yb = _rot_t(yb, ypb, cos_b, sinp_b, sgn)
+        dpre_a = (ya + dz[:, None] * km_a) * (fa + 1.0)
+        dpre_b = (yb + dz[:, None] * km_b) * (fb + 1.0)
+        return da, dz, dpre_a, dpre_b
+
+    @triton.jit
+    def _bwd_queries_kernel(dx_ptr, q_ptr, x_ptr, t1_ptr, t2_ptr, sin_ptr,
+                            cos_ptr, m_ptr, km_ptr, rz_ptr, dq_ptr,
+                            dm_part_ptr, dkm_part_ptr, dt_part_ptr,
+                            H, N, per_chunk,
+                            s_db, s_dh, s_dn, s_dd, s_qb, s_qh, s_qn, s_qd,
+                            s_xb, s_xh, s_xn, s_xd, s_tn, s_tc,
+                            D: tl.constexpr, HALF: tl.constexpr,
+                            W: tl.constexpr, BLOCK_N: tl.constexpr,
+                            HAS_ROT: tl.constexpr, USE_X: tl.constexpr):
+        """Backward, query pass: program ``(bh, chunk)`` walks its chunk of
+        ``per_chunk`` blocks of queries, writes ``dq`` (contiguous ``(B h,
+        N, D)``, the dtype of ``dq_ptr``) and its partial sums: ``dM =
+        [R(q_sim)^T da_sim, R(q_opp)^T da_opp]`` ``(2D, D)`` to
+        ``dm_part[bh, chunk]``, ``dk_mean = sum_j q_j^T dz_j`` ``(2D)`` to
+        ``dkm_part[bh, chunk]``, the temperatures' gradients ``(2, 2D)``
+        to ``dt_part[bh, chunk]``."""
+        bh = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        hh = (bh % H).to(tl.int64)
+        bh64 = bh.to(tl.int64)
+        cols = tl.arange(0, D)
+        partner = cols ^ 1
+        sgn = _pair_sign(cols)
+        wcols = tl.arange(0, W)
+        wmask = wcols < HALF
+        dx_base = dx_ptr + b * s_db + hh * s_dh
+        q_base = q_ptr + b * s_qb + hh * s_qh
+        x_base = x_ptr + b * s_xb + hh * s_xh
+        m_base = m_ptr + bh64 * (2 * D * D)
+        km_base = km_ptr + bh64 * (2 * D)
+        km_a = tl.load(km_base + cols)[None, :]
+        km_b = tl.load(km_base + D + cols)[None, :]
+        rz_base = rz_ptr + bh64 * N * 2
+        dq_base = dq_ptr + bh64 * N * D
+        t1a, t1b = _temperatures(t1_ptr, hh, cols, D)
+        t2a, t2b = _temperatures(t2_ptr, hh, cols, D)
+        p1a, p1b = _temperatures(t1_ptr, hh, partner, D)  # at c ^ 1
+        p2a, p2b = _temperatures(t2_ptr, hh, partner, D)
+        # partial sums of the chunk: dM per flow and half (D, W),
+        # dk_mean (2 x D), dt1, dt2 (2 x D)
+        dm_sa = tl.zeros((D, W), dtype=tl.float32)
+        dm_sb = tl.zeros((D, W), dtype=tl.float32)
+        dm_oa = tl.zeros((D, W), dtype=tl.float32)
+        dm_ob = tl.zeros((D, W), dtype=tl.float32)
+        dkm_a = tl.zeros((D, ), dtype=tl.float32)
+        dkm_b = tl.zeros((D, ), dtype=tl.float32)
+        dt1a = tl.zeros((D, ), dtype=tl.float32)
+        dt1b = tl.zeros((D, ), dtype=tl.float32)
+        dt2a = tl.zeros((D, ), dtype=tl.float32)
+        dt2b = tl.zeros((D, ), dtype=tl.float32)
+        first = chunk * per_chunk
+        last = tl.minimum(first + per_chunk, tl.cdiv(N, BLOCK_N))
+        for blk in range(first, last):
+            rows = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+            rmask = rows < N  # queries past N: q = dx = 0, no contribution
+            q = _tile(q_base, rows, cols, s_qn, s_qd, rmask[:, None])
+            pos = tl.maximum(q, 0.0)
+            neg = tl.maximum(-q, 0.0)
+            sa, sb, oa, ob = _query_features(pos, neg, t1a, t1b, t2a, t2b)
+            rz_s = tl.load(rz_base + rows * 2, mask=rmask, other=0.0)
+            rz_o = tl.load(rz_base + rows * 2 + 1, mask=rmask, other=0.0)
+            if HAS_ROT:  # R(q_j), partner features from q[:, c ^ 1]
+                sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
+                                       rmask[:, None], D)
+                cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
+                                       rmask[:, None], D)
+                sinp_a, sinp_b = _halves(sin_ptr, rows, partner, s_tn, s_tc,
+                                         rmask[:, None], D)
+                qp = _tile(q_base, rows, partner, s_qn, s_qd,
+                           rmask[:, None])
+                spa, spb, opa, opb = _query_features(
+                    tl.maximum(qp, 0.0), tl.maximum(-qp, 0.0),
+                    p1a, p1b, p2a, p2b)
+                rsa = _rot(sa, spa, sin_a, cos_a, sgn)
+                rsb = _rot(sb, spb, sin_b, cos_b, sgn)
+                roa = _rot(oa, opa, sin_a, cos_a, sgn)
+                rob = _rot(ob, opb, sin_b, cos_b, sgn)
+            else:  # (the tables unused)
+                sin_a, sin_b, cos_a, cos_b, sinp_a, sinp_b = q, q, q, q, q, q
+                rsa, rsb, roa, rob = sa, sb, oa, ob
+            da_s, dz_s, dpa_s, dpb_s = _flow_backward(
+                dx_base, x_base, rows, rmask, wcols, wmask, s_dn, s_dd,
+                s_xn, s_xd, rz_s, sa, sb, rsa, rsb, m_base, 0, cols, partner,
+                sgn, km_a, km_b, cos_a, cos_b, sinp_a, sinp_b, D, HAS_ROT,
+                USE_X)
+            da_o, dz_o, dpa_o, dpb_o = _flow_backward(
+                dx_base, x_base, rows, rmask, wcols, wmask, s_dn, s_dd,
+                s_xn, s_xd, rz_o, oa, ob, roa, rob, m_base, HALF, cols,
+                partner, sgn, km_a, km_b, cos_a, cos_b, sinp_a, sinp_b, D,
+                HAS_ROT, USE_X)
+            # temperatures: d(c t)/dt = c, the pre-temperature halves
+            # (same-signed [pos, neg], opposite-signed [neg, pos])
+            dt1a += tl.sum(dpa_s * pos, axis=0)
+            dt1b += tl.sum(dpb_s * neg, axis=0)
+            dt2a += tl.sum(dpa_o * neg, axis=0)
+            dt2b += tl.sum(dpb_o * pos, axis=0)
+            # dq: d(c t)/dc = t, gathered on pos = relu(q) and neg =
+            # relu(-q); then dq = dpos [q > 0] - dneg [q < 0]
+            dpos = dpa_s * t1a + dpb_o * t2b
+            dneg = dpb_s * t1b + dpa_o * t2a
+            dq = tl.where(q > 0, dpos, 0.0) - tl.where(q < 0, dneg, 0.0)
+            tl.store(dq_base + rows[:, None] * D + cols[None, :],
+                     dq.to(dq_ptr.dtype.element_ty), mask=rmask[:, None])
+            # normalisers: dk_mean = sum_j q_j^T dz_j (un-rotated)
+            dkm_a += tl.sum(sa * dz_s[:, None] + oa * dz_o[:, None], axis=0)
+            dkm_b += tl.sum(sb * dz_s[:, None] + ob * dz_o[:, None], axis=0)
+            # products: dM_j = R(q_j)^T da_j
+            dm_sa = tl.dot(tl.trans(rsa), da_s, dm_sa, input_precision='ieee')
+            dm_sb = tl.dot(tl.trans(rsb), da_s, dm_sb, input_precision='ieee')
+            dm_oa = tl.dot(tl.trans(roa), da_o, dm_oa, input_precision='ieee')
+            dm_ob = tl.dot(tl.trans(rob), da_o, dm_ob, input_precision='ieee')
+        out = bh64 * tl.num_programs(1) + chunk
+        dm_base = dm_part_ptr + out * (2 * D * D)
+        dm_mask = wmask[None, :]
+        ptrs_a = dm_base + cols[:, None] * D + wcols[None, :]
+        ptrs_b = ptrs_a + D * D
+        tl.store(ptrs_a, dm_sa, mask=dm_mask)
+        tl.store(ptrs_b, dm_sb, mask=dm_mask)
+        tl.store(ptrs_a + HALF, dm_oa, mask=dm_mask)
+        tl.store(ptrs_b + HALF, dm_ob, mask=dm_mask)
+        dkm_base = dkm_part_ptr + out * (2 * D)
+        tl.store(dkm_base + cols, dkm_a)
+        tl.store(dkm_base + D + cols, dkm_b)
+        dt_base = dt_part_ptr + out * (4 * D)
+        tl.store(dt_base + cols, dt1a)
+        tl.store(dt_base + D + cols, dt1b)
+        tl.store(dt_base + 2 * D + cols, dt2a)
+        tl.store(dt_base + 3 * D + cols, dt2b)
+
+    @triton.jit
+    def _bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, dm_ptr, dkm_ptr,
+                         dk_ptr, dv_ptr, H, n,
+                         s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+                         s_tn, s_tc,
+                         D: tl.constexpr, BLOCK_N: tl.constexpr,
+                         HAS_ROT: tl.constexpr, NEED_V: tl.constexpr):
+        """Backward, key pass: program ``(bh, block)`` writes ``dk`` (and
+        ``dv`` with ``NEED_V``), contiguous ``(B h, n, D)`` in the dtypes
+        of their pointers, from ``dM = dL/dM / N`` ``(B h, 2D, D)`` and
+        ``dk_mean / n`` ``(B h, 2D)`` (float32, contiguous):
+        ``dk' = R^T(v dM^T) + dk_mean``, ``dv = R(k') dM``."""
+        bh = tl.program_id(0)
+        b = (bh // H).to(tl.int64)
+        hh = (bh % H).to(tl.int64)
+        bh64 = bh.to(tl.int64)
+        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < n
+        cols = tl.arange(0, D)
+        k_base = k_ptr + b * s_kb + hh * s_kh
+        v_base = v_ptr + b * s_vb + hh * s_vh
+        kk = _tile(k_base, rows, cols, s_kn, s_kd, rmask[:, None])
+        vv = _tile(v_base, rows, cols, s_vn, s_vd, rmask[:, None])
+        fa = _expm1(tl.maximum(kk, 0.0))
+        fb = _expm1(tl.maximum(-kk, 0.0))
+        dm_base = dm_ptr + bh64 * (2 * D * D)
+        # dR(k') = v dM^T per half: (D, D) tiles [j, l] = dM[l, j]
+        ya = tl.dot(vv, tl.load(dm_base + cols[None, :] * D + cols[:, None]),
+                    input_precision='ieee')
+        yb = tl.dot(vv, tl.load(dm_base + (D + cols)[None, :] * D
+                                + cols[:, None]), input_precision='ieee')
+        ra = fa
+        rb = fb
+        if HAS_ROT:  # R^T(y) (rows of dM at c ^ 1), R(k') (k at c ^ 1)
+            partner = cols ^ 1
+            sgn = _pair_sign(cols)
+            ypa = tl.dot(vv, tl.load(dm_base + partner[None, :] * D
+                                     + cols[:, None]), input_precision='ieee')
+            ypb = tl.dot(vv, tl.load(dm_base + (D + partner)[None, :] * D
+                                     + cols[:, None]), input_precision='ieee')
+            cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
+                                   rmask[:, None], D)
+            sinp_a, sinp_b = _halves(sin_ptr, rows, partner, s_tn, s_tc,
+                                     rmask[:, None], D)
+            ya = _rot_t(ya, ypa, cos_a, sinp_a, sgn)
+            yb = _rot_t(yb, ypb, cos_b, sinp_b, sgn)
+            if NEED_V:
+                kp = _tile(k_base, rows, partner, s_kn, s_kd, rmask[:, None])
+                sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
+                                       rmask[:, None], D)
+                ra = _rot(fa, _expm1(tl.maximum(kp, 0.0)), sin_a, cos_a,
+                          sgn)
+                rb = _rot(fb, _expm1(tl.maximum(-kp, 0.0)), sin_b, cos_b,
+                          sgn)
+        dkm_base = dkm_ptr + bh64 * (2 * D)
+        dkm_a = tl.load(dkm_base + cols)[None, :]
+        dkm_b = tl.load(dkm_base + D + cols)[None, :]
+        # dk' (f + 1) = d(pre-activation); dk = dpos [k > 0] - dneg [k < 0]
+        dpa = (ya + dkm_a) * (fa + 1.0)
+        dpb = (yb + dkm_b) * (fb + 1.0)
+        dk = tl.where(kk > 0, dpa, 0.0) - tl.where(kk < 0, dpb, 0.0)
+        offs = bh64 * n * D + rows[:, None] * D + cols[None, :]
+        tl.store(dk_ptr + offs, dk.to(dk_ptr.dtype.element_ty),
+                 mask=rmask[:, None])
+        if NEED_V:  # dv = R(k') dM, per half of the rows of dM
+            dv = tl.dot(ra, tl.load(dm_base + cols[:, None] * D
+                                    + cols[None, :]), input_precision='ieee')
+            dv = tl.dot(rb, tl.load(dm_base + (D + cols)[:, None] * D
+                                    + cols[None, :]), dv,
+                        input_precision='ieee')
+            tl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty),
+                     mask=rmask[:, None])
+
+
+def _interpreted() -> bool:
+    """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET``
+    set when this module was imported), which runs them on CPU tensors."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return False
+    return isinstance(_fwd_keys_kernel, InterpretedFunction)
+
+
+def _store_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels write an output of ``dtype`` in: float32 for
+    bfloat16 under Triton's interpreter, whose float32 -> bfloat16 cast
+    truncates (a GPU rounds to nearest even), torch rounding it after;
+    else ``dtype`` itself."""
+    if dtype == torch.bfloat16 and _interpreted():
+        return torch.float32
+    return dtype
+
+
+def _is_table(t: Optional[Tensor], N: int, width: int) -> bool:
+    """``t`` is a floating tensor broadcastable to ``(N, width)``."""
+    if not isinstance(t, Tensor) or not t.is_floating_point():
+        return False
+    try:
+        return torch.broadcast_shapes(t.shape, (N, width)) == (N, width)
+    except RuntimeError:
+        return False
+
+
+def fits(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor] = None,
+         cos: Optional[Tensor] = None) -> bool:
+    """Whether the kernels take these inputs (else the op falls back on the
+    torch implementations): ``q`` ``(B, h, N, d)``, ``k`` and ``v`` ``(B,
+    h, n, d)`` float32, float16 or bfloat16 and not empty, ``d`` a power of
+    two in ``[16, 128]``; the rotary tables both given (broadcastable to
+    ``(N, 2d)``, ``n == N``) or neither; all on one device. (Whether Triton
+    runs there is :func:`~pola_mm.ops.dispatch.implementation`'s question.)
+    """
+    if not all(isinstance(t, Tensor) for t in (q, k, v)):
+        return False
+    if any(t.dim() != 4 or t.dtype not in _DTYPES for t in (q, k, v)):
+        return False
+    B, h, N, d = q.shape
+    if d < _MIN_D or d > _MAX_D or d & (d - 1):
+        return False
+    if k.shape != v.shape or k.shape[:2] != (B, h) or k.shape[3] != d:
+        return False
+    if q.numel() == 0 or k.numel() == 0:
+        return False
+    if (sin is None) != (cos is None):
+        return False
+    tables = () if sin is None else (sin, cos)
+    if tables and (k.shape[2] != N or
+                   not all(_is_table(t, N, 2 * d) for t in tables)):
+        return False
+    return len({t.device for t in (q, k, v) + tables}) == 1
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor],
+           cos: Optional[Tensor]) -> None:
+    """ValueError where :func:`fits` is False."""
+    if not fits(q, k, v, sin, cos):
+        shapes = [None if t is None else (tuple(t.shape), t.dtype, t.device)
+                  for t in (q, k, v, sin, cos)]
+        raise ValueError('pacs triton kernels: inputs not supported (see '
+                         f'fits()): q, k, v, sin, cos = {shapes}')
+
+
+def _block_size(block_n: Optional[int], d: int) -> int:
+    """Tokens per block: ``block_n`` (a power of two >= 16), by default 64
+    (32 for ``d = 128``, fewer registers)."""
+    if block_n is None:
+        return 64 if d <= 64 else 32
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f'block_n must be a power of two >= 16, got '
+                         f'{block_n}')
+    return int(block_n)
+
+
+def _split(chunks: Optional[int], blocks: int, bh: int,
+           device: torch.device) -> Tuple[int, int]:
+    """``(chunks, blocks per chunk)`` for ``blocks`` blocks of tokens per
+    image and head: ``chunks`` as asked, by default about two programs per
+    multiprocessor over the ``bh`` images and heads (2 on the CPU, where
+    the interpreter runs: the split is exercised), never more chunks than
+    blocks, none empty."""
+    if blocks == 0:
+        return 1, 1
+    if chunks is None:
+        sm = multiprocessors(device)
+        chunks = 2 if sm == 0 else (2 * sm) // max(bh, 1)
+    chunks = max(1, min(int(chunks), blocks))
+    per = -(-blocks // chunks)
+    return -(-blocks // per), per
+
+
+def _warps(d: int) -> int:
+    """Warps per program: 8 for ``d = 128`` (its ``(d, d)`` accumulators),
+    else 4."""
+    return 8 if d > 64 else 4
+
+
+def _temps(t: Tensor, h: int, d: int) -> Tensor:
+    """Temperatures broadcastable to ``(1, h, 1, 2d)`` as ``(h, 2d)``
+    float32, contiguous."""
+    t = torch.broadcast_to(t.to(torch.float32), (1, h, 1, 2 * d))
+    return t.reshape(h, 2 * d).contiguous()
+
+
+def _tables(sin: Optional[Tensor], cos: Optional[Tensor], N: int, d: int
+            ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """``sin``, ``cos`` as float32 ``(N, 2d)`` views (broadcast, not
+    copied) with equal strides; None without tables."""
+    if sin is None or cos is None:
+        return None, None
+    sin, cos = (torch.broadcast_to(t.to(torch.float32), (N, 2 * d))
+                for t in (sin, cos))
+    if sin.stride() != cos.stride():
+        sin, cos = sin.contiguous(), cos.contiguous()
+    return sin, cos
+
+
+def _table_args(sin: Optional[Tensor], cos: Optional[Tensor],
+                dummy: Tensor) -> Tuple[Tensor, Tensor, int, int]:
+    """The kernels' table arguments: the tables and their strides, or
+    ``dummy`` twice (never read) without tables."""
+    if sin is None or cos is None:
+        return dummy, dummy, 0, 0
+    return sin, cos, sin.stride(0), sin.stride(1)
+
+
+def _on_device(t: Tensor) -> ContextManager:
+    """The launches' device context: ``t``'s CUDA device current."""
+    if t.device.type == 'cuda':
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+# --- the kernels as torch custom ops (..custom_ops), one per launch; the
+# sums between them stay plain torch operations
+
+
+def key_pass(k: Tensor, v: Tensor, sin: Optional[Tensor],
+             cos: Optional[Tensor], chunks: int, per: int,
+             block: int) -> Tuple[Tensor, Tensor]:
+    """The forward's key pass: partial ``R(k')^T v`` ``(B h, chunks, 2d,
+    d)`` and ``sum k'`` ``(B h, chunks, 2d)``, float32."""
+    m_part, ks_part = _key_pass_fake(k, v, sin, cos, chunks, per, block)
+    B, H, n, d = k.shape
+    sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, m_part)
+    with _on_device(k):
+        _fwd_keys_kernel[(B * H, chunks)](
+            k, v, sin_t, cos_t, m_part, ks_part, H, n, per,
+            *k.stride(), *v.stride(), s_tn, s_tc,
+            D=d, BLOCK_N=block, HAS_ROT=sin is not None,
+            num_warps=_warps(d))
+    return m_part, ks_part
+
+
+def _key_pass_fake(k, v, sin, cos, chunks, per, block):
+    B, H, _, d = k.shape
+    f32 = dict(dtype=torch.float32, device=k.device)
+    return (torch.empty((B * H, chunks, 2 * d, d), **f32),
+            torch.empty((B * H, chunks, 2 * d), **f32))
+
+
+def query_pass(q: Tensor, t1: Tensor, t2: Tensor, sin: Optional[Tensor],
+               cos: Optional[Tensor], M: Tensor, k_mean: Tensor, eps: float,
+               block: int) -> Tuple[Tensor, Tensor]:
+    """The forward's query pass: ``x`` ``(B, h, N, d)`` in ``q``'s dtype
+    and ``1 / (z + eps)`` ``(B, h, N, 2)`` float32."""
+    B, H, N, d = q.shape
+    x = torch.empty((B, H, N, d), dtype=_store_dtype(q.dtype),
+                    device=q.device)
+    rz = torch.empty((B, H, N, 2), dtype=torch.float32, device=q.device)
+    sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, t1)
+    with _on_device(q):
+        _fwd_queries_kernel[(B * H, triton.cdiv(N, block))](
+            q, t1, t2, sin_t, cos_t, M, k_mean, x, rz, H, N, float(eps),
+            *q.stride(), s_tn, s_tc,
+            D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
+            HAS_ROT=sin is not None, num_warps=_warps(d))
+    return x.to(q.dtype), rz
+
+
+def _query_pass_fake(q, t1, t2, sin, cos, M, k_mean, eps, block):
+    B, H, N, d = q.shape
+    return (torch.empty((B, H, N, d), dtype=q.dtype, device=q.device),
+            torch.empty((B, H, N, 2), dtype=torch.float32, device=q.device))
+
+
+def query_grad(dx: Tensor, q: Tensor, x: Tensor, t1: Tensor, t2: Tensor,
+               sin: Optional[Tensor], cos: Optional[Tensor], M: Tensor,
+               k_mean: Tensor, rz: Tensor, chunks: int, per: int,
+               block: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward's query pass: ``dq`` and the partial ``dM`` ``(B h,
+    chunks, 2d, d)``, ``dk_mean`` ``(B h, chunks, 2d)`` and temperature
+    gradients ``(B h, chunks, 2, 2d)``, float32."""
+    B, H, N, d = q.shape
+    dq = torch.empty((B, H, N, d), dtype=_store_dtype(q.dtype),
+                     device=q.device)
+    _, dm_part, dkm_part, dt_part = _query_grad_fake(
+        dx, q, x, t1, t2, sin, cos, M, k_mean, rz, chunks, per, block)
+    sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, t1)
+    with _on_device(q):
+        _bwd_queries_kernel[(B * H, chunks)](
+            dx, q, x, t1, t2, sin_t, cos_t, M, k_mean, rz, dq,
+            dm_part, dkm_part, dt_part, H, N, per,
+            *dx.stride(), *q.stride(), *x.stride(), s_tn, s_tc,
+            D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
+            HAS_ROT=sin is not None, USE_X=x.dtype == torch.float32,
+            num_warps=_warps(d))
+    return dq.to(q.dtype), dm_part, dkm_part, dt_part
+
+
+def _query_grad_fake(dx, q, x, t1, t2, sin, cos, M, k_mean, rz, chunks, per,
+                     block):
+    B, H, N, d = q.shape
+    f32 = dict(dtype=torch.float32, device=q.device)
+    return (torch.empty((B, H, N, d), dtype=q.dtype, device=q.device),
+            torch.empty((B * H, chunks, 2 * d, d), **f32),
+            torch.empty((B * H, chunks, 2 * d), **f32),
+            torch.empty((B * H, chunks, 2, 2 * d), **f32))
+
+
+def key_grad(k: Tensor, v: Tensor, sin: Optional[Tensor],
+             cos: Optional[Tensor], dM: Tensor, dkm: Tensor, need_v: bool,
+             block: int) -> Tuple[Tensor, Tensor]:
+    """The backward's key pass: ``dk`` and ``dv`` (empty unless
+    ``need_v``) in their inputs' dtypes."""
+    B, H, n, d = k.shape
+    dk = torch.empty((B, H, n, d), dtype=_store_dtype(k.dtype),
+                     device=k.device)
+    dv = (torch.empty((B, H, n, d), dtype=_store_dtype(v.dtype),
+                      device=k.device) if need_v else dk)
+    sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, dM)
+    with _on_device(k):
+        _bwd_keys_kernel[(B * H, triton.cdiv(n, block))](
+            k, v, sin_t, cos_t, dM, dkm, dk, dv, H, n,
+            *k.stride(), *v.stride(), s_tn, s_tc,
+            D=d, BLOCK_N=block, HAS_ROT=sin is not None, NEED_V=need_v,
+            num_warps=_warps(d))
+    return dk.to(k.dtype), dv.to(v.dtype) if need_v else v.new_empty(0)
+
+
+def _key_grad_fake(k, v, sin, cos, dM, dkm, need_v, block):
+    return (torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device)
+            if need_v else v.new_empty(0))
+
+
+key_pass = register_kernel('pacs_key_pass', key_pass, _key_pass_fake)
+query_pass = register_kernel('pacs_query_pass', query_pass, _query_pass_fake)
+query_grad = register_kernel('pacs_query_grad', query_grad, _query_grad_fake)
+key_grad = register_kernel('pacs_key_grad', key_grad, _key_grad_fake)
+
+
+def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
+                 sin: Optional[Tensor] = None, cos: Optional[Tensor] = None,
+                 eps: float = EPS, *, block_n: Optional[int] = None,
+                 chunks: Optional[int] = None
+                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """PaCS attention forward in two fused kernels (the formula:
+    :func:`~.naive.pacs_attention_pytorch`).
+
+    Args:
+        q: ``(B, h, N, d)`` queries, any strides, float32/16 or bfloat16.
+        k, v: ``(B, h, n, d)`` (``n == N`` with the rotary tables).
+        t1, t2: the temperatures ``sigmoid(s1)``, ``sigmoid(s2)``,
+            broadcastable to ``(1, h, 1, 2d)``.
+        sin, cos: optional rotary tables broadcastable to ``(N, 2d)``
+            (both or neither; read as float32).
+        eps: added to the normalisers.
+        block_n: tokens per block (a power of two >= 16; default 64, 32
+            for ``d = 128``).
+        chunks: programs per image and head of the key pass (default: about
+            two per multiprocessor in all; 2 on the CPU).
+
+    Returns:
+        ``x`` ``(B, h, N, d)`` in ``q.dtype`` (contiguous), ``M = R(k')^T v
+        / N`` ``(B, h, 2d, d)``, ``k_mean`` ``(B, h, 2d)`` and ``1 / (z +
+        eps)`` of both flows ``(B, h, N, 2)``, these three float32.
+
+    Raises:
+        ValueError: where :func:`fits` is False.
+    """
+    _check(q, k, v, sin, cos)
+    B, H, N, d = q.shape
+    n = k.shape[2]
+    block = _block_size(block_n, d)
+    t1c, t2c = _temps(t1, H, d), _temps(t2, H, d)
+    sin, cos = _tables(sin, cos, N, d)
+    nchunks, per = _split(chunks, triton.cdiv(n, block), B * H, q.device)
+    m_part, ks_part = key_pass(k, v, sin, cos, nchunks, per, block)
+    M = m_part.sum(dim=1).div_(N)
+    k_mean = ks_part.sum(dim=1).div_(n)
+    x, rz = query_pass(q, t1c, t2c, sin, cos, M, k_mean, float(eps), block)
+    return x, M.view(B, H, 2 * d, d), k_mean.view(B, H, 2 * d), rz
+
+
+def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
+                  t2: Tensor, sin: Optional[Tensor], cos: Optional[Tensor],
+                  x: Tensor, M: Tensor, k_mean: Tensor, rz: Tensor, *,
+                  need_v: bool = True, block_n: Optional[int] = None,
+                  chunks: Optional[int] = None
+                  ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor,
+                             Tensor]:
+    """PaCS attention backward in two fused kernels, the features
+    recomputed.
+
+    Args:
+        dx: ``(B, h, N, d)`` gradient of the output, any dtype and strides.
+        q, k, v, t1, t2, sin, cos: the inputs of :func:`pacs_forward`.
+        x, M, k_mean, rz: its outputs (``x`` any strides, read only when
+            float32: else recomputed in float32).
+        need_v: compute ``dv`` (else None).
+        block_n: tokens per block (as :func:`pacs_forward`).
+        chunks: programs per image and head of the query pass (default:
+            about two per multiprocessor in all; 2 on the CPU).
+
+    Returns:
+        ``dq`` ``(B, h, N, d)``, ``dk``, ``dv`` ``(B, h, n, d)`` in the
+        dtypes of ``q``, ``k``, ``v`` (contiguous; ``dv`` None without
+        ``need_v``), and ``dt1``, ``dt2`` ``(h, 2d)`` float32: the
+        gradients of the temperatures ``t1``, ``t2`` themselves (not of
+        the raw ``s``: the caller applies ``t (1 - t)``), summed over the
+        batch and the tokens.
+
+    Raises:
+        ValueError: where :func:`fits` is False.
+    """
+    _check(q, k, v, sin, cos)
+    B, H, N, d = q.shape
+    n = k.shape[2]
+    block = _block_size(block_n, d)
+    t1c, t2c = _temps(t1, H, d), _temps(t2, H, d)
+    sin, cos = _tables(sin, cos, N, d)
+    M = M.to(torch.float32).contiguous()
+    k_mean = k_mean.to(torch.float32).contiguous()
+    rz = rz.to(torch.float32).contiguous()
+    nchunks, per = _split(chunks, triton.cdiv(N, block), B * H, q.device)
+    dq, dm_part, dkm_part, dt_part = query_grad(
+        dx, q, x, t1c, t2c, sin, cos, M, k_mean, rz, nchunks, per, block)
+    dM = dm_part.sum(dim=1).div_(N)  # M = R(k')^T v / N
+    dkm = dkm_part.sum(dim=1).div_(n)  # k_mean = sum(k') / n
+    dt = dt_part.view(B, H, nchunks, 2, 2 * d).sum(dim=(0, 2))
+    dk, dv = key_grad(k, v, sin, cos, dM, dkm, need_v, block)
+    return dq, dk, dv if need_v else None, dt[:, 0], dt[:, 1]
+
+
+def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
+    """``t`` summed over the dims where ``shape`` is 1 (a broadcast
+    parameter's gradient)."""
+    dims = [i for i, (a, b) in enumerate(zip(t.shape, shape))
+            if b == 1 and a != 1]
+    return (t.sum(dim=dims, keepdim=True) if dims else t).reshape(shape)
+
+
+class PaCSTritonFunction(torch.autograd.Function):
+    """The kernels with their backward, as a function of the raw
+    temperatures ``s1``, ``s2``: saves ``q``, ``k``, ``v`` as given (half
+    precision stays half), the tables, the output, ``M``, ``k_mean`` and
+    ``1 / (z + eps)``; no feature map."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
+                s2: Tensor, sin: Optional[Tensor], cos: Optional[Tensor],
+                eps: float) -> Tensor:
+        t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
+        x, M, k_mean, rz = pacs_forward(q, k, v, t1, t2, sin, cos, eps)
+        ctx.save_for_backward(q, k, v, s1, s2, sin, cos, x, M, k_mean, rz)
+        return x
+
+    @staticmethod
+    def backward(ctx, dx: Tensor):
+        q, k, v, s1, s2, sin, cos, x, M, k_mean, rz = ctx.saved_tensors
+        h, d = q.shape[1], q.shape[3]
+        t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
+        need = ctx.needs_input_grad
+        dq, dk, dv, dt1, dt2 = pacs_backward(
+            dx, q, k, v, t1, t2, sin, cos, x, M, k_mean, rz, need_v=need[2])
+
+        def ds(dt: Tensor, t: Tensor, s: Tensor) -> Tensor:
+            g = dt.view(1, h, 1, 2 * d) * t * (1 - t)  # sigmoid'
+            return _sum_to(g, s.shape).to(s.dtype)
+
+        ds1 = ds(dt1, t1, s1) if need[3] else None
+        ds2 = ds(dt2, t2, s2) if need[4] else None
+        return dq, dk, dv, ds1, ds2, None, None, None
+
+
+def pacs_attention_triton(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
+                          s2: Tensor, sin: Optional[Tensor] = None,
+                          cos: Optional[Tensor] = None,
+                          eps: float = EPS) -> Tensor:
+    """PaCS polarity attention by the fused kernels (the formula and the
+    arguments: :func:`~.naive.pacs_attention_pytorch`; ``s1``, ``s2`` the
+    raw temperatures).
+
+    ``q``, ``k``, ``v`` stay in their dtypes in memory (fp16/bf16 under
+    autocast); the kernels compute in float32 registers.
+
+    Returns:
+        ``(B, h, N, d)`` in ``q``'s dtype.
+    """
+    if records_grad(q, k, v, s1, s2):
+        return PaCSTritonFunction.apply(q, k, v, s1, s2, sin, cos, eps)
+    t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
+    return pacs_forward(q, k, v, t1, t2, sin, cos, eps)[0]
