@@ -5,10 +5,14 @@
 #      config, the activation estimate against the allocator);
 #   2. the benchmark on CUDA, Pola vs softmax side by side (train step,
 #      batch 2, 800x1344, float32 and fp16 autocast: time and
-#      max_memory_allocated);
+#      max_memory_allocated), and Pola with its attention's Triton kernels
+#      beside the torch path they replace (<name>_torch), and inference
+#      at batch 1 under torch.compile (<name>_compile);
 #   3. the meta/fake-CUDA activation estimate against memory_allocated and
 #      max_memory_allocated (tools/analysis/train_memory.py --cuda-check);
-#   4. the sequence-length benchmark of the attention alone;
+#   4. the sequence-length benchmark of the attention alone, and the op
+#      alone (kernels, torch path) against its bandwidth bound at N = 16384
+#      and 67200, d = 32;
 #   5. inference at batch 1 and a whole Mask R-CNN training step under fp16
 #      AMP against the same detector with mmdet's Swin-T;
 # and ends with one table of the Pola / softmax ratios against their goals
@@ -73,16 +77,20 @@ step() {
     fi
 }
 
-step "benchmark, float32" 120 "$PY" tools/analysis/benchmark.py \
-    --models pola_swin_t swin_t pola_pvt_t pvt_t --mode train \
+step "benchmark, float32" 150 "$PY" tools/analysis/benchmark.py \
+    --models pola_swin_t swin_t pola_pvt_t pvt_t pola_swin_t_torch \
+    pola_pvt_t_torch --mode train \
     --size 800x1344 --batch 2 --device cuda --repeats 5 --timeout 45 \
     --json "$OUT/train_fp32.json"
-step "benchmark, fp16 autocast" 70 "$PY" tools/analysis/benchmark.py \
-    --models pola_swin_t swin_t pola_pvt_t pvt_t --mode train \
+step "benchmark, fp16 autocast" 100 "$PY" tools/analysis/benchmark.py \
+    --models pola_swin_t swin_t pola_pvt_t pvt_t pola_swin_t_torch \
+    pola_pvt_t_torch --mode train \
     --size 800x1344 --batch 2 --device cuda --dtype fp16 --repeats 5 \
     --timeout 45 --json "$OUT/train_fp16.json"
-step "benchmark, inference batch 1" 70 "$PY" tools/analysis/benchmark.py \
-    --models pola_swin_t swin_t pola_pvt_t pvt_t --mode infer \
+step "benchmark, inference batch 1" 150 "$PY" tools/analysis/benchmark.py \
+    --models pola_swin_t swin_t pola_pvt_t pvt_t pola_swin_t_torch \
+    pola_pvt_t_torch pola_swin_t_compile swin_t_compile \
+    pola_pvt_t_compile pvt_t_compile --mode infer \
     --size 800x1344 --batch 1 --device cuda --repeats 5 --timeout 45 \
     --json "$OUT/infer_fp32.json"
 step "whole Mask R-CNN train step, fp16 AMP" 90 "$PY" \
@@ -101,6 +109,10 @@ step "activation estimate vs allocator, Pola-Swin-T fp16" 40 "$PY" \
 step "sequence-length benchmark" 80 "$PY" tools/analysis/benchmark.py \
     --seqlen 4096 16384 65536 200704 --device cuda --heads 1 \
     --head-dims 64 --repeats 3 --time-cap 10
+step "the attention op alone against its bandwidth bound" 60 "$PY" \
+    tools/analysis/benchmark.py --seqlen 16384 67200 --device cuda \
+    --heads 1 --head-dims 32 --repeats 5 --time-cap 10 \
+    --methods polarity_op polarity_op_torch bound
 
 # the closing table: every ratio against its goal (what was not measured
 # says so)

@@ -4,9 +4,10 @@
   file, or the zoo's softmax counterpart of one) on synthetic images with
   boxes and masks: the median step time and the peak allocated memory, as
   the backbone benchmark reports them.
-- :func:`ratio_table`: the one table ``make gpu-check`` ends with, Pola over
-  softmax for each row of the GPU goals (issue 46), from the benchmark's
-  ``--json`` results and :func:`measure_whole_train`'s.
+- :func:`ratio_table`: the tables ``make gpu-check`` ends with: Pola over
+  softmax for each row of the GPU goals, and the attention's Triton kernels
+  beside the torch path they replace (and ``torch.compile`` at batch 1),
+  from the benchmark's ``--json`` results and :func:`measure_whole_train`'s.
 """
 import statistics
 import time
@@ -17,7 +18,7 @@ import torch
 from ..type_aliases import Size2
 
 __all__ = ['synthetic_detection_batch', 'measure_whole_train', 'GOALS',
-           'ratio_table']
+           'ratio_table', 'kernel_table']
 
 
 def synthetic_detection_batch(batch: int, hw: Size2, boxes: int = 10,
@@ -131,6 +132,12 @@ GOALS: Sequence[Tuple[str, str, str, int, str, float, float]] = (
 )
 #: The pairs of the table's columns (Pola model, its softmax baseline).
 PAIRS = (('pola_swin_t', 'swin_t'), ('pola_pvt_t', 'pvt_t'))
+#: The rows of the kernels' table: (label, mode, dtype, batch).
+KERNEL_ROWS: Sequence[Tuple[str, str, str, int]] = (
+    ('train step, batch 2, float32', 'train', 'float32', 2),
+    ('train step, batch 2, fp16 autocast', 'train', 'fp16', 2),
+    ('inference, batch 1', 'infer', 'float32', 1),
+)
 
 
 def _cell(a: Optional[float], b: Optional[float], goal: float) -> str:
@@ -152,12 +159,7 @@ def ratio_table(results: List[Dict[str, Any]],
         whole_goal: the goal of the whole-model row.
     """
     def find(name, mode, dtype, batch):
-        for r in results:
-            if (r.get('name') == name and r.get('mode') == mode
-                    and r.get('dtype') == dtype and r.get('batch') == batch
-                    and not r.get('error')):
-                return r
-        return None
+        return _find(results, name, mode, dtype, batch)
 
     head = '| what | ' + ' | '.join(f'{a} / {b}' for a, b in PAIRS) + ' |'
     lines = [head, '|---|' + '---|' * len(PAIRS)]
@@ -178,3 +180,51 @@ def ratio_table(results: List[Dict[str, Any]],
         lines.append(f'| whole Mask R-CNN train step, AMP | {time_cell}'
                      f'{mem_text} | - |')
     return '\n'.join(lines)
+
+
+def _find(results: List[Dict[str, Any]], name: str, mode: str, dtype: str,
+          batch: int) -> Optional[Dict[str, Any]]:
+    """The benchmark result of ``name`` in that mode, dtype and batch
+    (None if missing or failed)."""
+    for r in results:
+        if (r.get('name') == name and r.get('mode') == mode
+                and r.get('dtype') == dtype and r.get('batch') == batch
+                and not r.get('error')):
+            return r
+    return None
+
+
+def kernel_table(results: List[Dict[str, Any]]) -> str:
+    """The markdown table of the attention's Triton kernels beside the
+    torch path they replace (``<name>`` / ``<name>_torch``, time and peak
+    memory) and of ``torch.compile`` at batch 1 (``<name>_compile`` /
+    ``<name>``), from the benchmark's ``--json`` dicts."""
+    def find(name, mode, dtype, batch):
+        return _find(results, name, mode, dtype, batch)
+
+    lines = ['| what | ' + ' | '.join(a for a, _ in PAIRS) + ' |',
+             '|---|' + '---|' * len(PAIRS)]
+    for label, mode, dtype, batch in KERNEL_ROWS:
+        cells = [_pair(find(pola, mode, dtype, batch),
+                       find(pola + '_torch', mode, dtype, batch))
+                 for pola, _ in PAIRS]
+        lines.append(f'| kernels / torch path, {label} | ' +
+                     ' | '.join(cells) + ' |')
+    for pola, soft in PAIRS:
+        cells = [_pair(find(name + '_compile', 'infer', 'float32', 1),
+                       find(name, 'infer', 'float32', 1))
+                 for name in (pola, soft)]
+        lines.append(f'| compiled / eager, inference batch 1: {pola}, '
+                     f'{soft} | ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
+def _pair(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]) -> str:
+    """``time a/b, memory a/b`` of two benchmark results."""
+    if not a or not b or not a.get('time_median') or \
+            not b.get('time_median'):
+        return 'not measured'
+    text = f"time {a['time_median'] / b['time_median']:.2f}x"
+    if a.get('peak_mem_mb') and b.get('peak_mem_mb'):
+        text += f", memory {a['peak_mem_mb'] / b['peak_mem_mb']:.2f}x"
+    return text

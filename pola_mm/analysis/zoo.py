@@ -18,15 +18,20 @@ there once; nothing here repeats a width, depth or head count):
   (:func:`pola_mm.ops.plain_paths`);
 - ``<pola name>_torch``: the same Pola model with the fast paths on but
   without the attention's Triton kernels (the torch path they replace on a
-  GPU; ``POLA_MM_KERNELS=0``).
+  GPU; ``POLA_MM_KERNELS=0``);
+- ``<name>_compile`` for every Pola name and its softmax counterpart: the
+  model's forward under ``torch.compile`` (the attention ops then run
+  their graph form).
 
 What :func:`build` takes (a *spec*): a name; a backbone config dict
 (``_scope_='mmdet'`` builds it with mmdet's registry, pola_mm's otherwise;
 ``_fast_paths_=False`` runs it with every fast path off, as a ``_plain``
 name; ``_kernels_=False`` without the Triton kernels, as a ``_torch``
-name; a ``type`` of the form ``'package.module:Name'`` calls that class or
-function with the other keys); an OpenMMLab config file (``.py``: its
-whole model, measured through ``extract_feat``, or its bare backbone); or
+name; ``_compile_=True`` compiles the forward (``torch.compile``), as a
+``_compile`` name; a ``type`` of the form ``'package.module:Name'`` calls
+that class or function with the other keys); an OpenMMLab config file
+(``.py``: its whole model, measured through ``extract_feat``, or its bare
+backbone); or
 ``{'_config_': FILE, 'backbone': DICT}``, a config file with its backbone
 replaced (what :func:`counterpart` returns for a file). Everything is built
 by pola_mm's one builder, :mod:`pola_mm.models.from_config` (MMEngine's
@@ -68,6 +73,7 @@ FAMILIES: Dict[str, tuple] = {
 
 _PLAIN = '_plain'
 _TORCH = '_torch'
+_COMPILE = '_compile'
 
 
 def _backbone_class(kind: str) -> type:
@@ -100,9 +106,12 @@ def zoo() -> Dict[str, Dict[str, Any]]:
             table[name] = cfg
             table[name + _PLAIN] = dict(cfg, _fast_paths_=False)
             table[name + _TORCH] = dict(cfg, _kernels_=False)
+            table[name + _COMPILE] = dict(cfg, _compile_=True)
             soft = _softmax_backbone(cfg)
             if soft is not None:
                 table[f'{soft_prefix}_{arch}'] = soft
+                table[f'{soft_prefix}_{arch}{_COMPILE}'] = dict(
+                    soft, _compile_=True)
     return table
 
 
@@ -305,6 +314,7 @@ def build(spec: Spec) -> Built:
     cfg = backbone_config(spec)
     fast_paths = bool(cfg.pop('_fast_paths_', True))
     kernels = bool(cfg.pop('_kernels_', True))
+    compiled = bool(cfg.pop('_compile_', False))
     scope = cfg.pop('_scope_')
     kind = cfg.get('type')
     if isinstance(kind, str) and ':' in kind:
@@ -312,4 +322,8 @@ def build(spec: Spec) -> Built:
         model = getattr(importlib.import_module(module), attr)(**cfg)
     else:
         model = build_in_scope(cfg, scope)
+    if compiled:
+        import torch
+        return Built(model, torch.compile(model), 'backbone', fast_paths,
+                     kernels)
     return Built(model, model, 'backbone', fast_paths, kernels)

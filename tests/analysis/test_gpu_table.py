@@ -35,6 +35,26 @@ def test_table_has_every_goal_row_with_its_ratio():
         'whole Mask R-CNN train step, AMP']
 
 
+def test_kernel_table_puts_the_kernels_beside_the_torch_path():
+    from pola_mm.analysis.gpu_check import KERNEL_ROWS, kernel_table
+    results = []
+    for _, mode, dtype, batch in KERNEL_ROWS:
+        results += [_result('pola_swin_t', mode, dtype, batch, 0.8, 700),
+                    _result('pola_swin_t_torch', mode, dtype, batch, 1.0,
+                            1000)]
+    results += [_result('swin_t', 'infer', 'float32', 1, 1.0, 500),
+                _result('swin_t_compile', 'infer', 'float32', 1, 0.5, 500)]
+    table = kernel_table(results).splitlines()
+    rows = {line.split(' | ')[0][2:]: line for line in table[2:]}
+    assert len(rows) == len(KERNEL_ROWS) + 2
+    train = rows['kernels / torch path, train step, batch 2, float32']
+    assert 'time 0.80x, memory 0.70x' in train
+    assert 'not measured' in train  # pola_pvt_t was not measured
+    compiled = rows['compiled / eager, inference batch 1: pola_swin_t, '
+                    'swin_t']
+    assert 'time 0.50x, memory 1.00x' in compiled
+
+
 def test_whole_train_step_pair_runs_on_cpu():
     pytest.importorskip('mmdet.models')
     from pola_mm.analysis.gpu_check import measure_whole_train

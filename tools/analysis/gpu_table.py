@@ -40,7 +40,8 @@ def main() -> int:
     table.add_argument('--whole', help='this tool\'s whole --json file')
     args = parser.parse_args()
 
-    from pola_mm.analysis.gpu_check import measure_whole_train, ratio_table
+    from pola_mm.analysis.gpu_check import (kernel_table, measure_whole_train,
+                                            ratio_table)
     if args.command == 'table':
         results = []
         for path in args.bench:
@@ -52,6 +53,8 @@ def main() -> int:
             with open(args.whole) as f:
                 whole_results = json.load(f)
         print(ratio_table(results, whole_results))
+        print()
+        print(kernel_table(results))
         return 0
 
     import torch

@@ -27,9 +27,9 @@ from .onnxrt import RUNTIMES
 from .report import (BASELINES, baseline_of, compute_growth, compute_ratios,
                      format_ratio, format_table, plot_results)
 from .results import BenchmarkResult, parse_size, size_str
-from .seqlen import (SEQ_METHODS, SEQ_MODES, SeqLenResult, fit_slopes,
-                     format_seqlen_table, measure_seqlen, naive_bytes,
-                     plot_seqlen, run_seqlen, seq_grid)
+from .seqlen import (DEFAULT_SEQ_METHODS, SEQ_METHODS, SEQ_MODES, SeqLenResult,
+                     fit_slopes, format_seqlen_table, measure_seqlen,
+                     naive_bytes, plot_seqlen, run_seqlen, seq_grid)
 from .whole import WHOLE_MODELS, run_whole_benchmarks, whole_spec
 from .worker import Size
 
@@ -37,7 +37,8 @@ __all__ = [
     'BASELINES', 'PRESETS', 'BenchmarkCase', 'BenchmarkResult', 'Size',
     'baseline_of', 'benchmark_model', 'compute_growth', 'compute_ratios',
     'format_ratio', 'format_table', 'measure', 'parse_size', 'plot_results',
-    'run_benchmarks', 'size_str', 'RUNTIMES', 'SEQ_METHODS', 'SEQ_MODES',
+    'run_benchmarks', 'size_str', 'RUNTIMES', 'SEQ_METHODS',
+    'DEFAULT_SEQ_METHODS', 'SEQ_MODES',
     'SeqLenResult', 'fit_slopes', 'format_seqlen_table', 'measure_seqlen',
     'naive_bytes', 'plot_seqlen', 'run_seqlen', 'seq_grid', 'WHOLE_MODELS',
     'run_whole_benchmarks', 'whole_spec'
