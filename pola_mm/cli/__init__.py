@@ -7,7 +7,10 @@
 - :mod:`.data_paths`: the dataset and pretrained files a config names,
   checked before a Runner is built (a missing one is one line, exit code 2);
 - :mod:`.distributed`: the start and end of the tools' processes
-  (``--launcher pytorch`` without CUDA on gloo, a clean exit after it).
+  (``--launcher pytorch`` without CUDA on gloo, a clean exit after it);
+- :mod:`.config_check`: config mistakes (an unknown ``type``, a removed
+  option) as one line with the closest registered names, before a Runner
+  logs the config and at the tools' boundary (exit code 2).
 
 - :mod:`.quiet`: :func:`quiet_tool_warnings`.
 

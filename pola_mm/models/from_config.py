@@ -33,7 +33,7 @@ def load_config(path: str, cfg_options: Optional[dict] = None) -> Any:
     Raises:
         FileNotFoundError: no such file (``config file not found: PATH``).
         ConfigFileError: mmengine cannot read it (``cannot read config
-            PATH: ...``).
+            PATH: ...``), or ``cfg_options`` cannot be merged into it.
     """
     if not osp.isfile(path):
         raise FileNotFoundError(f'config file not found: {path}')
@@ -44,7 +44,11 @@ def load_config(path: str, cfg_options: Optional[dict] = None) -> Any:
         raise ConfigFileError(f'cannot read config {path}: '
                               f'{type(exc).__name__}: {exc}') from exc
     if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+        try:
+            cfg.merge_from_dict(cfg_options)
+        except (TypeError, KeyError) as exc:  # a dict over a str, ...
+            raise ConfigFileError(f'--cfg-options do not fit config {path}: '
+                                  f'{exc}') from exc
     return cfg
 
 

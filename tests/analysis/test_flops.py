@@ -282,6 +282,16 @@ def test_get_flops_tool_bad_input(tmp_path, capsys):
     rc = tool.main([osp.join(REPO, 'configs', 'pola_swin_t_in1k.py'),
                     '--shape', '1', '2', '3'])
     assert rc == 2 and '--shape takes H W' in capsys.readouterr().err
+    # config mistakes: one line, nothing built
+    config = osp.join(REPO, 'configs', 'pola_swin_t_in1k.py')
+    rc = tool.main([config, '--cfg-options', 'model.backbone.type=PolaPvt'])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "unknown type 'PolaPvt'" in err and "'PolaPVT'" in err
+    rc = tool.main([config, '--cfg-options', 'model.backbone.mask_padding=1'])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert 'delete mask_padding=... from the config' in err
 
 
 def _pacs_module(kind: str, C: int, h: int, hw, kernel: int):

@@ -84,9 +84,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     from pola_mm.cli import quiet_tool_warnings
     quiet_tool_warnings()
     from pola_mm.analysis.flops import format_report, model_complexity
+    from pola_mm.cli.config_check import first_config_mistake
     from pola_mm.models.from_config import load_config
     try:
         cfg = load_config(resolve_config(args.config), args.cfg_options)
+        mistake = first_config_mistake(cfg)  # unknown type, removed option
+        if mistake:
+            print(f'error: {mistake}', file=sys.stderr)
+            return 2
         _, report, kind = model_complexity(cfg, shape,
                                            compute=not args.shapes_only)
     except (FileNotFoundError, ValueError) as exc:  # ConfigFileError too

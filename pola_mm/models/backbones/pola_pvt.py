@@ -151,6 +151,7 @@ class PolaPVT(PolaBackbone):
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
     family = 'Pola-PVT'
+    removed_options = ('pad_input', 'interpolate_mode')
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -174,7 +175,7 @@ class PolaPVT(PolaBackbone):
                  la_sr_ratios: Sequence[int] = (1, 1, 1, 1),
                  init_cfg: Optional[dict] = None,
                  **removed) -> None:
-        reject_removed_options(type(self).__name__, removed)
+        reject_removed_options(type(self), removed)
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         super().__init__(init_cfg=init_cfg)

@@ -219,6 +219,7 @@ class PolaSwinTransformer(PolaBackbone):
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     family = 'Pola-Swin'
+    removed_options = ('mask_padding', )
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -243,7 +244,7 @@ class PolaSwinTransformer(PolaBackbone):
                  feature_map: str = 'power',
                  init_cfg: Optional[dict] = None,
                  **removed) -> None:
-        reject_removed_options(type(self).__name__, removed)
+        reject_removed_options(type(self), removed)
         norm_cfg = dict(type='LN') if norm_cfg is None else norm_cfg
         act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         super().__init__(init_cfg=init_cfg)
