@@ -1,8 +1,10 @@
 """Window helpers of Pola-Swin's softmax (``'S'``) stages.
 
 Small pure functions on channel-last maps ``(B, H, W, C)``: padding,
-partition into (possibly non-square) windows and back, cyclic shift, Swin's
-region mask for shifted windows and a key-validity mask for padded tokens.
+partition into (possibly non-square) windows and back, Swin's region mask
+for shifted windows and a key-validity mask for padded tokens; the cyclic
+shift is an op (:func:`~pola_mm.ops.cyclic_shift.cyclic_shift`: one
+``roll`` in eager mode, a gather in captured graphs), used from here.
 Window sizes are ``(height, width)`` tuples of Python ints. Map sizes,
 paddings and shifts may be Python ints or the 0-d tensors a traced graph
 gives for shapes: no function branches on them (pads of 0 pad nothing, a
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...ops.cyclic_shift import cyclic_shift
 from ...type_aliases import Pad4, Size2
 
 #: Additive value the authors (and Swin) use for masked attention logits.
@@ -136,28 +139,6 @@ def window_reverse(windows: Tensor, window: Size2, hw: Size2) -> Tensor:
     C = windows.shape[-1]
     x = windows.view(-1, H // wh, W // ww, wh, ww, C)
     return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
-
-
-def cyclic_shift(x: Tensor, shift: Size2, reverse: bool = False) -> Tensor:
-    """Swin's cyclic shift of a channel-last map (``roll`` by ``-shift``).
-
-    Written as a gather along each spatial dim (``out[i] = x[(i + s) %
-    n]``), the values of ``torch.roll``, so that the shift may be a traced
-    size (a roll's shifts are constants of an exported graph).
-
-    Args:
-        x: any tensor whose dims 1, 2 are the spatial ones (``(B, H, W,
-            C)``, label maps ``(1, H, W, 1)``).
-        shift: ``(sh, sw)`` (0 shifts nothing; an int 0 is skipped).
-        reverse: roll back by ``+shift``.
-    """
-    for dim, s in ((1, shift[0]), (2, shift[1])):
-        if isinstance(s, int) and s == 0:
-            continue
-        n = x.shape[dim]
-        i = torch.arange(n, device=x.device)
-        x = x.index_select(dim, (i - s if reverse else i + s) % n)
-    return x
 
 
 def shift_region_mask(padded_hw: Size2, window: Size2, shift: Size2,
