@@ -1,4 +1,5 @@
-"""pola_mm's startup hook: ``pola_mm::`` config bases in every program.
+"""pola_mm's startup hook: ``pola_mm::`` config bases and the transformers 5
+fix in every program, whatever it imports first.
 
 Installing pola_mm (a wheel or ``pip install -e``) puts
 ``pola_mm_startup.pth`` into site-packages (``setup.py`` writes it). Python
@@ -11,18 +12,26 @@ answers ``None`` after one dictionary look-up, except for the modules of
 completes:
 
 * ``mmengine.config.config`` (mmengine's config reader): ``'pola_mm'``
-  joins ``mmengine.config.utils.MODULE2PACKAGE`` and the module's
+  joins ``mmengine.config.utils.MODULE2PACKAGE``, the module's
   ``get_installed_path`` answers pola_mm's package folder for
-  ``'pola_mm'`` (:func:`register_config_scope`). mmdet's, mmseg's and
-  mmpretrain's own ``tools/train.py`` / ``tools/test.py``, ``mim train`` and
-  any script then read a config whose ``_base_`` names
-  ``pola_mm::_base_/...``, with no edit and no ``import pola_mm``; the
-  snippet's ``custom_imports`` imports pola_mm (the models) as the config
-  is read.
+  ``'pola_mm'``, and ``pola_mm::<config>.py`` names a complete config of
+  ``configs/`` (every one but the ``_base_/`` snippets), folder or not
+  (:func:`register_config_scope`). mmdet's, mmseg's and mmpretrain's own
+  ``tools/train.py`` / ``tools/test.py``, ``mim train`` and any script then
+  read a config whose ``_base_`` names ``pola_mm::_base_/...`` or
+  ``pola_mm::mask_rcnn_pola_swin_t.py``, with no edit and no ``import
+  pola_mm``; the base's ``custom_imports`` imports pola_mm (the models) as
+  the config is read.
 * ``mim.utils`` (openmim): its ``get_installed_path`` answers the same
-  folder for ``'pola_mm'``, so ``mim search pola_mm`` finds
-  ``pola_mm/.mim/model-index.yml`` after an editable install, where mim's
-  guess (``<site-packages>/pola_mm``) does not exist.
+  folder, so ``mim search pola_mm`` finds ``pola_mm/.mim/model-index.yml``
+  after an editable install, where mim's guess
+  (``<site-packages>/pola_mm``) does not exist.
+* ``mmpretrain.utils.dependency``: where mmpretrain 1.2.0's multimodal
+  models would break ``import mmpretrain.models`` (and ``mmdet.models``,
+  ``mmseg.models``) beside transformers 5, they become placeholders
+  (:func:`fix_mmpretrain_multimodal`, the fix ``'mmpretrain_multimodal'``
+  of :mod:`pola_mm.compat`, implemented here so that it needs no ``import
+  pola_mm`` first); nothing happens on any other stack.
 
 The finder is pola_mm's one post-import mechanism: ``import pola_mm``
 adds its own completions through :func:`after_import` (the MMDeploy fixes
@@ -34,14 +43,26 @@ that never imports mmengine pays for reading this file and one dictionary
 look-up per import. ``POLA_MM_STARTUP_HOOK=0`` in the environment turns the
 hook off. Why a startup hook: docs/install.md.
 """
+from __future__ import annotations
 import os
 import sys
 
-__all__ = ['PATCHES', 'PostImportFinder', 'after_import', 'install',
-           'package_dir', 'register_config_scope', 'wrap_installed_path']
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: nothing is imported at start-up
+    from types import ModuleType
+    from typing import Callable
+
+__all__ = ['MULTIMODAL_IMPORTS', 'PATCHES', 'PostImportFinder',
+           'after_import', 'complete_config_path',
+           'fix_mmpretrain_multimodal', 'install', 'missing_names',
+           'mmpretrain_would_fail', 'package_dir',
+           'patch_dependency_module', 'register_config_scope', 'state',
+           'transformers_major', 'wrap_get_cfg_path', 'wrap_installed_path']
 
 #: the scope and package name
 SCOPE = 'pola_mm'
+#: the folder of ``configs/`` whose files are snippets, not complete configs
+SNIPPETS = '_base_/'
 
 
 def package_dir() -> str:
@@ -57,7 +78,8 @@ def package_dir() -> str:
     return os.path.abspath(list(spec.submodule_search_locations)[0])
 
 
-def wrap_installed_path(get_installed_path):
+def wrap_installed_path(
+        get_installed_path: Callable[[str], str]) -> Callable[[str], str]:
     """``get_installed_path`` that answers :func:`package_dir` for
     ``'pola_mm'`` (``'pola-mm'`` too) and asks the original for any other
     package. Wrapping twice returns the first wrapper."""
@@ -75,13 +97,79 @@ def wrap_installed_path(get_installed_path):
     return installed_path
 
 
-def register_config_scope(config_module=None) -> None:
+def complete_config_path(cfg_path: str) -> str | None:
+    """The file that ``pola_mm::<path>`` names where ``<path>`` is a
+    complete config of ``configs/`` (every file outside ``_base_/``: the
+    top-level configs such as ``mask_rcnn_pola_swin_t.py``, ``demo/...``);
+    None for anything else (other scopes, the ``_base_/`` snippets, a path
+    without a scope, ``..`` or an empty part), which mmengine reads itself.
+
+    The file is ``<package dir>/.mim/configs/<path>``, where mmengine finds
+    ``pola_mm::_base_/...``; whether it exists is not checked here.
+    """
+    scope, sep, rel = cfg_path.partition('::')
+    if scope != SCOPE or not sep or '::' in rel or rel.startswith(SNIPPETS):
+        return None
+    parts = rel.split('/')
+    if '\\' in rel or any(p in ('', '.', '..') for p in parts):
+        return None
+    return os.path.join(package_dir(), '.mim', 'configs', *parts)
+
+
+def wrap_get_cfg_path(
+    get_cfg_path: Callable[[str, str], tuple[str, str | None]]
+) -> Callable[[str, str], tuple[str, str | None]]:
+    """mmengine's ``Config._get_cfg_path`` (how a ``_base_`` entry becomes
+    a file and a scope) that also reads ``pola_mm::<complete config>``
+    (:func:`complete_config_path`); every other entry goes to the original,
+    unchanged. Wrapping twice returns the first wrapper.
+
+    Why: mmengine 0.10.7 reads ``<scope>::<path>`` only where ``<path>``
+    has a folder (``_get_package_and_cfg_path`` matches
+    ``\\w*::\\w*/\\w*``), so ``pola_mm::mask_rcnn_pola_swin_t.py`` raised
+    ``ValueError``. And it stamps the scope as ``_scope_`` on every
+    unscoped typed dict of the base: a complete config's pipelines,
+    schedulers and loops are mmdet's, mmseg's, mmpretrain's or mmengine's
+    (pola_mm's scope has a model registry only), and under ``_scope_=
+    'pola_mm'`` mmengine builds them from the root registries (mmcv's
+    ``LoadAnnotations`` for mmdet's). So a complete config is returned
+    with no scope, read as if it were a local file: its types resolve as
+    when the config itself is run (its ``default_scope``, and the scopes
+    its own ``mmdet::`` / ``mmseg::`` bases gave them). The ``_base_/``
+    snippets keep mmengine's reading.
+
+    Raises:
+        FileNotFoundError: ``pola_mm::<config>`` names no file, as
+            mmengine's ``check_file_exist`` says it.
+    """
+    if getattr(get_cfg_path, '_pola_mm_scope', False):
+        return get_cfg_path
+
+    def cfg_path_and_scope(cfg_path: str,
+                           filename: str) -> tuple[str, str | None]:
+        path = complete_config_path(cfg_path)
+        if path is None:
+            return get_cfg_path(cfg_path, filename)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f'file "{path}" does not exist')
+        return path, None
+
+    cfg_path_and_scope._pola_mm_scope = True
+    cfg_path_and_scope.__doc__ = get_cfg_path.__doc__
+    cfg_path_and_scope.__wrapped__ = get_cfg_path
+    return cfg_path_and_scope
+
+
+def register_config_scope(config_module: ModuleType | None = None) -> None:
     """Let mmengine configs use ``pola_mm::`` bases. Idempotent.
 
-    Touches only mmengine's config reader: ``MODULE2PACKAGE`` gains
-    ``'pola_mm'`` and ``mmengine.config.config.get_installed_path`` answers
-    the package folder for ``'pola_mm'`` (correct for regular, editable and
-    ``PYTHONPATH`` use alike; every other package is looked up as before).
+    Touches only mmengine's config reader, and only for the ``pola_mm``
+    scope: ``MODULE2PACKAGE`` gains ``'pola_mm'``,
+    ``mmengine.config.config.get_installed_path`` answers the package
+    folder for ``'pola_mm'`` (correct for regular, editable and
+    ``PYTHONPATH`` use alike) and ``Config._get_cfg_path`` reads
+    ``pola_mm::<complete config>`` (:func:`wrap_get_cfg_path`); every other
+    package and scope is read as before.
 
     Args:
         config_module: ``mmengine.config.config`` (imported if not given).
@@ -94,9 +182,12 @@ def register_config_scope(config_module=None) -> None:
     utils.MODULE2PACKAGE.setdefault(SCOPE, SCOPE)
     config_module.get_installed_path = wrap_installed_path(
         config_module.get_installed_path)
+    config = config_module.Config
+    config._get_cfg_path = staticmethod(
+        wrap_get_cfg_path(config._get_cfg_path))
 
 
-def _patch_mim_utils(module) -> None:
+def _patch_mim_utils(module: ModuleType) -> None:
     """openmim's ``mim.utils`` (and ``mim.utils.utils``): the package folder
     for ``'pola_mm'``."""
     for mod in (module, sys.modules.get('mim.utils.utils')):
@@ -105,18 +196,161 @@ def _patch_mim_utils(module) -> None:
                 mod.get_installed_path)
 
 
+# -- mmpretrain 1.2.0's multimodal models against transformers 5 --------------
+# (pola_mm.compat_mmpretrain documents the failure; the code lives here so
+# that the start-up hook applies it before anything imports pola_mm)
+
+#: What mmpretrain 1.2.0 imports from transformers where
+#: ``WITH_MULTIMODAL`` holds, by module (its multimodal models, their
+#: tokenizers and its Hugging Face model registry).
+MULTIMODAL_IMPORTS: dict[str, tuple[str, ...]] = {
+    'transformers': (
+        'PreTrainedModel', 'AutoConfig', 'AutoTokenizer', 'BartTokenizer',
+        'BasicTokenizer', 'BertTokenizer', 'BertTokenizerFast',
+        'LlamaTokenizer', 'WordpieceTokenizer', 'AutoModelForCausalLM'),
+    'transformers.models.auto.auto_factory': ('_BaseAutoModelClass', ),
+    'transformers.activations': ('ACT2FN', ),
+    'transformers.modeling_outputs': (
+        'BaseModelOutputWithPastAndCrossAttentions',
+        'BaseModelOutputWithPoolingAndCrossAttentions',
+        'CausalLMOutputWithCrossAttentions', 'BaseModelOutputWithPast',
+        'CausalLMOutputWithPast', 'ModelOutput', 'Seq2SeqLMOutput'),
+    'transformers.modeling_utils': (
+        'PreTrainedModel', 'apply_chunking_to_forward',
+        'find_pruneable_heads_and_indices', 'prune_linear_layer',
+        'GenerationConfig', 'GenerationMixin', 'PretrainedConfig'),
+    'transformers.models.bert.configuration_bert': ('BertConfig', ),
+    'transformers.models.opt.configuration_opt': ('OPTConfig', ),
+    'transformers.utils': (
+        'add_code_sample_docstrings', 'add_start_docstrings',
+        'add_start_docstrings_to_model_forward', 'logging',
+        'replace_return_docstrings'),
+}
+
+#: ``'patched'`` where the fix set ``WITH_MULTIMODAL = False``, with the
+#: missing names; empty until ``mmpretrain.utils.dependency`` loads.
+state: dict[str, list[str]] = {}
+
+
+def missing_names() -> list[str]:
+    """``module.name`` for every name of :data:`MULTIMODAL_IMPORTS` that the
+    installed transformers does not provide (a module that fails to import
+    counts as all of its names). Imports transformers' modules, as
+    mmpretrain's multimodal models would."""
+    import importlib
+    missing = []
+    for module_name, names in MULTIMODAL_IMPORTS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # mmpretrain's bare except swallows these too
+            module = None
+        missing += [f'{module_name}.{n}' for n in names
+                    if module is None or not hasattr(module, n)]
+    return missing
+
+
+def transformers_major() -> int:
+    """The installed transformers' major version from its metadata (no
+    import); 0 where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return int(version('transformers').split('.')[0])
+    except (PackageNotFoundError, ValueError):
+        return 0
+
+
+def mmpretrain_would_fail() -> bool:
+    """The gate of the fix, without importing either package: mmpretrain
+    is installed and its multimodal models are not imported yet, and the
+    installed transformers is a 5.x or newer (the release that removed
+    the names); or the fix has been applied already. Where it holds, the
+    names themselves are checked when mmpretrain's dependency module loads
+    (:func:`patch_dependency_module`)."""
+    if 'patched' in state:
+        return True
+    if 'mmpretrain.models.multimodal' in sys.modules:
+        return False
+    import importlib.util
+    for name in ('mmpretrain', 'transformers'):
+        try:
+            if importlib.util.find_spec(name) is None:
+                return False
+        except (ImportError, ValueError):
+            return False
+    return transformers_major() >= 5
+
+
+def _placeholder_register(missing: list[str],
+                          version: str) -> Callable[[list, object], None]:
+    """mmpretrain's ``register_multimodal_placeholder`` with a message that
+    says why the model is unavailable and how to get it."""
+
+    def register(names: list, registry: object) -> None:
+        for name in names:
+
+            def unavailable(*args, _name: str = name, **kwargs):
+                raise ImportError(
+                    f'{_name} is unavailable: mmpretrain 1.2.0\'s multimodal '
+                    f'models import names that transformers {version} no '
+                    f'longer has ({", ".join(missing)}), so pola_mm kept '
+                    'them out of mmpretrain.models (which would otherwise '
+                    'fail to import, and mmdet.models and mmseg.models '
+                    'with it). To use them, install transformers<5: '
+                    'pip install "transformers<5"')
+
+            registry.register_module(name=name, module=unavailable,
+                                     force=True)
+
+    return register
+
+
+def patch_dependency_module(dependency: ModuleType) -> bool:
+    """Run on ``mmpretrain.utils.dependency`` right after it loads: where
+    ``WITH_MULTIMODAL`` is True and transformers lacks a name of
+    :data:`MULTIMODAL_IMPORTS`, set it False and make the placeholders say
+    why. Returns whether it patched."""
+    if not getattr(dependency, 'WITH_MULTIMODAL', False):
+        return False
+    missing = missing_names()
+    if not missing:
+        return False
+    try:
+        from importlib.metadata import version
+        tf_version = version('transformers')
+    except Exception:
+        tf_version = '(unknown version)'
+    dependency.WITH_MULTIMODAL = False
+    dependency.register_multimodal_placeholder = _placeholder_register(
+        missing, tf_version)
+    state['patched'] = missing
+    return True
+
+
+def fix_mmpretrain_multimodal(dependency: ModuleType) -> bool:
+    """The fix ``'mmpretrain_multimodal'``, run on
+    ``mmpretrain.utils.dependency`` right after it loads (by the start-up
+    hook, or by ``import pola_mm`` where no hook is installed): where
+    :func:`mmpretrain_would_fail` (transformers >= 5 installed), then
+    :func:`patch_dependency_module`. Nothing happens on any other stack.
+    Returns whether it patched."""
+    return mmpretrain_would_fail() and patch_dependency_module(dependency)
+
+
 #: module name -> what completes it, run right after the module's body
-PATCHES = {
+PATCHES: dict[str, Callable[[ModuleType], object]] = {
     'mmengine.config.config': register_config_scope,
     'mim.utils': _patch_mim_utils,
+    # before any reader of WITH_MULTIMODAL (mmpretrain.models, .datasets)
+    # copies it: the first import of mmpretrain loads this module
+    'mmpretrain.utils.dependency': fix_mmpretrain_multimodal,
 }
 
 
-#: the start-up hook's own entries of :data:`PATCHES`
-_CONFIG_PATCHES = tuple(PATCHES)
+#: the start-up hook's config entries of :data:`PATCHES`
+_CONFIG_PATCHES = ('mmengine.config.config', 'mim.utils')
 
 
-def _run_patch(name: str, module) -> None:
+def _run_patch(name: str, module: ModuleType) -> None:
     try:
         PATCHES[name](module)
     except Exception as exc:  # never break the user's import
@@ -132,7 +366,7 @@ class PostImportFinder:
     modules load; every other import gets ``None`` at once."""
 
     @classmethod
-    def find_spec(cls, fullname, path=None, target=None):
+    def find_spec(cls, fullname: str, path=None, target=None):
         if fullname not in PATCHES:
             return None
         for finder in sys.meta_path:
@@ -148,7 +382,7 @@ class PostImportFinder:
         if exec_module is None:
             return spec
 
-        def exec_then_patch(module):
+        def exec_then_patch(module: ModuleType) -> None:
             exec_module(module)
             if module.__name__ == fullname:  # a loader may be shared
                 _run_patch(fullname, module)
@@ -158,7 +392,7 @@ class PostImportFinder:
         return spec
 
 
-def after_import(name: str, patch) -> str:
+def after_import(name: str, patch: Callable[[ModuleType], object]) -> str:
     """Run ``patch(module)`` right after module ``name`` is first imported,
     through :class:`PostImportFinder` (or now, if it already is).
 

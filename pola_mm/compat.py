@@ -45,6 +45,8 @@ Applied on import, where needed (:data:`FIXES`):
    (:mod:`pola_mm.compat_mmpretrain`). Gate:
    :func:`~pola_mm.compat_mmpretrain.mmpretrain_would_fail` (both
    installed), then :func:`~pola_mm.compat_mmpretrain.missing_names`.
+   The start-up hook of an installed pola_mm runs the same function when
+   mmpretrain loads, so this one needs no ``import pola_mm`` first.
 
 Not here: the two multi-process fixes the tools call for a run on CPU
 with gloo (:mod:`pola_mm.cli.distributed`), which ``import pola_mm`` does

@@ -13,11 +13,16 @@ A config may name a base inside an installed package, e.g.
 
 :func:`register_config_scope` adds ``pola_mm`` to the table and, for the
 ``pola_mm`` scope only, answers the package folder (correct for regular,
-editable and ``PYTHONPATH`` use alike). The package ships ``.mim/configs``
-as a link to the repository's ``configs/`` and ``.mim/model-index.yml`` as
-a link to the repository's ``model-index.yml`` (the mim metadata, whose
-metafiles name configs but no ``_base_`` file), so every
-``pola_mm::<path>`` is a plain file under ``configs/``.
+editable and ``PYTHONPATH`` use alike). It also lets a ``_base_`` list name
+any complete config without a folder, which mmengine alone refuses
+(``pola_mm::mask_rcnn_pola_swin_t.py``, read as the file itself, in its
+codebase's scope: :func:`pola_mm_startup.wrap_get_cfg_path`).
+
+The package ships ``.mim/configs`` as a link to the repository's
+``configs/`` and ``.mim/model-index.yml`` as a link to the repository's
+``model-index.yml`` (the mim metadata, whose metafiles name configs but no
+``_base_`` file), so every ``pola_mm::<path>`` is a plain file under
+``configs/``.
 
 Who calls it:
 

@@ -134,14 +134,16 @@ def test_import_changes_nothing_where_no_fix_is_needed():
     """A stack that needs no fix: torch does not load weights-only by
     default (torch's own switch ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, as
     before torch 2.6), the Runner's compile option is not mmengine 0.10's
-    (a stand-in, as a fixed mmengine would have), MMDeploy is not
-    installed (hidden) and the start-up hook is off. ``import pola_mm``
-    applies nothing and leaves the Runner, torch's allow-list and
-    ``sys.meta_path`` as they were."""
+    (a stand-in, as a fixed mmengine would have), neither MMDeploy nor
+    transformers is installed (both hidden: a stack with transformers 5
+    beside mmpretrain needs the mmpretrain fix) and the start-up hook is
+    off. ``import pola_mm`` applies nothing and leaves the Runner, torch's
+    allow-list and ``sys.meta_path`` as they were."""
     setup = ('def _maybe_compile(self, target):\n'
              '    pass\n'
              'Runner._maybe_compile = _maybe_compile\n'
-             "sys.modules['mmdeploy'] = None\n")
+             "sys.modules['mmdeploy'] = None\n"
+             "sys.modules['transformers'] = None\n")
     got = json.loads(_fresh(
         SNAPSHOT.format(setup=setup),
         {'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD': '1',

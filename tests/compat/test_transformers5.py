@@ -2,11 +2,15 @@
 
 A fake transformers 5 (its metadata and the modules mmpretrain's
 multimodal models import, without the names transformers 5 removed) is
-written into a temporary folder; no network. Without ``import pola_mm``
-mmpretrain's BLIP fails exactly as with the real package (the control).
-With it, ``mmdet.models``, ``mmseg.models`` and ``mmpretrain.models``
-import, every shipped detection and segmentation config builds its model,
-and building a BLIP model says why it is unavailable."""
+written into a temporary folder; no network. Without the fix (the start-up
+hook off, no ``import pola_mm``) mmpretrain's BLIP fails exactly as with
+the real package (the control). With the start-up hook and no ``import
+pola_mm``, the upstream inference snippets (``MMSegInferencer``,
+``DetInferencer``, ``import mmdet.models``) import; beside a transformers
+4 the hook leaves mmpretrain alone. With ``import pola_mm``,
+``mmdet.models``, ``mmseg.models`` and ``mmpretrain.models`` import, every
+shipped detection and segmentation config builds its model, and building a
+BLIP model says why it is unavailable."""
 import json
 import os
 import os.path as osp
@@ -67,11 +71,16 @@ def _fake_transformers(root: str, version: str = '5.0.0') -> None:
                 f'Version: {version}\n')
 
 
-def _run(code: str, root: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+def _run(code: str, root: str, **extra: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter that finds the fake transformers
+    in ``root`` first, with the start-up hook on unless ``extra`` (more
+    environment variables) turns it off."""
+    env = {k: v for k, v in os.environ.items()
+           if k != 'POLA_MM_STARTUP_HOOK'}
     env['PYTHONPATH'] = os.pathsep.join(
         [root, REPO] + [p for p in env.get('PYTHONPATH', '').split(
             os.pathsep) if p])
+    env.update(OMP_NUM_THREADS='1', **extra)
     return subprocess.run([sys.executable, '-c', textwrap.dedent(code)],
                           capture_output=True, text=True, timeout=600,
                           env=env, cwd=REPO)
@@ -81,6 +90,34 @@ CONTROL = """
 import transformers
 assert transformers.__version__.startswith('5')
 import mmpretrain.models
+"""
+
+#: An upstream snippet ({snippet}) as the first import of a program, then
+#: what the start-up hook did; then ``import pola_mm`` reports the fix.
+SNIPPET = """
+import json, sys
+{snippet}
+import pola_mm_startup
+before = 'pola_mm' in sys.modules
+from mmpretrain.utils import dependency
+report = dict(pola_mm_before=before, patched=pola_mm_startup.state,
+              multimodal=dependency.WITH_MULTIMODAL)
+import pola_mm
+report['applied'] = pola_mm.applied_fixes()
+print(json.dumps(report))
+"""
+
+#: mmpretrain's dependency module beside another transformers: untouched
+UNTOUCHED = """
+import json, sys
+import transformers
+from mmpretrain.utils import dependency
+import pola_mm_startup
+print(json.dumps(dict(
+    version=transformers.__version__, patched=pola_mm_startup.state,
+    multimodal=dependency.WITH_MULTIMODAL,
+    placeholder=dependency.register_multimodal_placeholder.__module__,
+    pola_mm='pola_mm' in sys.modules)))
 """
 
 FIXED = """
@@ -124,9 +161,50 @@ def fake_root(tmp_path_factory):
 
 
 def test_without_the_fix_mmpretrain_fails_as_upstream(fake_root):
-    proc = _run(CONTROL, fake_root)
+    proc = _run(CONTROL, fake_root, POLA_MM_STARTUP_HOOK='0')
     assert proc.returncode != 0
     assert 'NoneType takes no arguments' in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize('snippet', [
+    'from mmseg.apis import MMSegInferencer',
+    'from mmdet.apis import DetInferencer',
+    'import mmdet.models',
+])
+def test_upstream_snippets_need_no_import_pola_mm(fake_root, snippet):
+    """The upstream inference snippet is the program's first import: the
+    start-up hook applies the fix when mmpretrain loads, without importing
+    pola_mm; a later ``import pola_mm`` names the fix as applied."""
+    proc = _run(SNIPPET.format(snippet=snippet), fake_root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got['pola_mm_before'] is False
+    assert sorted(got['patched']['patched']) == sorted(
+        f'transformers.modeling_utils.{n}' for n in REMOVED)
+    assert got['multimodal'] is False
+    assert 'mmpretrain_multimodal' in got['applied']
+
+
+@pytest.fixture(scope='module')
+def fake_root_4(tmp_path_factory):
+    pytest.importorskip('mmpretrain')
+    root = str(tmp_path_factory.mktemp('transformers4'))
+    _fake_transformers(root, version='4.40.0')
+    return root
+
+
+def test_start_up_hook_leaves_mmpretrain_alone_before_transformers_5(
+        fake_root_4):
+    """As narrow as the fix at ``import pola_mm``: beside a transformers 4
+    (the same fake, lacking the same names) the gate, the installed
+    version, does not hold, and mmpretrain's dependency module stays as
+    mmpretrain made it."""
+    proc = _run(UNTOUCHED, fake_root_4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == dict(version='4.40.0', patched={}, multimodal=True,
+                       placeholder='mmpretrain.utils.dependency',
+                       pola_mm=False)
 
 
 def test_with_the_fix_every_detector_and_segmentor_builds(fake_root):

@@ -113,6 +113,26 @@ def test_start_up_hook_registers_the_scope_lazily(tmp_path):
                              'load pola_mm config.')
 
 
+@pytest.mark.parametrize('name', ['mask_rcnn_pola_swin_t.py',
+                                  'upernet_pola_swin_t_ade20k.py'])
+def test_start_up_hook_reads_a_complete_config_by_scope(tmp_path, name):
+    """A user's config inherits a whole shipped config by ``pola_mm::``
+    (no folder: mmengine alone refuses it); the hook alone reads it, before
+    pola_mm, torch or mmengine are imported, with pola_mm's backbone."""
+    write(tmp_path / 'my_config.py', f"_base_ = ['pola_mm::{name}']\n")
+    write(tmp_path / 'probe.py', PROBE)
+    on = json.loads(run([sys.executable, 'probe.py'], tmp_path)
+                    .stdout.strip().splitlines()[-1])
+    assert on == dict(before=[], hooked=True, registered=True,
+                      pola_mm_imported=False, result='PolaSwinTransformer')
+    off = json.loads(run([sys.executable, 'probe.py'], tmp_path,
+                         POLA_MM_STARTUP_HOOK='0')
+                     .stdout.strip().splitlines()[-1])
+    assert off['result'].startswith(
+        'ValueError: `_get_package_and_cfg_path` is used for get external '
+        'package'), off['result']
+
+
 def test_start_up_hook_is_installed_in_site_packages():
     pth = osp.join(sysconfig.get_paths()['purelib'], 'pola_mm_startup.pth')
     assert osp.isfile(pth), 'pip install [-e] . writes it (setup.py)'
@@ -264,6 +284,60 @@ def test_mmseg_mmpretrain_train_py_builds_a_pola_mm_config(
         .read_text().split()))
     assert f"type='{backbone}'" in dumped
     assert str(channels).replace(' ', '') in dumped
+
+
+#: users' configs that inherit a whole shipped config by ``pola_mm::``
+COMPLETE_USER = """
+_base_ = ['pola_mm::{name}']
+model = dict(backbone=dict(init_cfg=None))  # no ImageNet weights here
+"""
+#: the test's own overrides for mmdet (tiny COCO-style set, one iteration)
+DET_TINY = """
+_base_ = ['./my_config.py']
+dataset = dict(
+    data_root='coco', ann_file='annotations.json',
+    data_prefix=dict(img='images/'),
+    metainfo=dict(classes=('person', 'bicycle', 'car')),
+    pipeline=[
+        dict(type='LoadImageFromFile'),
+        dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+        dict(type='Resize', scale=(64, 64), keep_ratio=True),
+        dict(type='PackDetInputs')])
+train_dataloader = dict(batch_size=2, num_workers=0,
+                        persistent_workers=False, dataset=dataset)
+train_cfg = dict(max_epochs=1)
+"""
+
+
+@pytest.mark.parametrize('tool, name', [
+    ('mmdet', 'mask_rcnn_pola_swin_t.py'),
+    ('mmseg', 'upernet_pola_swin_t_ade20k.py'),
+])
+def test_train_py_trains_a_complete_config_by_scope(tmp_path, tool, name):
+    """mmdet's / mmseg's shipped ``tools/train.py`` train one iteration of
+    a user's config that inherits a whole shipped config by ``pola_mm::``
+    (the tiny data, image size and iteration count set on top): the
+    config's own backbone, and its types built in the codebase's scope
+    (mmengine never falls back from a ``'pola_mm'`` scope)."""
+    write(tmp_path / 'my_config.py', COMPLETE_USER.format(name=name))
+    if tool == 'mmdet':
+        e2e_data.make_coco(str(tmp_path / 'coco'), num_images=2, size=64)
+        tiny = DET_TINY
+    else:
+        e2e_data.make_ade(str(tmp_path / 'ade'), num_images=2)
+        tiny = SEG_TINY
+    cfg = write(tmp_path / 'tiny.py', tiny + NO_FILES)
+    proc = run([sys.executable, upstream_tool(tool, 'train.py'), cfg,
+                '--work-dir', 'work'], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert re.search(r'(Iter|Epoch)\(train\).* loss: \d+\.\d+', out), \
+        out[-3000:]
+    assert 'Failed to search registry with scope' not in out, out[-3000:]
+    dumped = re.sub(r',([\])])', r'\1', ''.join(  # the config as run
+        next((tmp_path / 'work').glob('*/vis_data/config.py'))
+        .read_text().split()))
+    assert "type='PolaSwinTransformer'" in dumped
+    assert '[96,192,384,768]' in dumped
 
 
 # -- a regular (non-editable) install -----------------------------------------

@@ -57,8 +57,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 from typing import Callable, List, Optional, Sequence, Tuple  # noqa: E402
 
-from pola_mm.analysis.benchmark import (DEFAULT_SEQ_METHODS,  # noqa: E402
-                                        PRESETS, RUNTIMES, SEQ_METHODS,
+from pola_mm.analysis.benchmark import DEFAULT_SEQ_METHODS  # noqa: E402
+from pola_mm.analysis.benchmark import (PRESETS, RUNTIMES, SEQ_METHODS,
                                         SEQ_MODES, WHOLE_MODELS, BenchmarkCase,
                                         BenchmarkResult, compute_ratios,
                                         format_ratio, format_seqlen_table,
