@@ -117,9 +117,13 @@ class PatchMerging(BaseModule):
         new ``(H, W)``."""
         B, L, C = x.shape
         H, W = hw
-        x = pad_map(x.view(B, H, W, C), (0, H % 2, 0, W % 2))
-        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2],
-                       x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
-        hw = (x.shape[1], x.shape[2])
-        x = x.reshape(B, -1, 4 * C)
-        return self.reduction(self.norm(x)), hw
+        # the padded size written once, as twice the output size (under
+        # torch.export a second form, H + H % 2 against the strided slices'
+        # sizes, left guards its solver cannot prove)
+        h, w = (H + 1) // 2, (W + 1) // 2
+        x = pad_map(x.view(B, H, W, C), (0, 2 * h - H, 0, 2 * w - W))
+        # (B, h, 2, w, 2, C) -> the 2x2 neighbours in the order
+        # x[0::2, 0::2], x[1::2, 0::2], x[0::2, 1::2], x[1::2, 1::2]
+        x = x.view(B, h, 2, w, 2, C).permute(0, 1, 3, 4, 2, 5)
+        x = x.reshape(B, h * w, 4 * C)
+        return self.reduction(self.norm(x)), (h, w)
