@@ -9,7 +9,11 @@ torch's own exporters, one module per job:
   TorchScript and dynamo calls, and the verified export
   (:func:`export_onnx`, :func:`export_and_verify`);
 - :mod:`~pola_mm.deployment.onnx_build`: what is exported, from a config
-  (:func:`build_backbone`, :func:`build_model`), and its inputs;
+  (:func:`build_backbone`, :func:`build_model`, seeded without a
+  checkpoint; :func:`save_state_dict`), and its inputs;
+- :mod:`~pola_mm.deployment.onnx_defaults`: the tool's defaults, the
+  config's test size (:func:`config_test_size`) and a file under
+  ``work_dirs/`` (:func:`default_onnx_path`);
 - :mod:`~pola_mm.deployment.onnx_verify`: the file checked in the runtimes
   against PyTorch, at the export size and others (:func:`verify_onnx`);
 - :mod:`~pola_mm.deployment.onnx_refusal`: a dynamic export that cannot
@@ -23,8 +27,10 @@ torch's own exporters, one module per job:
 
 MMDeploy: :mod:`~pola_mm.deployment.mmdeploy_verify` (the verification,
 :func:`deploy_and_verify`), the export in
-:mod:`~pola_mm.deployment.mmdeploy_export`, the comparisons in
-:mod:`~pola_mm.deployment.mmdeploy_compare`, drawing in
+:mod:`~pola_mm.deployment.mmdeploy_export` (with pola_mm's own deploy
+configs, the stock ones at opset 16 for two-stage detectors), the
+comparisons in :mod:`~pola_mm.deployment.mmdeploy_compare` (detections:
+at least the top 20 of each side), drawing in
 :mod:`~pola_mm.deployment.mmdeploy_draw`, with the narrow fixes that let
 MMDeploy export on the modern torch
 (:mod:`pola_mm.deployment.mmdeploy_fixes`, applied once MMDeploy is
@@ -54,6 +60,9 @@ _LAZY = {
     'ExportError': 'onnx_errors', 'ExportInputError': 'onnx_errors',
     'DeployError': 'mmdeploy_verify', 'DeployReport': 'mmdeploy_verify',
     'deploy_and_verify': 'mmdeploy_verify',
+    'NothingComparedError': 'mmdeploy_verify',
+    'seeded': 'onnx_build', 'save_state_dict': 'onnx_build',
+    'config_test_size': 'onnx_defaults', 'default_onnx_path': 'onnx_defaults',
 }
 
 __all__ = sorted(_LAZY)

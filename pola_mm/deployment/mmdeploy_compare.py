@@ -4,21 +4,25 @@ What is compared, per image (MMDeploy task):
 
 - **detection / instance segmentation** (``ObjectDetection``): the final
   detections of both models' ``test_step`` (boxes rescaled to the image,
-  scores, labels, masks pasted to the image). Every *confident* detection
-  (score >= ``score_thr``) of either side must have a counterpart on the
-  other side with the same label, a box within ``box_rtol`` of the image
-  scale (its longer side) at any score (one side's detection may fall just
-  below the threshold), a score within ``score_atol`` and, with masks, a
-  mask IoU >= ``mask_iou`` (pixels at a near-tie of the binary threshold,
-  in PyTorch's soft mask, may flip). The order of tied scores does not
-  matter:
-  unmatched detections of the two sides with equal scores are a swap (NMS
-  and the per-image cap break ties by order), and a detection the other
-  side cut at its full cap with a tie is excused; both are counted in the
-  check's detail. Detections below ``score_thr`` are not compared
-  one to one: MMDeploy's post-processing keeps up to ``pre_top_k`` = 5000
-  candidates per image before NMS where mmdet's test_cfg keeps ``nms_pre``,
-  so the low-score tails legitimately differ.
+  scores, labels, masks pasted to the image). Each side's *compared*
+  detections are every detection with score >= ``score_thr`` and, where
+  fewer are that confident, its ``top_k`` best whatever their scores
+  (:func:`compared_indices`), so an untrained model that is confident of
+  nothing is still compared on its 20 best. Each compared detection of
+  either side must have a counterpart on the other side with the same
+  label, a box within ``box_rtol`` of the image scale (its longer side) at
+  any score (one side's detection may rank just outside the compared ones),
+  a score within ``score_atol`` and, with masks, a mask IoU >= ``mask_iou``
+  (pixels at a near-tie of the binary threshold, in PyTorch's soft mask,
+  may flip). The order of tied scores does not matter: unmatched
+  detections of the two sides with equal scores are a swap (NMS and the
+  per-image cap break ties by order), and a detection the other side cut
+  at its full cap with a tie is excused; both are counted in the check's
+  detail, with how many detections each side had compared. The tail below
+  both is not compared one to one: MMDeploy's post-processing keeps up to
+  ``pre_top_k`` = 5000 candidates per image before NMS where mmdet's
+  test_cfg keeps ``nms_pre``, so far down the ranking the two may
+  legitimately differ.
 - **segmentation** (``Segmentation``): the network output at the network's
   input size. A file with logits (``with_argmax=False``) must be within
   ``logit_rtol`` of PyTorch's ``encode_decode`` logits (relative to their
@@ -42,9 +46,12 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    'Check', 'compare_detections', 'compare_segmentation',
-    'compare_classification'
+    'DEFAULT_TOP_K', 'Check', 'compared_indices', 'compare_detections',
+    'compare_segmentation', 'compare_classification'
 ]
+
+#: Detections compared on each side at least, whatever their scores.
+DEFAULT_TOP_K = 20
 
 
 @dataclass
@@ -102,16 +109,28 @@ def _mask_iou(a: Tensor, b: Tensor, soft: Optional[Tensor] = None) -> float:
     return float((a & b).sum().item() / union)
 
 
-def _counterparts(src: Any, dst: Any, score_thr: float,
+def compared_indices(dets: Any, score_thr: float, top_k: int) -> Tensor:
+    """The indices of the detections of one side that are compared: every
+    one with score >= ``score_thr`` and, where fewer are, the ``top_k``
+    best by score (all of them where there are fewer than ``top_k``).
+
+    Returns:
+        ``(n,)`` indices into ``dets``, best score first.
+    """
+    order = torch.argsort(dets.scores.float(), descending=True, stable=True)
+    confident = int((dets.scores >= score_thr).sum())
+    return order[:max(confident, min(int(top_k), len(order)))]
+
+
+def _counterparts(src: Any, dst: Any, keep: Tensor,
                   box_tol: float) -> List[Tuple[int, int]]:
-    """For each confident detection of ``src`` (score >= ``score_thr``),
-    the ``dst`` detection of the same label with the nearest score among
-    those whose box is within ``box_tol`` (largest coordinate difference),
-    of any score (a counterpart just below the threshold is a flip, not a
+    """For each compared detection ``keep`` of ``src``, the ``dst``
+    detection of the same label with the nearest score among those whose
+    box is within ``box_tol`` (largest coordinate difference), of any score
+    (a counterpart ranked just outside the compared ones is a flip, not a
     miss); -1 where there is none."""
     pairs = []
-    keep = torch.nonzero(src.scores >= score_thr).flatten().tolist()
-    for i in keep:
+    for i in keep.tolist():
         same = torch.nonzero(dst.labels == src.labels[i]).flatten()
         if same.numel():
             diff = (dst.bboxes[same].float() -
@@ -170,21 +189,28 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
                        box_rtol: float, score_atol: float,
                        mask_iou: float, cap: Optional[int] = None,
                        nms_iou: float = 0.5,
-                       soft_masks: Optional[Tensor] = None) -> List[Check]:
+                       soft_masks: Optional[Tensor] = None,
+                       top_k: int = DEFAULT_TOP_K) -> List[Check]:
     """Compare two ``InstanceData`` of detections (PyTorch ``ref``, backend
     ``got``), both ways, independent of the order of tied scores.
 
-    Each confident detection needs a counterpart on the other side: the
-    same label and a box within ``box_rtol`` of ``scale``, at any score
-    (:func:`_counterparts`). Unmatched ones are excused only where ties
-    explain them: pairs of unmatched detections of one label with equal
-    scores that overlap by more than ``nms_iou`` (NMS swapped them,
-    :func:`_tied_swaps`), and
+    Each side's compared detections (every one with score >=
+    ``score_thr``, and at least its ``top_k`` best: :func:`compared_indices`)
+    need a counterpart on the other side: the same label and a box within
+    ``box_rtol`` of ``scale``, at any score (:func:`_counterparts`).
+    Unmatched ones are excused only where ties explain them: pairs of
+    unmatched detections of one label with equal scores that overlap by
+    more than ``nms_iou`` (NMS swapped them, :func:`_tied_swaps`), and
     detections that the other side, full at the per-image cap ``cap`` (the
     model's ``max_per_img``), cut with a tie. Matched pairs must agree in
     score (``score_atol``) and, with masks, mask IoU; ``soft_masks``,
     PyTorch's masks before binarisation (0-255, in ``ref``'s order), make
     pixels at a near-tie of the threshold agree (:func:`_mask_iou`).
+
+    The first check's ``data`` holds the counts: ``torch`` / ``backend``
+    (detections with score >= ``score_thr``), ``compared_torch`` /
+    ``compared_backend`` (detections compared), ``matched`` (pairs whose
+    boxes, scores and masks were measured), ``tied_swaps`` and ``capped``.
     """
     ref = ref.cpu()
     got = got.cpu()
@@ -192,11 +218,15 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
     worst_box, worst_score, worst_iou = 0.0, 0.0, 1.0
     has_masks = 'masks' in ref and 'masks' in got
     lost: Dict[bool, List[int]] = {True: [], False: []}
+    compared = {True: compared_indices(ref, score_thr, top_k),
+                False: compared_indices(got, score_thr, top_k)}
+    matched = 0
     for a, b, forward in ((ref, got, True), (got, ref, False)):
-        for i, j in _counterparts(a, b, score_thr, tol):
+        for i, j in _counterparts(a, b, compared[forward], tol):
             if j < 0:
                 lost[forward].append(i)
                 continue
+            matched += 1
             worst_box = max(worst_box, float(
                 (a.bboxes[i].float() - b.bboxes[j].float()).abs().max()))
             worst_score = max(worst_score,
@@ -213,15 +243,17 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
               sum(_cut_at_cap(float(got.scores[i]), ref, cap, score_atol)
                   for i in left_got))
     unmatched = len(left_ref) + len(left_got) - capped
-    n_ref = int((ref.scores >= score_thr).sum())
-    n_got = int((got.scores >= score_thr).sum())
+    counts = dict(
+        torch=int((ref.scores >= score_thr).sum()),
+        backend=int((got.scores >= score_thr).sum()),
+        compared_torch=len(compared[True]),
+        compared_backend=len(compared[False]), matched=matched,
+        score_thr=score_thr, top_k=int(top_k), tied_swaps=2 * swaps,
+        capped=capped)
     checks = [
-        Check('confident detections without a counterpart', unmatched, 0,
-              detail=f'PyTorch {n_ref}, backend {n_got} with score >= '
-              f'{score_thr:g}; {2 * swaps} swapped between tied scores, '
-              f'{capped} at the per-image cap with a tie',
-              data=dict(torch=n_ref, backend=n_got, score_thr=score_thr,
-                        tied_swaps=2 * swaps, capped=capped)),
+        Check('compared detections without a counterpart', unmatched, 0,
+              detail=_counts_detail(counts, len(ref), len(got)),
+              data=counts),
         Check('box max abs diff', worst_box, tol,
               detail=f'{box_rtol:g} of the image scale {scale:g}'),
         Check('score max abs diff', worst_score, score_atol),
@@ -229,6 +261,20 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
     if has_masks:
         checks.append(Check('mask IoU (worst)', worst_iou, mask_iou, 'min'))
     return checks
+
+
+def _counts_detail(counts: Dict[str, float], n_ref: int, n_got: int) -> str:
+    """The words of the counterpart check: what each side had, what was
+    compared, and what ties excused."""
+    if not counts['compared_torch'] + counts['compared_backend']:
+        return ('nothing compared: neither PyTorch nor the backend has a '
+                'detection')
+    return (f"compared PyTorch's top {counts['compared_torch']} of {n_ref} "
+            f"and the backend's top {counts['compared_backend']} of {n_got} "
+            f"(those with score >= {counts['score_thr']:g}: "
+            f"{counts['torch']} and {counts['backend']}, and at least the "
+            f"top {counts['top_k']}); {counts['tied_swaps']} swapped between "
+            f"tied scores, {counts['capped']} at the per-image cap with a tie")
 
 
 def _run_ort(path: str, inputs: Tensor) -> np.ndarray:

@@ -9,7 +9,11 @@ A deploy config given as ``mmdeploy::<path>`` (``<path>`` relative to
 MMDeploy's ``configs/`` folder, e.g.
 ``mmdeploy::mmdet/detection/detection_onnxruntime_dynamic.py``) is
 MMDeploy's stock file from the copy that ships with pola_mm
-(:func:`resolve_deploy_config`; the ``mmdeploy`` wheel ships none).
+(:func:`resolve_deploy_config`; the ``mmdeploy`` wheel ships none). One
+given as ``pola_mm_deploy::<path>`` is one of pola_mm's own deploy configs
+(:func:`pola_mm_deploy_configs`), which inherit the stock ones: the
+detection and instance-segmentation configs at opset 16, where MMDeploy's
+RoIAlign computes mmdet's for every RoI (:func:`roi_align_advice`).
 
 Used by :mod:`pola_mm.deployment.mmdeploy_verify` and
 :mod:`pola_mm.deployment.mmdeploy_draw`.
@@ -24,9 +28,12 @@ from mmengine.config import Config
 
 __all__ = [
     'TASKS', 'ImageLike', 'DeployError', 'DeployInputError',
-    'MMDEPLOY_SCOPE', 'stock_configs_dir', 'stock_deploy_configs',
-    'resolve_deploy_config', 'load_deploy_configs', 'is_dynamic_hw',
-    'deploy_task', 'require_mmdeploy', 'export_with_mmdeploy'
+    'MMDEPLOY_SCOPE', 'POLA_MM_DEPLOY_SCOPE', 'ROI_ALIGN_OPSET',
+    'stock_configs_dir', 'stock_deploy_configs', 'pola_mm_configs_dir',
+    'pola_mm_deploy_configs', 'shipped_deploy_config_names',
+    'suggested_deploy_config', 'roi_align_advice', 'resolve_deploy_config',
+    'load_deploy_configs', 'is_dynamic_hw', 'deploy_task',
+    'require_mmdeploy', 'export_with_mmdeploy'
 ]
 
 #: MMDeploy tasks this module can verify.
@@ -60,11 +67,29 @@ def stock_configs_dir() -> str:
                     'mmdeploy_configs', 'configs')
 
 
-def stock_deploy_configs() -> List[str]:
-    """The shipped ONNX Runtime deploy configs, as the paths after
-    ``mmdeploy::`` (sorted; the ``_base_`` files and backend-less bases are
-    left out)."""
-    root = stock_configs_dir()
+#: How a deploy config names one of pola_mm's own deploy configs:
+#: ``pola_mm_deploy::<path relative to pola_mm's deploy_configs/>``.
+POLA_MM_DEPLOY_SCOPE = 'pola_mm_deploy::'
+
+#: The least opset at which MMDeploy 1.3.1's RoIAlign symbolic computes
+#: mmdet's ``aligned=True`` RoIAlign for every RoI (ONNX RoiAlign with
+#: ``coordinate_transformation_mode='half_pixel'``); below it, it shifts
+#: the RoIs and writes the old RoiAlign, which clamps each RoI side to at
+#: least one feature cell.
+ROI_ALIGN_OPSET = 16
+
+
+def pola_mm_configs_dir() -> str:
+    """The folder of pola_mm's own deploy configs
+    (``pola_mm/.mim/deploy_configs``, next to MMDeploy's stock copies,
+    which they inherit by relative ``_base_``)."""
+    return osp.join(osp.dirname(osp.dirname(stock_configs_dir())),
+                    'deploy_configs')
+
+
+def _configs_under(root: str) -> List[str]:
+    """The ONNX Runtime deploy configs under ``root``, as ``/``-separated
+    paths relative to it (sorted; ``_base_`` folders left out)."""
     names = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d != '_base_']
@@ -75,26 +100,87 @@ def stock_deploy_configs() -> List[str]:
     return sorted(names)
 
 
+def stock_deploy_configs() -> List[str]:
+    """The shipped ONNX Runtime deploy configs, as the paths after
+    ``mmdeploy::`` (sorted; the ``_base_`` files and backend-less bases are
+    left out)."""
+    return _configs_under(stock_configs_dir())
+
+
+def pola_mm_deploy_configs() -> List[str]:
+    """pola_mm's own deploy configs, as the paths after
+    ``pola_mm_deploy::`` (sorted): MMDeploy's stock detection and
+    instance-segmentation configs at opset :data:`ROI_ALIGN_OPSET`, named
+    as the stock file with ``-opset16`` added."""
+    return _configs_under(pola_mm_configs_dir())
+
+
+def suggested_deploy_config(task: str, dynamic: bool = True) -> str:
+    """The deploy config the docs and tools suggest for a detector
+    (``task`` ``'detection'``) or an instance segmenter
+    (``'instance-seg'``): pola_mm's opset-16 one, by name."""
+    kind = 'dynamic' if dynamic else 'static'
+    return (f'{POLA_MM_DEPLOY_SCOPE}mmdet/{task}/{task}_onnxruntime_'
+            f'{kind}-opset{ROI_ALIGN_OPSET}.py')
+
+
+def roi_align_advice(deploy_cfg: Config, model_cfg: Config) -> Optional[str]:
+    """One line for a model with a RoIAlign (a two-stage detector) exported
+    below opset :data:`ROI_ALIGN_OPSET`, naming the deploy config to use
+    instead; None where there is nothing to say.
+
+    Below opset 16 MMDeploy 1.3.1's RoIAlign symbolic emulates mmdet's
+    ``aligned=True`` by shifting the RoIs half a cell and writing ONNX
+    RoiAlign, which ONNX Runtime computes like mmcv's ``aligned=False``:
+    each RoI side clamped to at least one feature cell. RoIs thinner than a
+    cell (untrained models propose many) then pool other features.
+    """
+    model = model_cfg.get('model') or {}
+    if not (hasattr(model, 'get') and model.get('roi_head')):
+        return None
+    opset = int(deploy_cfg.onnx_config.get('opset_version', 11))
+    if opset >= ROI_ALIGN_OPSET:
+        return None
+    task = ('instance-seg' if 'masks' in (
+        deploy_cfg.onnx_config.get('output_names') or []) else 'detection')
+    name = suggested_deploy_config(task, is_dynamic_hw(deploy_cfg))
+    return (f'opset {opset} < {ROI_ALIGN_OPSET}: MMDeploy\'s RoIAlign then '
+            'clamps RoIs thinner than one feature cell, which mmdet does '
+            f'not (scores and masks of such boxes differ); use {name} '
+            '(the same deploy config at opset 16, docs/deployment.md)')
+
+
+def shipped_deploy_config_names() -> List[str]:
+    """Every deploy config name that :func:`resolve_deploy_config` knows:
+    MMDeploy's stock ones (``mmdeploy::``), then pola_mm's own
+    (``pola_mm_deploy::``)."""
+    return ([MMDEPLOY_SCOPE + n for n in stock_deploy_configs()] +
+            [POLA_MM_DEPLOY_SCOPE + n for n in pola_mm_deploy_configs()])
+
+
 def resolve_deploy_config(deploy_cfg: str) -> str:
     """The file of a deploy config: ``mmdeploy::<path>`` is the shipped
-    stock file ``<path>`` (:func:`stock_configs_dir`), any other string a
-    path, returned as given.
+    stock file ``<path>`` (:func:`stock_configs_dir`),
+    ``pola_mm_deploy::<path>`` pola_mm's own (:func:`pola_mm_configs_dir`),
+    any other string a path, returned as given.
 
     Raises:
-        DeployInputError: a ``mmdeploy::`` name with no shipped file (the
-            message lists :func:`stock_deploy_configs`).
+        DeployInputError: a scoped name with no shipped file (the message
+            lists :func:`shipped_deploy_config_names`).
     """
     deploy_cfg = str(deploy_cfg)
-    if not deploy_cfg.startswith(MMDEPLOY_SCOPE):
-        return deploy_cfg
-    root = stock_configs_dir()
-    rel = deploy_cfg[len(MMDEPLOY_SCOPE):]
-    path = osp.normpath(osp.join(root, rel))
-    if not (path.startswith(root + os.sep) and osp.isfile(path)):
-        names = ', '.join(MMDEPLOY_SCOPE + n for n in stock_deploy_configs())
-        raise DeployInputError(f'unknown MMDeploy deploy config {deploy_cfg}'
-                               f' (shipped with pola_mm: {names})')
-    return path
+    scopes = ((MMDEPLOY_SCOPE, stock_configs_dir(), 'MMDeploy'),
+              (POLA_MM_DEPLOY_SCOPE, pola_mm_configs_dir(), 'pola_mm'))
+    for scope, root, what in scopes:
+        if not deploy_cfg.startswith(scope):
+            continue
+        path = osp.normpath(osp.join(root, deploy_cfg[len(scope):]))
+        if path.startswith(root + os.sep) and osp.isfile(path):
+            return path
+        names = ', '.join(shipped_deploy_config_names())
+        raise DeployInputError(f'unknown {what} deploy config {deploy_cfg} '
+                               f'(shipped with pola_mm: {names})')
+    return deploy_cfg
 
 
 def load_deploy_configs(deploy_cfg: Union[str, Config],

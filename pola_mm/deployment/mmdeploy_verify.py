@@ -18,7 +18,15 @@ from here too.
 Every image given is checked (at the input size its test pipeline makes).
 With a deploy config that frees the height/width (MMDeploy's stock
 ``*_dynamic.py``), the one file exported on the first image is checked on
-every image at its own size.
+every image at its own size. Detectors are compared on at least their
+``top_k`` best detections per image, whatever their scores; a check that
+compared no detection at all is refused (:class:`NothingComparedError`),
+never reported as verified.
+
+Without a checkpoint the model is built with seeded random weights (the
+same ``seed``, the same weights and file), which the export is handed so
+that both sides are one model; ``save_weights`` keeps them next to the
+file.
 """
 import copy
 import os
@@ -33,24 +41,34 @@ import torch
 from mmengine.config import Config
 from mmengine.logging import print_log
 
-from .mmdeploy_compare import (Check, compare_classification,
+from .mmdeploy_compare import (DEFAULT_TOP_K, Check, compare_classification,
                                compare_detections, compare_segmentation)
 from .mmdeploy_draw import draw_results
 from .mmdeploy_export import (MMDEPLOY_SCOPE, TASKS, DeployError,
                               DeployInputError, ImageLike, deploy_task,
                               export_with_mmdeploy, is_dynamic_hw,
                               load_deploy_configs, require_mmdeploy,
-                              resolve_deploy_config, stock_configs_dir,
-                              stock_deploy_configs)
+                              resolve_deploy_config, roi_align_advice,
+                              stock_configs_dir, stock_deploy_configs)
 
 __all__ = [
-    'DeployError', 'DeployInputError', 'Check', 'DeployReport',
+    'DeployError', 'DeployInputError', 'NothingComparedError', 'Check',
+    'DeployReport', 'DEFAULT_TOP_K',
     'MMDEPLOY_SCOPE', 'stock_configs_dir', 'stock_deploy_configs',
     'resolve_deploy_config', 'load_deploy_configs', 'is_dynamic_hw',
     'export_with_mmdeploy', 'compare_detections', 'compare_segmentation',
     'compare_classification', 'compare_on_image', 'deploy_and_verify',
     'draw_results', 'TASKS'
 ]
+
+
+class NothingComparedError(DeployError):
+    """A detector's check that compared no detection on any image: it could
+    not have failed, so it verifies nothing."""
+
+
+#: The tasks whose checks compare detections.
+DETECTION_TASKS = ('ObjectDetection', 'InstanceSegmentation')
 
 
 @dataclass
@@ -60,20 +78,36 @@ class DeployReport:
     task: str
     input_shapes: List[Tuple[int, ...]] = field(default_factory=list)
     checks: List[Check] = field(default_factory=list)
+    #: the seed of the random weights; None when a checkpoint was given
+    seed: Optional[int] = None
+    #: the random weights kept next to the file (``save_weights``)
+    weights_file: Optional[str] = None
 
     @property
     def ok(self) -> bool:
         """Every check passed."""
         return bool(self.checks) and all(c.ok for c in self.checks)
 
+    @property
+    def detections_compared(self) -> Tuple[int, int]:
+        """PyTorch's and the backend's detections compared, summed over the
+        images ((0, 0) for tasks without detections)."""
+        counts = [c.data for c in self.checks
+                  if 'compared_torch' in c.data]
+        return (int(sum(d['compared_torch'] for d in counts)),
+                int(sum(d['compared_backend'] for d in counts)))
+
 
 def compare_on_image(task_processor: Any, torch_model: Any,
                      backend_model: Any, path: str, img: ImageLike,
                      deploy_cfg: Config, task: str, score_thr: float = 0.3,
                      box_rtol: float = 1e-3, score_atol: float = 1e-4,
-                     mask_iou: float = 0.99, logit_rtol: float = 1e-4
+                     mask_iou: float = 0.99, logit_rtol: float = 1e-4,
+                     top_k: int = DEFAULT_TOP_K
                      ) -> Tuple[Tuple[int, ...], List[Check]]:
-    """Run PyTorch and the backend on one image and compare.
+    """Run PyTorch and the backend on one image and compare (detections:
+    every one with score >= ``score_thr`` and at least the ``top_k`` best
+    of each side).
 
     Returns:
         The network input shape and the checks.
@@ -103,7 +137,7 @@ def compare_on_image(task_processor: Any, torch_model: Any,
                                      float(max(h, w)), score_thr, box_rtol,
                                      score_atol, mask_iou,
                                      *detections_post_processing(torch_model),
-                                     soft_masks=soft)
+                                     soft_masks=soft, top_k=top_k)
 
 
 def soft_masks(model: Any, raw: Any) -> Optional[torch.Tensor]:
@@ -143,6 +177,64 @@ def detections_post_processing(model: Any) -> Tuple[Optional[int], float]:
     return (None if cap is None else int(cap)), float(iou)
 
 
+def _images_of(imgs: Union[ImageLike, Sequence[ImageLike]]
+               ) -> List[ImageLike]:
+    """The images as a list, each path checked.
+
+    Raises:
+        DeployError: no image; DeployInputError: a path that is no file.
+    """
+    if isinstance(imgs, (str, np.ndarray)):
+        imgs = [imgs]
+    imgs = list(imgs)
+    if not imgs:
+        raise DeployError('no image to export and compare on')
+    for img in imgs:
+        if isinstance(img, str) and not osp.isfile(img):
+            raise DeployInputError(f'image not found: {img}')
+    return imgs
+
+
+def _build_torch_model(task_processor: Any, checkpoint: Optional[str],
+                       seed: Optional[int]) -> Any:
+    """PyTorch's model: ``checkpoint``'s weights, or without one the
+    initialisation drawn from ``seed`` (None: from torch's current random
+    state), which leaves the caller's random state as it was."""
+    if checkpoint is not None or seed is None:
+        return task_processor.build_pytorch_model(checkpoint)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return task_processor.build_pytorch_model(None)
+
+
+def _nothing_compared(report: DeployReport, top_k: int,
+                      score_thr: float) -> str:
+    """The message of a detector's check that compared no detection."""
+    return (f'nothing to compare: neither PyTorch nor ONNX Runtime has a '
+            f'detection on the {len(report.input_shapes)} image(s) '
+            f'(compared would be every one with score >= {score_thr:g} and '
+            f'the top {top_k}), so the file is not verified and was not '
+            "written; use an image with objects in it, trained weights, or "
+            "a lower threshold in the model's test_cfg (score_thr) and the "
+            "deploy config's codebase_config.post_processing.score_threshold")
+
+
+def _refusal(report: DeployReport, advice: Optional[str]) -> str:
+    """The message of a check that failed: every check, and the advice of
+    :func:`~pola_mm.deployment.mmdeploy_export.roi_align_advice`."""
+    msg = ('the ONNX Runtime model differs from PyTorch, so no file was '
+           'written:\n  ' + '\n  '.join(str(c) for c in report.checks))
+    return msg + (f'\nnote: {advice}' if advice else '')
+
+
+def _keep_weights(weights: str, onnx_file: str) -> str:
+    """Move the random weights ``weights`` next to ``onnx_file``, named
+    after it (``end2end.onnx`` -> ``end2end.pth``); returns that path."""
+    final = osp.splitext(onnx_file)[0] + '.pth'
+    os.replace(weights, final)
+    return final
+
+
 def deploy_and_verify(deploy_cfg: Union[str, Config],
                       model_cfg: Union[str, Config],
                       checkpoint: Optional[str],
@@ -154,43 +246,52 @@ def deploy_and_verify(deploy_cfg: Union[str, Config],
                       box_rtol: float = 1e-3,
                       score_atol: float = 1e-4,
                       mask_iou: float = 0.99,
-                      logit_rtol: float = 1e-4) -> DeployReport:
+                      logit_rtol: float = 1e-4,
+                      top_k: int = DEFAULT_TOP_K,
+                      seed: Optional[int] = 0,
+                      save_weights: bool = False,
+                      require_comparison: bool = True) -> DeployReport:
     """Export with MMDeploy on the first image, compare the ONNX Runtime
     backend with PyTorch on every image, and keep the file only if all
     comparisons pass.
 
     Args:
         deploy_cfg: an MMDeploy ONNX Runtime deploy config (file,
-            ``mmdeploy::<path>`` or Config).
+            ``mmdeploy::<path>``, ``pola_mm_deploy::<path>`` or Config).
         model_cfg: the model config (file or Config).
         checkpoint: the model's weights (None: its initialisation, without
-            ``init_cfg`` weights).
+            ``init_cfg`` weights, drawn from ``seed``).
         imgs: an image (path or BGR array) or several; the export uses the
             first one.
         work_dir: where the verified file is written.
         device: ``'cpu'`` (the PyTorch model and ONNX Runtime's provider).
         cfg_options: overrides merged into the model config.
         score_thr, box_rtol, score_atol, mask_iou, logit_rtol: the
-            tolerances (see the module docstring).
+            tolerances (see :mod:`~pola_mm.deployment.mmdeploy_compare`).
+        top_k: detections compared per image and side at least, whatever
+            their scores (besides every one with score >= ``score_thr``).
+        seed: seeds the random weights without a checkpoint (None: torch's
+            current random state).
+        save_weights: without a checkpoint, keep the random weights next to
+            the verified file (``end2end.pth``, ``{'state_dict': ...}``:
+            a checkpoint for this tool and mmdet's / mmseg's).
+        require_comparison: refuse a detector's check that compared no
+            detection on any image (:class:`NothingComparedError`); only a
+            caller that reports the count itself (the whole-model
+            benchmark, which times random weights) turns this off.
 
     Returns:
         The report; ``report.onnx_file`` is the written file.
 
     Raises:
-        DeployError: bad configs, a failed export, or a disagreement (the
-            message lists every check; no file is left in ``work_dir``).
+        DeployError: bad configs, a failed export, a disagreement (the
+            message lists every check; no file is left in ``work_dir``),
+            or nothing compared (:class:`NothingComparedError`).
     """
     deploy_cfg, model_cfg = load_deploy_configs(deploy_cfg, model_cfg,
                                                 cfg_options)
     task = deploy_task(deploy_cfg)
-    if isinstance(imgs, (str, np.ndarray)):
-        imgs = [imgs]
-    imgs = list(imgs)
-    if not imgs:
-        raise DeployError('no image to export and compare on')
-    for img in imgs:
-        if isinstance(img, str) and not osp.isfile(img):
-            raise DeployInputError(f'image not found: {img}')
+    imgs = _images_of(imgs)
     if checkpoint is not None and not osp.isfile(checkpoint):
         raise DeployInputError(f'checkpoint not found: {checkpoint}')
     require_mmdeploy()
@@ -198,25 +299,27 @@ def deploy_and_verify(deploy_cfg: Union[str, Config],
 
     os.makedirs(work_dir, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix='.unverified-', dir=work_dir)
+    report = DeployReport(None, task,
+                          seed=None if checkpoint is not None else seed)
     try:
         task_processor = build_task_processor(model_cfg, deploy_cfg, device)
-        torch_model = task_processor.build_pytorch_model(checkpoint)
+        torch_model = _build_torch_model(task_processor, checkpoint, seed)
+        weights = checkpoint
         if checkpoint is None:
             # torch2onnx builds its own model: give it these very weights
-            checkpoint = osp.join(tmp_dir, 'initial_weights.pth')
-            torch.save({'state_dict': torch_model.state_dict()}, checkpoint)
-        path = export_with_mmdeploy(deploy_cfg, model_cfg, checkpoint,
+            weights = osp.join(tmp_dir, 'initial_weights.pth')
+            torch.save({'state_dict': torch_model.state_dict()}, weights)
+        path = export_with_mmdeploy(deploy_cfg, model_cfg, weights,
                                     imgs[0], tmp_dir, device)
         backend_model = None
         if task != 'Segmentation':
             backend_model = task_processor.build_backend_model(
                 [path], task_processor.update_data_preprocessor)
-        report = DeployReport(None, task)
         for k, img in enumerate(imgs):
             shape, checks = compare_on_image(
                 task_processor, torch_model, backend_model, path, img,
                 deploy_cfg, task, score_thr, box_rtol, score_atol, mask_iou,
-                logit_rtol)
+                logit_rtol, top_k)
             report.input_shapes.append(shape)
             for c in checks:
                 c.name = f'image {k} {shape[2]}x{shape[3]}: {c.name}'
@@ -224,12 +327,17 @@ def deploy_and_verify(deploy_cfg: Union[str, Config],
         for c in report.checks:
             print_log(str(c), logger='current')
         if not report.ok:
-            raise DeployError(
-                'the ONNX Runtime model differs from PyTorch, so no file was '
-                'written:\n  ' + '\n  '.join(str(c) for c in report.checks))
+            raise DeployError(_refusal(
+                report, roi_align_advice(deploy_cfg, model_cfg)))
+        if (require_comparison and task in DETECTION_TASKS
+                and not sum(report.detections_compared)):
+            raise NothingComparedError(
+                _nothing_compared(report, top_k, score_thr))
         final = osp.join(work_dir, osp.basename(path))
         os.replace(path, final)
         report.onnx_file = final
+        if save_weights and checkpoint is None:
+            report.weights_file = _keep_weights(weights, final)
         return report
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)

@@ -10,8 +10,16 @@ box regressions or segmentation logits as a flat tuple);
 on. A config, checkpoint or override that cannot be used raises one
 :class:`~pola_mm.deployment.onnx_errors.ExportInputError` naming the
 problem and the fix.
+
+Without a checkpoint the weights are the modules' initialisation: random.
+Both builders take a ``seed`` for it (:func:`seeded`: the same seed, the
+same weights, the same file), and :func:`save_state_dict` keeps them as a
+checkpoint the builders read back.
 """
-from typing import Any, List, Mapping, Optional, Tuple
+import contextlib
+import os
+import os.path as osp
+from typing import Any, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -21,7 +29,44 @@ from ..type_aliases import Size2
 from .onnx_errors import ExportInputError, first_line
 
 __all__ = ['TensorModeModel', 'build_backbone', 'build_model',
-           'example_inputs']
+           'example_inputs', 'seeded', 'save_state_dict']
+
+
+@contextlib.contextmanager
+def seeded(seed: Optional[int]) -> Iterator[None]:
+    """Inside, torch's CPU random state is seeded with ``seed`` (what the
+    modules' initialisation draws from); after, it is as it was. ``None``
+    leaves it alone."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        yield
+
+
+def save_state_dict(model: nn.Module, path: str) -> str:
+    """Write the weights of ``model`` (a backbone, or a
+    :class:`TensorModeModel`'s whole model) to ``path`` as ``{'state_dict':
+    ...}``, which :func:`build_backbone` / :func:`build_model` (and mmdet's,
+    mmseg's, mmpretrain's tools for a whole model) read back. Written under
+    a temporary name and moved into place.
+
+    Returns:
+        ``path``.
+    """
+    inner = model.model if isinstance(model, TensorModeModel) else model
+    state = {k: v.detach().cpu() for k, v in inner.state_dict().items()}
+    folder = osp.dirname(osp.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = osp.join(folder, f'.{osp.basename(path)}.tmp')
+    try:
+        torch.save({'state_dict': state}, tmp)
+        os.replace(tmp, path)
+    finally:
+        if osp.exists(tmp):
+            os.remove(tmp)
+    return path
 
 
 def _checked_config(config: Any, cfg_options: Optional[dict]) -> Any:
@@ -80,7 +125,8 @@ def _checked_config(config: Any, cfg_options: Optional[dict]) -> Any:
 
 def build_backbone(config: Any,
                    checkpoint: Optional[str] = None,
-                   cfg_options: Optional[dict] = None) -> nn.Module:
+                   cfg_options: Optional[dict] = None,
+                   seed: Optional[int] = None) -> nn.Module:
     """The backbone of a pola_mm config, in eval mode.
 
     Args:
@@ -95,6 +141,8 @@ def build_backbone(config: Any,
             (without ``checkpoint`` the backbone keeps its initialisation).
         cfg_options: overrides merged into the config first (e.g. a smaller
             ``model.backbone.arch``).
+        seed: seeds the initialisation (:func:`seeded`; None: torch's
+            current random state).
 
     Raises:
         ExportInputError: the config or checkpoint is missing, unreadable,
@@ -108,7 +156,8 @@ def build_backbone(config: Any,
     cfg = _checked_config(config, cfg_options)
     name = config if isinstance(config, str) else 'the config'
     try:
-        model, _ = backbone_from_config(cfg, checkpoint)
+        with seeded(seed):
+            model, _ = backbone_from_config(cfg, checkpoint)
     except CheckpointFileError as err:
         raise ExportInputError(
             f'{first_line(err)}; pass an intact checkpoint (download or '
@@ -168,7 +217,8 @@ class TensorModeModel(nn.Module):
 
 def build_model(config: Any,
                 checkpoint: Optional[str] = None,
-                cfg_options: Optional[dict] = None) -> TensorModeModel:
+                cfg_options: Optional[dict] = None,
+                seed: Optional[int] = None) -> TensorModeModel:
     """The whole ``model`` of a pola_mm config (classifier, detector or
     segmentor, built in the config's ``default_scope``) as a
     :class:`TensorModeModel`, in eval mode.
@@ -181,6 +231,8 @@ def build_model(config: Any,
             loaded strictly. Without it the model keeps its initialisation
             (the config's ``init_cfg`` is ignored, nothing is downloaded).
         cfg_options: overrides merged into the config first.
+        seed: seeds the initialisation (:func:`seeded`; None: torch's
+            current random state).
 
     Raises:
         ExportInputError: as :func:`build_backbone`; also a config whose
@@ -193,7 +245,8 @@ def build_model(config: Any,
     cfg = _checked_config(config, cfg_options)
     name = config if isinstance(config, str) else 'the config'
     try:
-        model = build_config_model(cfg)
+        with seeded(seed):
+            model = build_config_model(cfg)
     except Exception as err:  # registries raise many kinds
         raise ExportInputError(
             f'cannot build the model of {name} ({type(err).__name__}: '

@@ -32,6 +32,7 @@ weights (:mod:`~pola_mm.deployment.onnx_files`), the errors
 import contextlib
 import inspect
 import logging
+import math
 import os
 import os.path as osp
 import warnings
@@ -233,8 +234,9 @@ def export_and_verify(model: nn.Module,
     Raises:
         ExportInputError: ``out`` cannot be written (a folder, no
             permission).
-        ExportError: the export failed, or an output differs beyond the
-            tolerance (the message lists every output).
+        ExportError: the export failed, an output differs beyond the
+            tolerance (the message lists every output), or every output is
+            empty (nothing was compared).
     """
     with staging_folder(out) as folder:
         staged = osp.join(folder, osp.basename(osp.abspath(out)))
@@ -251,6 +253,11 @@ def export_and_verify(model: nn.Module,
         if runtimes is None:
             runtimes = available_runtimes()
         checks = verify_onnx(model, staged, inputs, rtol, runtimes)
+        if not any(math.prod(c.shape) for c in checks):
+            raise ExportError(
+                f'nothing to compare: every output of the {exporter} export '
+                'is empty in every runtime, so it was not verified and not '
+                'written')
         bad = [c for c in checks if not c.ok]
         if bad:
             raise ExportError(

@@ -1,7 +1,8 @@
 """Detection verification independent of the order of ties
 (:func:`pola_mm.deployment.mmdeploy_compare.compare_detections`): boxes
 with equal scores may swap, a full cap may cut a tied box, a box may flip
-below the threshold; a box that moved or vanished still fails."""
+below the threshold; a box that moved or vanished still fails; below the
+threshold the top k of each side are compared all the same."""
 import torch
 from mmengine.structures import InstanceData
 
@@ -40,7 +41,7 @@ def test_tied_boxes_swapped_by_nms_pass():
                 [1, 2, 1])
     c = _check(ref, got)
     assert all(x.ok for x in c.values()), [str(x) for x in c.values()]
-    assert c['confident detections without a counterpart'].data[
+    assert c['compared detections without a counterpart'].data[
         'tied_swaps'] == 2
 
 
@@ -52,11 +53,11 @@ def test_cap_cuts_a_tied_box_pass():
                 [1, 2, 1, 0])
     c = _check(ref, got, cap=4)
     assert all(x.ok for x in c.values())
-    assert c['confident detections without a counterpart'].data[
+    assert c['compared detections without a counterpart'].data[
         'capped'] == 2
     # not at the cap: both boxes are real differences
     assert not _check(ref, got, cap=100)[
-        'confident detections without a counterpart'].ok
+        'compared detections without a counterpart'].ok
 
 
 def test_flip_below_the_threshold_passes():
@@ -68,14 +69,61 @@ def test_flip_below_the_threshold_passes():
 def test_a_missing_or_moved_box_fails():
     ref = _dets(BOXES, [0.9, 0.8, 0.5, 0.4], [1, 2, 1, 3])
     missing = _dets(BOXES[:3], [0.9, 0.8, 0.5], [1, 2, 1])
-    c = _check(ref, missing)['confident detections without a counterpart']
+    c = _check(ref, missing)['compared detections without a counterpart']
     assert not c.ok and c.value == 1
     moved = _dets(BOXES[:3] + [[560, 500, 660, 640]], [0.9, 0.8, 0.5, 0.4],
                   [1, 2, 1, 3])
-    c = _check(ref, moved)['confident detections without a counterpart']
+    c = _check(ref, moved)['compared detections without a counterpart']
     assert not c.ok and c.value == 2  # lost on both sides, no overlap
     relabelled = _dets(BOXES, [0.9, 0.8, 0.5, 0.4], [1, 2, 1, 4])
     assert not _check(ref, relabelled)[
-        'confident detections without a counterpart'].ok
+        'compared detections without a counterpart'].ok
     rescored = _dets(BOXES, [0.9, 0.8, 0.5, 0.45], [1, 2, 1, 3])
     assert not _check(ref, rescored)['score max abs diff'].ok
+
+
+#: An untrained detector: nothing confident, 25 low scores.
+LOW = [0.2 - 0.005 * k for k in range(25)]
+LOW_BOXES = [[40 * k, 10, 40 * k + 30, 60] for k in range(25)]
+
+
+def _moved(k: int) -> list:
+    """LOW_BOXES with box ``k`` moved 25 px right (IoU 0.1 with itself)."""
+    boxes = [list(b) for b in LOW_BOXES]
+    boxes[k][0] += 25
+    boxes[k][2] += 25
+    return boxes
+
+
+def test_the_top_k_are_compared_whatever_their_scores():
+    """With nothing above the threshold, the 20 best of each side are
+    compared (and counted); a moved box among them fails, one ranked
+    below them does not count."""
+    ref = _dets(LOW_BOXES, LOW, [1] * 25)
+    c = _check(ref, ref)['compared detections without a counterpart']
+    assert c.ok and c.data['torch'] == 0
+    assert c.data['compared_torch'] == c.data['compared_backend'] == 20
+    assert c.data['matched'] == 40
+    assert "PyTorch's top 20 of 25" in c.detail
+    c = _check(ref, _dets(_moved(19), LOW, [1] * 25))  # the 20th best
+    assert not c['compared detections without a counterpart'].ok
+    c = _check(ref, _dets(_moved(22), LOW, [1] * 25))  # below the top 20
+    assert all(x.ok for x in c.values())
+    rescored = list(LOW)
+    rescored[5] += 1e-3
+    assert not _check(ref, _dets(LOW_BOXES, rescored, [1] * 25))[
+        'score max abs diff'].ok
+
+
+def test_the_confident_ones_are_all_compared_beyond_the_top_k():
+    scores = [0.9 - 0.01 * k for k in range(25)]
+    ref = _dets(LOW_BOXES, scores, [1] * 25)
+    c = _check(ref, ref)['compared detections without a counterpart']
+    assert c.data['compared_torch'] == c.data['torch'] == 25
+
+
+def test_nothing_to_compare_is_said():
+    empty = _dets(torch.zeros(0, 4).tolist(), [], [])
+    c = _check(empty, empty)['compared detections without a counterpart']
+    assert c.data['compared_torch'] == c.data['compared_backend'] == 0
+    assert c.detail.startswith('nothing compared')

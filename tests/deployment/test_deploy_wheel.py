@@ -1,7 +1,8 @@
 """``deploy.py mmdeploy::...`` right after ``pip install``: MMDeploy's stock
-deploy configs ship in pola_mm's wheel and sdist (the ``mmdeploy`` wheel
-ships none), and the installed tool, ``python -m pola_mm.deployment.deploy``,
-finds them by name from the installed copy.
+deploy configs (and pola_mm's own, the stock ones at opset 16) ship in
+pola_mm's wheel and sdist (the ``mmdeploy`` wheel ships none), and the
+installed tool, ``python -m pola_mm.deployment.deploy``, finds them by name
+from the installed copy.
 
 The wheel is built from a copy of this checkout's files and installed into
 a fresh venv that sees this environment's packages after its own (as
@@ -57,10 +58,19 @@ def _git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b'blob %d\0' % len(data) + data).hexdigest()
 
 
+#: pola_mm's own deploy configs (the stock ones at opset 16)
+OURS = 'pola_mm/.mim/deploy_configs'
+
+
 def _shipped_files() -> List[str]:
+    ours = sorted(
+        osp.relpath(osp.join(d, f), REPO).replace(os.sep, '/')
+        for d, _, files in os.walk(osp.join(REPO, OURS)) for f in files
+        if f.endswith('.py'))
+    assert len(ours) == 4, ours
     return ([f'{SHIPPED}/{name}'
              for name in ('BLOBS.txt', 'LICENSE', 'README.md')] +
-            [f'{SHIPPED}/configs/{rel}' for _, rel in _blobs()])
+            [f'{SHIPPED}/configs/{rel}' for _, rel in _blobs()] + ours)
 
 
 @pytest.fixture(scope='module')
@@ -141,6 +151,17 @@ def test_installed_wheel_deploys_with_a_shipped_config(source, tmp_path):
     assert probe[-1] == osp.join(site, 'pola_mm', '.mim', 'configs',
                                  'retinanet_pola_pvt_t.py')
     assert osp.isfile(probe[-1])
+    # pola_mm's own deploy configs read their stock bases from the install
+    ours = _run([python, '-c', 'import pola_mm; from mmengine.config import '
+                 'Config; from pola_mm.deployment.mmdeploy_export import '
+                 'resolve_deploy_config as r; '
+                 "c = Config.fromfile(r('pola_mm_deploy::mmdet/instance-seg/"
+                 "instance-seg_onnxruntime_dynamic-opset16.py')); "
+                 'print(c.filename); print(c.onnx_config.opset_version, '
+                 'c.onnx_config.output_names)'],
+                work).stdout.strip().splitlines()
+    assert ours[-2].startswith(osp.join(site, OURS)), ours
+    assert ours[-1] == "16 ['dets', 'labels', 'masks']", ours
 
     cmd = [python, '-m', 'pola_mm.deployment.deploy',
            'mmdeploy::' + DETECTION,
@@ -154,12 +175,15 @@ def test_installed_wheel_deploys_with_a_shipped_config(source, tmp_path):
         in out.splitlines(), out
     assert 'verified: ' in out and '(ObjectDetection, input 128x128)' in out
     # the trained detector's shapes are compared one to one, all matched
-    counted = re.search(r'^image 0 128x128: confident detections without a '
-                        r'counterpart: 0 \(needs <= 0\) \(PyTorch (\d+), '
-                        r'backend (\d+) with score >= 0.3; 0 swapped between '
-                        r'tied scores, 0 at the per-image cap with a tie\) '
-                        r'ok$', out, re.M)
-    assert counted and int(counted[1]) == int(counted[2]) > 0, out
+    counted = re.search(r'^image 0 128x128: compared detections without a '
+                        r"counterpart: 0 \(needs <= 0\) \(compared PyTorch's "
+                        r"top (\d+) of \d+ and the backend's top (\d+) of "
+                        r'\d+ \(those with score >= 0.3: (\d+) and (\d+), and '
+                        r'at least the top 20\); 0 swapped between tied '
+                        r'scores, 0 at the per-image cap with a tie\) ok$',
+                        out, re.M)
+    assert counted and int(counted[1]) == int(counted[2]) >= 20, out
+    assert int(counted[3]) == int(counted[4]) > 0, out
     assert (work / 'deploy' / 'end2end.onnx').is_file()
 
     # an unknown name: exit 2, one line listing the shipped names

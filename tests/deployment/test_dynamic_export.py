@@ -16,7 +16,7 @@ from test_mmdeploy import (CONFIGS, DATA, _upernet_options,  # noqa: E402
 
 import pola_mm  # noqa: E402,F401
 from pola_mm.deployment.mmdeploy_verify import (  # noqa: E402
-    deploy_and_verify, is_dynamic_hw)
+    deploy_and_verify, is_dynamic_hw, resolve_deploy_config)
 
 __all__ = ['photo', 'shapes_images']  # fixtures used here
 
@@ -27,6 +27,9 @@ SIZES = [(150, 190), (118, 230), (174, 146), (214, 262)]
 DETECTION = 'mmdet/detection/detection_onnxruntime_dynamic.py'
 INSTANCE_SEG = 'mmdet/instance-seg/instance-seg_onnxruntime_dynamic.py'
 SEGMENTATION = 'mmseg/segmentation_onnxruntime_dynamic.py'
+#: pola_mm's: the stock instance-seg dynamic config at opset 16
+INSTANCE_SEG_16 = ('pola_mm_deploy::mmdet/instance-seg/'
+                   'instance-seg_onnxruntime_dynamic-opset16.py')
 
 
 def _images(src: str, out_dir, sizes=SIZES) -> list:
@@ -131,17 +134,21 @@ def test_upernet_pola_swin_dynamic(tmp_path, photo):
 
 
 # ----------------------------------------------------------------------
-# Random weights: the detections would be empty (RetinaNet's scores start
-# at 0.01) or near-equal, so the file's FPN outputs are compared too.
+# Random weights: the detections are those of random heads, compared on
+# their top 20 (PyTorch's own initialisation of the heads: mmdet's gives
+# every class its prior score, below the test threshold, and nothing would
+# be compared), so the file's FPN outputs are compared too.
 
-def _perturbed_weights(cfg, deploy, tmp_path) -> str:
-    """A checkpoint of the model's initialisation with its zero-initialised
+def _perturbed_weights(cfg, deploy, tmp_path, init_weights=True) -> str:
+    """A checkpoint of the model's initialisation (with ``init_weights``
+    mmdet's / mmseg's ``init_weights()``) with its zero-initialised
     position tables, powers, scales and temperatures drawn at random (so
     that resizing the tables matters), saved for both sides."""
     from mmdeploy.apis import build_task_processor
     torch.manual_seed(0)
     model = build_task_processor(cfg, deploy, 'cpu').build_pytorch_model()
-    model.init_weights()
+    if init_weights:
+        model.init_weights()
     names = ('positional_encoding', 'pos_embed', 'power', 'scale', 's1',
              's2', 'relative_position_bias_table')
     with torch.no_grad():
@@ -195,14 +202,19 @@ def _fpn_outputs_match(onnx_file: str, cfg, deploy, checkpoint: str,
     return diffs
 
 
-def _random_detector(tmp_path, photo, deploy_rel, config, options):
-    deploy = _config(stock(deploy_rel))
+def _random_detector(tmp_path, photo, deploy_file, config, options):
+    deploy = _config(deploy_file)
     cfg = _at_image_size(_config(osp.join(CONFIGS, config), options))
     images = _images(photo, tmp_path)
-    ckpt = _perturbed_weights(cfg, deploy, tmp_path)
+    ckpt = _perturbed_weights(cfg, deploy, tmp_path, init_weights=False)
     report = deploy_and_verify(deploy, cfg, ckpt, images,
                                str(tmp_path / 'out'))
     _check_report(report)
+    compared = [c.data for c in report.checks
+                if 'without a counterpart' in c.name]
+    # something compared at every size: 20 or more, or all there are
+    assert all(d['compared_torch'] > 0 and d['compared_backend'] > 0
+               for d in compared), compared
     _fpn_outputs_match(report.onnx_file, cfg, deploy, ckpt, images)
     return report
 
@@ -229,12 +241,14 @@ NARROW_MASK_RCNN = {
 def test_mask_rcnn_pola_swin_dynamic(tmp_path, photo):
     """Mask R-CNN Pola-Swin (the Pola-Swin-T config: global polarity stages
     with tables of its 56x56 and 28x28 grids, two shifted-window softmax
-    stages; a tiny arch, narrow heads, random weights) through the stock
-    dynamic instance-seg config: the file verifies at every size and its
-    FPN outputs are PyTorch's within 1e-4 of their scale (the tables
-    resized to the map, the softmax stages' padding, shift and masks of
-    that size)."""
-    _random_detector(tmp_path, photo, INSTANCE_SEG, 'mask_rcnn_pola_swin_t.py',
+    stages; a tiny arch, narrow heads, random weights) through pola_mm's
+    dynamic instance-seg config (the stock one at opset 16, whose RoIAlign
+    is mmdet's for the thin RoIs of random heads): the file verifies at
+    every size (the top 20 detections and masks) and its FPN outputs are
+    PyTorch's within 1e-4 of their scale (the tables resized to the map,
+    the softmax stages' padding, shift and masks of that size)."""
+    _random_detector(tmp_path, photo, resolve_deploy_config(
+        INSTANCE_SEG_16), 'mask_rcnn_pola_swin_t.py',
                      {'model.backbone.init_cfg': None,
                       'model.backbone.arch': dict(
                           _delete_=True, embed_dims=16, depths=(1, 1, 2, 2),
@@ -246,8 +260,10 @@ def test_mask_rcnn_pola_swin_dynamic(tmp_path, photo):
 def test_polapp_retinanet_dynamic(tmp_path, photo):
     """RetinaNet PolaPP (the b2 config, a tiny arch, narrow heads, random
     weights) through the stock dynamic detection config: verified at every
-    size, FPN outputs within 1e-4 (rotary tables of the map's size)."""
-    _random_detector(tmp_path, photo, DETECTION, 'retinanet_polapp_b2.py', {
+    size (the top 20 detections), FPN outputs within 1e-4 (rotary tables of
+    the map's size)."""
+    _random_detector(tmp_path, photo, stock(DETECTION),
+                     'retinanet_polapp_b2.py', {
         'model.backbone.init_cfg': None,
         'model.backbone.arch': dict(
             _delete_=True, embed_dims=(16, 32, 64, 64), depths=(1, 1, 1, 1),

@@ -290,7 +290,7 @@ def test_failure_leaves_nothing(tmp_path, monkeypatch, failure):
 
     def ok_checks(m, path, inputs, rtol=1e-4, runtimes=()):
         seen.extend(sorted(os.listdir(osp.dirname(path))))
-        return []
+        return [onnx_mod.OutputCheck('out0', 1, (1, ), 0.0, 1.0, 1e-4)]
 
     if failure == 'export':
         def broken(m, shape, path, *args, **kwargs):
@@ -595,8 +595,8 @@ def test_cli_dynamic_swin_without_exporter_switches_in_one_line(
 
 
 def test_cli_malformed_arguments_exit_2(tool, capsys):
-    with pytest.raises(SystemExit) as exc:  # argparse: --shape missing
-        tool.main([CONFIG, '--out', 'm.onnx'])
+    with pytest.raises(SystemExit) as exc:  # argparse: --shape needs H W
+        tool.main([CONFIG, '--shape', '64', '--out', 'm.onnx'])
     assert exc.value.code == 2
     assert '--shape' in capsys.readouterr().err
 

@@ -2,9 +2,10 @@
 """Export the backbone (or, with --whole, the whole model) of a pola_mm
 config to ONNX and verify it.
 
-    python tools/deployment/pytorch2onnx.py CONFIG [CKPT] --shape H W \\
-        --out FILE [--whole] [--exporter dynamo|torchscript] [--opset N] \\
-        [--dynamic] [--rtol 1e-4] [--cfg-options K=V ...]
+    python tools/deployment/pytorch2onnx.py CONFIG [CKPT] [--shape H W] \\
+        [--out FILE] [--whole] [--exporter dynamo|torchscript] [--opset N] \\
+        [--dynamic] [--rtol 1e-4] [--seed 0] [--save-weights] \\
+        [--cfg-options K=V ...]
 
 Builds ``model.backbone`` of CONFIG (a classifier, detector or segmentor
 config), or with ``--whole`` the whole model in its ``mode='tensor'``
@@ -14,6 +15,17 @@ NMS), loads CKPT if given (never runs code from the file), exports it at
 H x W, runs the file in ONNX Runtime and, when the ``openvino`` package is
 installed, OpenVINO on the same inputs as PyTorch and prints the max abs
 difference of every output.
+
+Defaults: ``--shape`` is the config's test size (its test pipeline's
+``Resize`` scale or ``CenterCrop``, padded as its data preprocessor pads:
+800x1344 for the detectors, 224x224 for the classifiers; one line says
+so), ``--out`` ``work_dirs/<config name>/<config name>_backbone.onnx``
+(``_whole.onnx`` with ``--whole``), so ``pytorch2onnx.py CONFIG
+--dynamic`` is a complete command. Without CKPT the weights are random,
+drawn from ``--seed`` (default 0: the same seed gives the same file); one
+line says so, and ``--save-weights`` writes them next to FILE
+(``FILE`` without ``.onnx``, plus ``.pth``: ``{'state_dict': ...}``, which
+this tool reads back as CKPT).
 
 ``--dynamic`` frees the batch size, height and width (both exporters). The
 file is then also checked at three other sizes (none a multiple of 32, two
@@ -78,11 +90,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('checkpoint', nargs='?', default=None,
                         help='weights (optional; default: the initialised '
                         'model, the config\'s init_cfg is ignored)')
-    parser.add_argument('--shape', type=int, nargs=2, required=True,
-                        metavar=('H', 'W'), help='input height and width')
-    parser.add_argument('--out', required=True,
+    parser.add_argument('--shape', type=int, nargs=2, default=None,
+                        metavar=('H', 'W'), help='input height and width '
+                        '(default: the config\'s test size, e.g. 800 1344 '
+                        'for a detector)')
+    parser.add_argument('--out', default=None,
                         help='the .onnx file to write (external weights, if '
-                        'any, go to OUT.data next to it)')
+                        'any, go to OUT.data next to it; default: '
+                        'work_dirs/CONFIG_NAME/CONFIG_NAME_backbone.onnx, '
+                        '_whole.onnx with --whole)')
     parser.add_argument('--whole', action='store_true',
                         help='export the whole classifier / detector / '
                         'segmentor (mode="tensor": normalised images in, '
@@ -105,6 +121,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--rtol', type=float, default=1e-4,
                         help='allowed max abs difference per output, '
                         'relative to its max abs value (default 1e-4)')
+    parser.add_argument('--seed', type=int, default=0,
+                        help='seeds the random weights when no CKPT is given '
+                        '(default 0)')
+    parser.add_argument('--save-weights', action='store_true',
+                        help='also write the weights the file was exported '
+                        'from next to it (OUT without .onnx, .pth), e.g. the '
+                        'random ones, to compare the file with PyTorch')
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
         help='override config settings, e.g. a smaller arch: '
@@ -123,7 +146,7 @@ def check_args(args: argparse.Namespace) -> Optional[str]:
     if ckpt is not None and '://' not in ckpt and not osp.isfile(ckpt):
         return (f'checkpoint not found: {ckpt}; check the path, or leave '
                 'out CKPT to export the initialised backbone')
-    if min(args.shape) < 1:
+    if args.shape is not None and min(args.shape) < 1:
         return f'--shape needs a positive H and W, got {args.shape}'
     if not (args.rtol > 0 and math.isfinite(args.rtol)):
         return f'--rtol needs a positive number, got {args.rtol:g}'
@@ -136,10 +159,56 @@ def check_args(args: argparse.Namespace) -> Optional[str]:
                     + ('; use --exporter torchscript for opsets 11 to 17'
                        if args.exporter != 'torchscript' and args.opset < lo
                        else ''))
-    if osp.isdir(args.out):
+    if args.out is not None and osp.isdir(args.out):
         return (f'--out {args.out} is a folder; pass the path of the .onnx '
                 'file to write')
     return None
+
+
+def fill_defaults(args: argparse.Namespace) -> List[str]:
+    """Give ``--shape`` and ``--out`` their defaults where they were not
+    passed (the config's test size; a file under ``work_dirs/``).
+
+    Returns:
+        One line per default taken, to print.
+
+    Raises:
+        ExportInputError: the config's test size cannot be read.
+    """
+    from pola_mm.deployment import config_test_size, default_onnx_path
+    notes = []
+    if args.shape is None:
+        args.shape = list(config_test_size(args.config, args.cfg_options))
+        notes.append(f'shape: {args.shape[0]}x{args.shape[1]}, the test '
+                     'size of the config (--shape H W for another)')
+    if args.out is None:
+        args.out = default_onnx_path(args.config, args.whole)
+        notes.append(f'out: {args.out} (--out FILE for another)')
+    return notes
+
+
+def weights_line(args: argparse.Namespace, saved: Optional[str]) -> str:
+    """The one line about the weights the file was exported from."""
+    if args.checkpoint is not None:
+        return (f'weights: {args.checkpoint}' +
+                (f', saved to {saved}' if saved else ''))
+    if saved:
+        return (f'weights: random, seeded (--seed {args.seed}); saved to '
+                f'{saved}')
+    return (f'weights: random, seeded (--seed {args.seed}); --save-weights '
+            f'writes them to {weights_path(args.out)}')
+
+
+def weights_path(out: str) -> str:
+    """Where ``--save-weights`` writes the weights: next to ``out``, its
+    name without ``.onnx`` plus ``.pth``."""
+    stem = out[:-len('.onnx')] if out.endswith('.onnx') else out
+    return stem + '.pth'
+
+
+def compared_values(checks: List) -> int:
+    """How many output values the checks compared, in all."""
+    return sum(math.prod(c.shape) for c in checks)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -153,7 +222,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     from pola_mm.deployment import (DynamicExportRefused, ExportError,
                                     ExportInputError, available_runtimes,
                                     build_backbone, build_model,
-                                    export_and_verify, external_data_files)
+                                    export_and_verify, external_data_files,
+                                    save_state_dict)
+    try:
+        notes = fill_defaults(args)
+    except ExportInputError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    for note in notes:
+        print(note)
     runtimes = available_runtimes()
     chosen = args.exporter is not None
     args.exporter = args.exporter or 'dynamo'
@@ -166,7 +243,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         build = build_model if args.whole else build_backbone
-        model = build(args.config, args.checkpoint, args.cfg_options)
+        model = build(args.config, args.checkpoint, args.cfg_options,
+                      seed=args.seed)
         try:
             checks = export()
         except DynamicExportRefused:
@@ -194,6 +272,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
     for check in checks:
         print(check)
+    saved = (save_state_dict(model, weights_path(args.out))
+             if args.save_weights else None)
+    print(weights_line(args, saved))
     what = (type(model.model).__name__ if args.whole else
             type(model).__name__)
     sizes = sorted({c.shape for c in checks if c.name == checks[0].name})
@@ -201,8 +282,9 @@ def main(argv: Optional[List[str]] = None) -> int:
           f'{args.shape[1]} ({args.exporter} exporter'
           f'{", dynamic batch, height and width" if args.dynamic else ""}) '
           f'agrees with PyTorch in {" and ".join(runtimes)} '
-          f'({len(checks) // len(runtimes)} outputs checked, first output '
-          f'shapes {sizes})')
+          f'({len(checks) // len(runtimes)} outputs checked, '
+          f'{compared_values(checks) // len(runtimes)} values compared per '
+          f'runtime, first output shapes {sizes})')
     if 'openvino' not in runtimes:
         print('note: openvino is not installed, so the file was checked in '
               'onnxruntime only (pip install openvino to check both)')

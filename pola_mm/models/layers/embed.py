@@ -2,7 +2,6 @@
 from types import MappingProxyType
 from typing import Mapping, Optional, Tuple
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
