@@ -7,7 +7,9 @@ fast implementations share, written once.
   from ``u = sign(t) |t|^p``, PaCS's ``[relu(x), relu(-x)]``), with its
   adjoint :func:`split_signs_grad`;
 - :func:`pacs_features`, the PaCS feature map (PolaFormer++), computed
-  through :func:`polar_halves`.
+  through :func:`polar_halves`;
+- :func:`sum_to`: a broadcast parameter's gradient reduced to its shape
+  (the hand-written backwards).
 
 The references (:mod:`~.polarity_attention`, :mod:`~.pacs_attention`) and
 the fast implementations (:mod:`~.polarity.cpu`, :mod:`~.pacs.cpu`)
@@ -21,7 +23,7 @@ from torch import Tensor
 from .dispatch import records_grad
 
 __all__ = ['EPS', 'split_signs', 'split_signs_grad', 'polar_halves',
-           'pacs_features']
+           'pacs_features', 'sum_to']
 
 #: Added to the normalisers (``q' . mean(k') + EPS``) of both attentions.
 EPS = 1e-6
@@ -92,3 +94,11 @@ def pacs_features(x: Tensor, t: Optional[Tensor] = None,
     if records:
         return torch.exp(c) - 1
     return c.exp_().sub_(1)
+
+
+def sum_to(t: Tensor, shape: Sequence[int]) -> Tensor:
+    """``t`` summed over the dims where ``shape`` is 1 and ``t`` is not (a
+    broadcast parameter's gradient), as ``shape``."""
+    dims = [i for i, (a, b) in enumerate(zip(t.shape, shape))
+            if b == 1 and a != 1]
+    return (t.sum(dim=dims, keepdim=True) if dims else t).reshape(shape)

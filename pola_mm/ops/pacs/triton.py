@@ -62,7 +62,7 @@ from torch import Tensor
 
 from ..custom_ops import register_kernel
 from ..dispatch import records_grad
-from ..features import EPS
+from ..features import EPS, sum_to
 from ..token_product import multiprocessors
 
 try:
@@ -873,14 +873,6 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
     return dq, dk, dv if need_v else None, dt[:, 0], dt[:, 1]
 
 
-def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
-    """``t`` summed over the dims where ``shape`` is 1 (a broadcast
-    parameter's gradient)."""
-    dims = [i for i, (a, b) in enumerate(zip(t.shape, shape))
-            if b == 1 and a != 1]
-    return (t.sum(dim=dims, keepdim=True) if dims else t).reshape(shape)
-
-
 class PaCSTritonFunction(torch.autograd.Function):
     """The kernels with their backward, as a function of the raw
     temperatures ``s1``, ``s2``: saves ``q``, ``k``, ``v`` as given (half
@@ -907,7 +899,7 @@ class PaCSTritonFunction(torch.autograd.Function):
 
         def ds(dt: Tensor, t: Tensor, s: Tensor) -> Tensor:
             g = dt.view(1, h, 1, 2 * d) * t * (1 - t)  # sigmoid'
-            return _sum_to(g, s.shape).to(s.dtype)
+            return sum_to(g, s.shape).to(s.dtype)
 
         ds1 = ds(dt1, t1, s1) if need[3] else None
         ds2 = ds(dt2, t2, s2) if need[4] else None

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..dispatch import records_grad
-from ..features import EPS, split_signs
+from ..features import EPS, split_signs, sum_to
 from ..runs import RunBuffers, plan_runs, token_major, token_runs
 from ..token_product import token_product
 
@@ -109,13 +109,6 @@ def _mix_matrix_grad(dm: Tensor, n: float) -> Tensor:
         dtop[..., d + 1:] + dbot[..., d:d + 1]
     ], -1)
     return torch.cat([r_top, r_bot], dim=-2)
-
-
-def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
-    """Sum ``t`` over the dims where ``shape`` broadcasts (size 1)."""
-    dims = [i for i, (a, b) in enumerate(zip(t.shape, shape)) if b == 1
-            and a != 1]
-    return t.sum(dim=dims, keepdim=True) if dims else t
 
 
 class _Params:
@@ -386,13 +379,13 @@ class PolarityAttentionFunction(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             # sum(dL/dxs * xs) = p sum(g1); xs = x / s, s = softplus(scale)
             sig_s = torch.sigmoid(scale)
-            dscale = _sum_to(g1_sum * prm.p * (-prm.inv_s) * sig_s,
+            dscale = sum_to(g1_sum * prm.p * (-prm.inv_s) * sig_s,
                              scale.shape)
         if ctx.needs_input_grad[4]:
             sig_p = torch.sigmoid(power)
-            dpower = _sum_to(dp * alpha * sig_p * (1 - sig_p), power.shape)
+            dpower = sum_to(dp * alpha * sig_p * (1 - sig_p), power.shape)
         if ctx.needs_input_grad[7]:
-            dbias = _sum_to(dk, k_bias.shape)
+            dbias = sum_to(dk, k_bias.shape)
         dq, dk = dq.to(in_dtypes[0]), dk.to(in_dtypes[1])
         dv = None if dv is None else dv.to(in_dtypes[2])
         return dq, dk, dv, dscale, dpower, None, None, dbias

@@ -52,7 +52,7 @@ from torch import Tensor
 
 from ..custom_ops import register_kernel
 from ..dispatch import records_grad
-from ..features import EPS
+from ..features import EPS, sum_to
 from ..token_product import multiprocessors
 
 try:
@@ -621,14 +621,6 @@ def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
     return dq, dk, dv if need_v else None, dparams[:, 0], dparams[:, 1]
 
 
-def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
-    """``t`` summed over the dims where ``shape`` is 1 (a broadcast
-    parameter's gradient)."""
-    dims = [i for i, (a, b) in enumerate(zip(t.shape, shape))
-            if b == 1 and a != 1]
-    return (t.sum(dim=dims, keepdim=True) if dims else t).reshape(shape)
-
-
 class PolarityTritonFunction(torch.autograd.Function):
     """The kernels with their backward: saves ``q``, ``k``, ``v`` as
     given (half precision stays half), the parameters, the key bias,
@@ -654,11 +646,11 @@ class PolarityTritonFunction(torch.autograd.Function):
             need_v=need[2])
         dscale = dpower = dbias = None
         if need[3]:
-            dscale = _sum_to(ds.view(1, h, 1, d), scale.shape).to(scale.dtype)
+            dscale = sum_to(ds.view(1, h, 1, d), scale.shape).to(scale.dtype)
         if need[4]:
-            dpower = _sum_to(dp.view(1, h, 1, d), power.shape).to(power.dtype)
+            dpower = sum_to(dp.view(1, h, 1, d), power.shape).to(power.dtype)
         if need[7]:
-            dbias = _sum_to(dk, k_bias.shape).to(k_bias.dtype)
+            dbias = sum_to(dk, k_bias.shape).to(k_bias.dtype)
         return dq, dk, dv, dscale, dpower, None, None, dbias
 
 
