@@ -19,7 +19,8 @@ The writers share the drawing, the boxes and the masks:
   boxes and uncompressed RLE or polygon masks, which pycocotools and
   mmdet's ``LoadAnnotations`` read directly);
 * :func:`make_shapes_ade` -- ADE20K-style semantic sets (jpg images and png
-  label maps);
+  label maps); :func:`make_shapes_ade_dataset` -- the shapes dataset's
+  images in that format;
 * :func:`make_colour_folder` -- an ImageNet-style classification folder
   whose classes differ by colour.
 
@@ -45,6 +46,13 @@ SHAPES_CATEGORIES: List[Dict] = [
 
 #: Class names in category-id order (``metainfo['classes']`` of a config).
 SHAPES_CLASSES: Tuple[str, ...] = tuple(c['name'] for c in SHAPES_CATEGORIES)
+
+#: Classes of :func:`make_shapes_ade_dataset`'s label maps after mmseg's
+#: ``reduce_zero_label`` (the shapes, then the background).
+SHAPES_SEG_CLASSES: Tuple[str, ...] = SHAPES_CLASSES + ('background', )
+
+#: ADE20K split folder of each split of the shapes dataset.
+ADE_SPLITS: Dict[str, str] = dict(train='training', val='validation')
 
 #: The ``'boxes'`` style: colour (RGB), PIL drawing and name of each class.
 BOX_COLOURS: Tuple[Tuple[int, int, int], ...] = ((220, 40, 40), (40, 200, 60),
@@ -450,15 +458,21 @@ def make_shapes_dataset(out_dir: str,
     """
     counts = dict(train=num_train, val=num_val)
     splits = tuple(splits) if splits is not None else ('train', 'val')
-    seeds = np.random.SeedSequence(seed).spawn(2)
-    split_seeds = dict(
-        train=int(seeds[0].generate_state(1)[0]),
-        val=int(seeds[1].generate_state(1)[0]))
+    split_seeds = _split_seeds(seed)
     return {
         split: make_shapes_split(out_dir, split, counts[split], img_size,
                                  split_seeds[split], **kwargs)
         for split in splits
     }
+
+
+def _split_seeds(seed: int) -> Dict[str, int]:
+    """Seeds of the independent ``'train'`` and ``'val'`` streams of the
+    shapes dataset, derived from ``seed``."""
+    seeds = np.random.SeedSequence(seed).spawn(2)
+    return dict(
+        train=int(seeds[0].generate_state(1)[0]),
+        val=int(seeds[1].generate_state(1)[0]))
 
 
 def make_shapes_ade(out_dir: str,
@@ -507,6 +521,47 @@ def make_shapes_ade(out_dir: str,
                      quality=95)
             label.save(osp.join(out_dir, 'annotations', split,
                                 f'{i:04d}.png'))
+    return out_dir
+
+
+def make_shapes_ade_dataset(out_dir: str,
+                            num_train: int = 600,
+                            num_val: int = 100,
+                            img_size: int = 128,
+                            seed: int = 0,
+                            **kwargs) -> str:
+    """Write the shapes dataset as an ADE20K-style semantic set.
+
+    The pictures are those of :func:`make_shapes_dataset` with the same
+    arguments (the same split streams; jpeg here, png there), each with its
+    label map. Layout::
+
+        out_dir/images/training/0000.jpg ...     (num_train images)
+        out_dir/images/validation/0000.jpg ...   (num_val images)
+        out_dir/annotations/training/0000.png ...
+        out_dir/annotations/validation/0000.png ...
+
+    Labels, as ADE20K's: 0 unused ("other", ignored by mmseg's
+    ``reduce_zero_label``), 1 to 3 the shapes, 4 the background; after
+    ``reduce_zero_label`` the classes are :data:`SHAPES_SEG_CLASSES`.
+
+    Args:
+        out_dir (str): Dataset root (created if needed).
+        num_train (int): Number of training images.
+        num_val (int): Number of validation images.
+        img_size (int): Side of the square images in pixels.
+        seed (int): Seed; equal arguments give byte-identical files.
+        **kwargs: Passed to :func:`make_shapes_ade` (with the default
+            ``style='shapes'``, the labels above).
+
+    Returns:
+        str: ``out_dir``.
+    """
+    counts = dict(train=num_train, val=num_val)
+    split_seeds = _split_seeds(seed)
+    for split, folder in ADE_SPLITS.items():
+        make_shapes_ade(out_dir, counts[split], img_size, split_seeds[split],
+                        splits=(folder, ), **kwargs)
     return out_dir
 
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from helpers import REPO
 
-from pola_mm.demo.shapes import (SHAPES_CLASSES, generate_shapes_image,
-                                 make_shapes_dataset, mask_to_bbox,
-                                 mask_to_rle)
+from pola_mm.demo.shapes import (SHAPES_CLASSES, SHAPES_SEG_CLASSES,
+                                 generate_shapes_image,
+                                 make_shapes_ade_dataset, make_shapes_dataset,
+                                 mask_to_bbox, mask_to_rle)
 
 
 def rle_to_mask(rle: dict) -> np.ndarray:
@@ -119,3 +120,48 @@ def test_cli(tmp_path):
     assert len(val['images']) == 2
     assert val['images'][0]['width'] == 96
     assert len(os.listdir(out / 'train')) == 3
+    # and the same images as an ADE20K-format set in out/ade
+    for kind, split, count in [('images', 'training', 3),
+                               ('annotations', 'validation', 2)]:
+        assert len(os.listdir(out / 'ade' / kind / split)) == count
+
+
+def test_ade_copy_holds_the_coco_images_and_their_masks(tmp_path):
+    """``make_shapes_ade_dataset`` draws the pictures of
+    ``make_shapes_dataset`` with the same arguments (jpeg there): label 1 to
+    3 exactly on each instance's mask, 4 (background) elsewhere; its
+    validation images do not depend on the number of training images."""
+    from PIL import Image
+    files = make_shapes_dataset(str(tmp_path / 'coco'), num_train=3,
+                                num_val=2, seed=3)
+    make_shapes_ade_dataset(str(tmp_path / 'ade'), num_train=3, num_val=2,
+                            seed=3)
+    assert SHAPES_SEG_CLASSES == SHAPES_CLASSES + ('background', )
+    for split, folder, coco_dir in [('train', 'training', 'train'),
+                                    ('val', 'validation', 'val')]:
+        with open(files[split]) as f:
+            coco = json.load(f)
+        assert len(os.listdir(tmp_path / 'ade' / 'images' / folder)) == \
+            len(coco['images'])
+        for k, info in enumerate(coco['images']):
+            png = np.asarray(Image.open(
+                tmp_path / 'coco' / coco_dir / info['file_name']), float)
+            jpg = np.asarray(Image.open(
+                tmp_path / 'ade' / 'images' / folder / f'{k:04d}.jpg'), float)
+            # jpeg smooths the pixel noise (about 5); another picture is
+            # tens of levels away
+            assert np.abs(png - jpg).mean() < 10
+            label = np.asarray(Image.open(
+                tmp_path / 'ade' / 'annotations' / folder / f'{k:04d}.png'))
+            expected = np.full(label.shape, 4, dtype=np.uint8)
+            for ann in coco['annotations']:
+                if ann['image_id'] == info['id']:
+                    expected[rle_to_mask(ann['segmentation'])] = \
+                        ann['category_id']
+            np.testing.assert_array_equal(label, expected)
+    make_shapes_ade_dataset(str(tmp_path / 'ade5'), num_train=5, num_val=2,
+                            seed=3)
+    for name in ('images/validation/0001.jpg',
+                 'annotations/validation/0001.png'):
+        assert (tmp_path / 'ade' / name).read_bytes() == \
+            (tmp_path / 'ade5' / name).read_bytes()
