@@ -51,7 +51,8 @@ import torch
 from torch import Tensor
 
 from ..dispatch import records_grad
-from ..features import EPS, pacs_features, polar_halves, split_signs_grad
+from ..features import (EPS, pacs_features, polar_halves, split_signs_grad,
+                        sum_to)
 from ..rotary import rotate_every_two, theta_shift
 from ..token_product import token_product
 
@@ -198,10 +199,7 @@ class PaCSAttentionFunction(torch.autograd.Function):
         dk = split_signs_grad(dkf, k)
 
         def dparam(dt: Tensor, t: Tensor, s: Tensor) -> Tensor:
-            g = dt * t * (1 - t)
-            dims = [i for i, n in enumerate(s.shape) if n == 1
-                    and g.shape[i] != 1]
-            return g.sum(dim=dims, keepdim=True) if dims else g
+            return sum_to(dt * t * (1 - t), s.shape)  # sigmoid'
 
         ds1 = dparam(dts[0], t1, s1) if ctx.needs_input_grad[3] else None
         ds2 = dparam(dts[1], t2, s2) if ctx.needs_input_grad[4] else None
