@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from ..ops import dynamic_export
 from ..type_aliases import Size2
 from .onnx_build import TensorModeModel, example_inputs
 from .onnx_errors import ExportError, first_line
@@ -109,8 +110,10 @@ def export_onnx(model: nn.Module,
         dynamic_batch: a free batch dimension.
         dynamic_hw: a free height and width (both exporters: the
             TorchScript one with ``dynamic_axes``, the dynamo one with
-            ``dynamic_shapes``). Pola-Swin's shifted-window stages refuse
-            the dynamo exporter with a dynamic height/width
+            ``dynamic_shapes``, inside :func:`~pola_mm.ops.dynamic_export`).
+            With an older torch (:func:`~pola_mm.ops.
+            dynamic_export_supported` false) Pola-Swin's shifted-window
+            stages refuse the dynamo exporter with a dynamic height/width
             (:class:`~pola_mm.ops.DynamicShapeExportError`, quoted).
 
     Below opset 13 the TorchScript exporter gets an ``aten::unflatten``
@@ -176,7 +179,7 @@ def export_onnx(model: nn.Module,
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', torch.jit.TracerWarning)
             with torch.no_grad(), unflatten_below_opset13(exporter, opset), \
-                    _quiet_guard_errors():
+                    _quiet_guard_errors(), dynamic_export():
                 torch.onnx.export(capture_dynamic(model, x, kwargs), (x, ),
                                   out, **kwargs)
     except Exception as exc:  # the exporters raise many kinds

@@ -2,7 +2,8 @@
 
 With a free height/width (``dynamic_hw``) both exporters take every size
 the graph needs from the input's shape, except where a part of the model
-cannot: Pola-Swin's shifted windows under the dynamo exporter. Such a
+cannot: Pola-Swin's shifted windows under the dynamo exporter of a torch
+without torch.fx's ``backed_size_oblivious``. Such a
 part raises :class:`~pola_mm.ops.DynamicShapeExportError` while the graph
 is captured (and records it, since an exporter may swallow it and fall
 back to another capture strategy), or torch.export turns its
@@ -131,8 +132,9 @@ def refuse_if_not_dynamic(out: str, exporter: str, model: nn.Module,
         raise DynamicExportRefused(
             f'the {exporter} exporter fixed the height/width of '
             f'{type(model).__name__} at {shape[0]}x{shape[1]} (torch.export '
-            'turned its size-dependent parts into guards on the size; '
-            'Pola-Swin\'s shifted windows do), so no file was written; '
+            'turned its size-dependent parts into guards on the size, as '
+            'Pola-Swin\'s shifted windows do with an older torch), so no '
+            'file was written; '
             'export with --exporter torchscript (torch.onnx.export(..., '
             'dynamo=False, dynamic_axes=...)) for a dynamic height/width, '
             'or without --dynamic')

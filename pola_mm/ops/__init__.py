@@ -38,7 +38,8 @@ from .polarity import (polarity_attention, polarity_attention_naive,
 from .position import (check_resize_mode, resize_pos_table,
                        resize_pos_table_pytorch)
 from .rotary import rotary_tables, theta_shift
-from .softmax_attention import (check_window_export, softmax_attention,
+from .softmax_attention import (check_window_export, dynamic_export,
+                                dynamic_export_supported, softmax_attention,
                                 softmax_attention_pytorch)
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     'depthwise_conv2d_pytorch', 'gate_linear', 'gate_linear_pytorch',
     'gelu_linear', 'gelu_linear_pytorch', 'gelu_mlp', 'gelu_mlp_pytorch',
     'resize_pos_table', 'resize_pos_table_pytorch', 'check_resize_mode',
-    'check_window_export', 'DynamicShapeExportError', 'rotary_tables',
+    'check_window_export', 'dynamic_export', 'dynamic_export_supported',
+    'DynamicShapeExportError', 'rotary_tables',
     'theta_shift', 'observe_calls', 'reports_calls', 'reporting'
 ]

@@ -49,5 +49,7 @@ def cyclic_shift_pytorch(x: Tensor, shift: Size2,
             continue
         n = x.shape[dim]
         i = torch.arange(n, device=x.device)
+        if isinstance(n, torch.SymInt):  # torch.export: ONNX's Mod takes
+            n = torch.full((), n, device=x.device)  # no symbolic int
         x = x.index_select(dim, (i - s if reverse else i + s) % n)
     return x

@@ -16,7 +16,8 @@ and the fused kernel, which takes 4-D inputs, runs once per image. While
 a graph is captured the leading dims are flattened and the bias expanded
 to them, one branch-free 4-D product whatever the sizes.
 """
-from typing import Callable, Optional, Sequence
+import contextlib
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,34 +27,87 @@ from .dispatch import (DynamicShapeExportError, capturing, exporting,
                        records_grad, use_fast)
 
 __all__ = ['softmax_attention', 'softmax_attention_pytorch',
-           'check_window_export']
+           'check_window_export', 'dynamic_export',
+           'dynamic_export_supported']
+
+
+def _fx_config() -> Optional[object]:
+    """torch's ``torch.fx.experimental._config`` where it has
+    ``backed_size_oblivious`` (recent torch; 2.14 tested), else None."""
+    try:
+        from torch.fx.experimental import _config
+    except ImportError:  # pragma: no cover (torch without the module)
+        return None
+    return _config if hasattr(_config, 'backed_size_oblivious') else None
+
+
+def dynamic_export_supported() -> bool:
+    """Whether this torch can ``torch.export`` shifted windows with a free
+    height/width (:func:`dynamic_export`)."""
+    return _fx_config() is not None
+
+
+@contextlib.contextmanager
+def dynamic_export() -> Iterator[None]:
+    """Run a ``torch.export`` (or ``torch.onnx.export(dynamo=True)``) with
+    a free height/width of any pola_mm model, Pola-Swin included.
+
+    Sets torch's ``backed_size_oblivious`` for the block: torch.export then
+    reasons about the symbolic sizes as sizes (a window count or a map
+    side of 1 is not special-cased), so the shifted windows' padding,
+    partition and crop stay symbolic instead of becoming guards that fix
+    the input size. The models avoid the questions that would still be
+    guards (a copy in place of ``.contiguous()`` of a permuted view, a
+    gather in place of the crop's slice: :mod:`pola_mm.models.layers.
+    window`). Without the setting (an older torch) the block runs as it is,
+    and :func:`check_window_export` refuses shifted windows. The export
+    tools use it; wrap a direct call the same way::
+
+        with pola_mm.ops.dynamic_export():
+            torch.onnx.export(model, (x, ), 'model.onnx', dynamo=True,
+                              dynamic_shapes=...)
+    """
+    config = _fx_config()
+    if config is None:
+        yield
+        return
+    with config.patch(backed_size_oblivious=True):
+        yield
 
 
 def check_window_export(owner: str, hw: Sequence) -> None:
     """Refuse ``torch.export`` (the dynamo ONNX exporter) of shifted-window
-    attention with a dynamic height/width.
+    attention with a dynamic height/width outside :func:`dynamic_export`.
 
-    With symbolic map sizes, ``torch.export`` turns the window counts,
-    padding and shift masks into guards that fix the input size: the
-    export fails with a long list of unsatisfied guards. This raises one
-    :class:`DynamicShapeExportError` instead, naming what works: the
-    TorchScript exporter (``dynamo=False`` with ``dynamic_axes``, whose
-    traced sizes stay graph values) or a static size. Costs nothing in
-    eager mode, under ``torch.compile`` (symbolic sizes allowed, guards
-    being re-compiles there) and for the tracer (0-d tensor sizes).
+    With symbolic map sizes and torch's default reasoning, ``torch.export``
+    turns the window counts (one window or several) into guards that fix
+    the input size: the export fails with a long list of unsatisfied
+    guards. This raises one :class:`DynamicShapeExportError` instead,
+    naming what works. Costs nothing in eager mode, under
+    ``torch.compile`` (symbolic sizes allowed, guards being re-compiles
+    there), for the tracer (0-d tensor sizes) and inside
+    :func:`dynamic_export`.
     """
     if not any(isinstance(s, torch.SymInt) for s in hw[:2]):
         return
+    config = _fx_config()
+    if config is not None and config.backed_size_oblivious:
+        return
     if exporting():
+        fix = ('export inside pola_mm.ops.dynamic_export() (the export '
+               'tools do)' if config is not None else
+               'this torch lacks the setting (torch.fx\'s '
+               'backed_size_oblivious) that pola_mm.ops.dynamic_export() '
+               'needs; export')
         raise DynamicShapeExportError(
             f'{owner}: shifted-window attention cannot be exported by '
             'torch.export (the dynamo ONNX exporter) with a dynamic '
-            'height/width: its window counts, padding and shift masks '
-            'become guards that fix the input size. Export with the '
-            'TorchScript exporter (torch.onnx.export(..., dynamo=False, '
-            "dynamic_axes={'input': {2: 'H', 3: 'W'}}); pytorch2onnx.py "
-            '--exporter torchscript --dynamic), or with a static '
-            'height/width')
+            'height/width under torch\'s default size reasoning: its window '
+            f'counts become guards that fix the input size. {fix[0].upper()}'
+            f'{fix[1:]}, or with the TorchScript exporter '
+            "(torch.onnx.export(..., dynamo=False, dynamic_axes={'input': "
+            "{2: 'H', 3: 'W'}}); pytorch2onnx.py --exporter torchscript "
+            '--dynamic), or with a static height/width')
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,

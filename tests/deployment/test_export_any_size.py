@@ -15,6 +15,7 @@ folded every later size read from it into constants. The dynamo exporter
 failed on Pola-Swin with "Could not infer dtype of SymBool".
 """
 
+import importlib
 import os
 import os.path as osp
 
@@ -24,6 +25,7 @@ import torch
 from helpers import PVT_TINY, REPO, SWIN_TINY_DEPTH2, randomise
 
 import pola_mm.deployment as onnx_mod
+import pola_mm.ops
 from pola_mm.deployment import ExportError, export_onnx, verify_onnx
 from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
 
@@ -99,22 +101,50 @@ def test_torchscript_dynamic_hw_equals_pytorch_at_other_sizes(tmp_path,
     _assert_equal_everywhere(model, slim, inputs)
 
 
-@pytest.mark.parametrize('name', ['pvt', 'polapp'])
+#: a size where Pola-Swin's stages 3 and 4 are one window high and its
+#: last map one token high (the cases torch.export special-cases)
+THIN = (20, 300)
+
+
+@pytest.mark.parametrize('name', sorted(BACKBONES))
 def test_dynamo_dynamic_hw_equals_pytorch_at_other_sizes(tmp_path, name):
+    """The default exporter with a free height and width, Pola-Swin's
+    shifted windows included (inside ``pola_mm.ops.dynamic_export``, which
+    ``export_onnx`` uses): equal to PyTorch at the other sizes in ONNX
+    Runtime and OpenVINO, after onnxslim too; Pola-Swin also at a size
+    where its last stages are one window and one token high."""
+    if name == 'swin' and not pola_mm.ops.dynamic_export_supported():
+        pytest.skip('this torch lacks backed_size_oblivious: the refusal '
+                    'test below covers it')
     model = _model(name)
     path = export_onnx(model, EXPORT_HW, str(tmp_path / 'm.onnx'),
                        exporter='dynamo', dynamic_hw=True)
+    proto = onnx.load(path)
     onnx.checker.check_model(path, full_check=True)
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    assert [d.HasField('dim_param') for d in dims[2:]] == [True, True]
     inputs = _inputs()
+    if name == 'swin':
+        inputs.append(torch.randn(1, 3, *THIN))
     _assert_equal_everywhere(model, path, inputs)
     _assert_openvino_equal(model, path, inputs)
+    onnxslim = pytest.importorskip('onnxslim')
+    slim = str(tmp_path / 'slim.onnx')
+    onnx.save(onnxslim.slim(proto), slim)
+    _assert_equal_everywhere(model, slim, inputs)
 
 
-def test_dynamo_dynamic_hw_swin_is_refused_clearly(tmp_path):
-    """torch.export turns the shifted windows' counts, padding and masks
-    into guards on the size, and torch.onnx then exports at the example's
-    size only: the tool refuses with one message naming what works (the
+def test_dynamo_dynamic_hw_swin_is_refused_clearly_by_an_older_torch(
+        tmp_path, monkeypatch):
+    """Where torch lacks the size reasoning that ``dynamic_export`` sets
+    (simulated here), torch.export would turn the shifted windows' counts
+    into guards and torch.onnx would export at the example's size only:
+    the window layer refuses with one message naming what works (the
     TorchScript exporter), and nothing is written."""
+    # the module (pola_mm.ops.softmax_attention is also the op's name)
+    attention = importlib.import_module('pola_mm.ops.softmax_attention')
+    monkeypatch.setattr(attention, '_fx_config', lambda: None)
+    assert not pola_mm.ops.dynamic_export_supported()
     model = _model('swin')
     out = tmp_path / 'm.onnx'
     with pytest.raises(ExportError) as info:
@@ -122,8 +152,39 @@ def test_dynamo_dynamic_hw_swin_is_refused_clearly(tmp_path):
                     dynamic_hw=True)
     msg = str(info.value)
     assert 'height/width' in msg and '--exporter torchscript' in msg
+    assert 'backed_size_oblivious' in msg
     assert 'PolaSwinTransformer' in msg
     assert list(tmp_path.iterdir()) == []
+
+
+def test_torch_export_without_dynamic_export_is_refused_in_one_message():
+    """A user's own ``torch.export`` of Pola-Swin with a free height and
+    width, without ``pola_mm.ops.dynamic_export()``: one
+    DynamicShapeExportError naming it (not a list of guards); inside it
+    the same call exports, and the program equals eager at another
+    size."""
+    if not pola_mm.ops.dynamic_export_supported():
+        pytest.skip('this torch lacks backed_size_oblivious')
+    model = _model('swin')
+    x = torch.randn(1, 3, *EXPORT_HW)
+    dims = ({2: torch.export.Dim('h', min=16, max=4096),
+             3: torch.export.Dim('w', min=16, max=4096)}, )
+    with pytest.raises(Exception) as info:
+        torch.export.export(model, (x, ), dynamic_shapes=dims, strict=False)
+    chain, exc = [], info.value
+    while exc is not None:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    refusal = [e for e in chain
+               if isinstance(e, pola_mm.ops.DynamicShapeExportError)]
+    assert refusal and 'pola_mm.ops.dynamic_export()' in str(refusal[0])
+    with pola_mm.ops.dynamic_export(), torch.no_grad():
+        program = torch.export.export(model, (x, ), dynamic_shapes=dims,
+                                      strict=False)
+        y = torch.randn(1, 3, *THIN)
+        for got, want in zip(program.module()(y), model(y)):
+            assert got.shape == want.shape
+            assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 
 ASSETS = osp.join(REPO, 'tests', 'deployment', 'assets')
@@ -151,8 +212,7 @@ def test_whole_detector_dynamic_batch_and_hw(tmp_path, backbone, exporter):
     PyTorch at the export size, three other sizes and batch 3, in ONNX
     Runtime and OpenVINO; the file passes the ONNX checker's full check
     and stays equal in ONNX Runtime after onnxslim. (The Pola-Swin
-    RetinaNet under the dynamo exporter is refused: test_onnx_export.py,
-    the tool's --whole.)"""
+    RetinaNet: test_onnx_export.py, the tool's --whole.)"""
     pytest.importorskip('mmdet')
     pytest.importorskip('openvino')
     name, trained, level0 = DETECTORS[backbone]

@@ -33,12 +33,14 @@ larger than H x W) and at batch 3. What each exporter supports:
 
 - torchscript (``dynamo=False``): every backbone and whole model, dynamic
   or not, opsets 11 to 21;
-- dynamo (``torch.export``, the default): every backbone and whole model at
-  opsets 18 to 21, except Pola-Swin (and models built on it) with
-  ``--dynamic``: its shifted windows make torch.export fix the size
-  (docs/deployment.md names the guards). Without ``--exporter`` the tool
-  then says so in one line and exports with torchscript; with
-  ``--exporter dynamo`` it refuses with one error, nothing written.
+- dynamo (``torch.export``, the default): every backbone and whole model,
+  dynamic or not, at opsets 18 to 21. With an older torch (without
+  torch.fx's ``backed_size_oblivious``), Pola-Swin (and models built on
+  it) with ``--dynamic`` is the exception: torch.export there turns its
+  shifted windows' counts into guards that fix the size
+  (docs/deployment.md). Without ``--exporter`` the tool then says so in
+  one line and exports with torchscript; with ``--exporter dynamo`` it
+  refuses with one error, nothing written.
 
 What it writes, only when every difference is within RTOL times the
 output's scale (its max abs value) in every runtime and at every size:
@@ -83,8 +85,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         description='Export the backbone (or --whole model) of a pola_mm '
         'config to ONNX and verify the file in ONNX Runtime and OpenVINO '
         '(when installed). Exporters: torchscript supports every model, '
-        'dynamic or not, at opsets 11-21; dynamo (default) supports opsets '
-        '18-21 and refuses Pola-Swin with --dynamic.')
+        'dynamic or not, at opsets 11-21; dynamo (default) every model at '
+        'opsets 18-21 (with an older torch not Pola-Swin with --dynamic).')
     parser.add_argument('config', help='classifier / detector / segmentor '
                         'config with a pola_mm model.backbone')
     parser.add_argument('checkpoint', nargs='?', default=None,
@@ -106,11 +108,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--exporter', choices=['dynamo', 'torchscript'],
                         default=None,
                         help='torch.onnx.export(dynamo=True) (the default; '
-                        'opsets 18-21; cannot free the height/width of '
-                        'Pola-Swin: with --dynamic and no --exporter the '
-                        'tool then says so in one line and uses the '
-                        'TorchScript exporter) or the TorchScript tracer '
-                        '(dynamo=False; opsets 11-21; every model)')
+                        'opsets 18-21; with an older torch it cannot free the '
+                        'height/width of Pola-Swin: with --dynamic and no '
+                        '--exporter the tool then says so in one line and '
+                        'uses the TorchScript exporter) or the TorchScript '
+                        'tracer (dynamo=False; opsets 11-21; every model)')
     parser.add_argument('--opset', type=int, default=None,
                         help='ONNX opset (default: the exporter\'s; '
                         'torchscript 11-21, dynamo 18-21)')
@@ -252,8 +254,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise
             # the default exporter cannot free this model's height/width:
             # the one that can, said in one line
-            print(f'note: torch.export cannot free the height/width of '
-                  f'{type(model).__name__} (Pola-Swin\'s shifted windows); '
+            print(f'note: torch.export of this torch cannot free '
+                  f'the height/width of {type(model).__name__} (Pola-Swin\'s '
+                  'shifted windows); '
                   'exporting with the TorchScript exporter instead '
                   '(--exporter torchscript)', file=sys.stderr)
             args.exporter = 'torchscript'

@@ -13,7 +13,7 @@ from ...type_aliases import Size2
 from ..checkpoint import load_pretrained
 from ..layers import Mlp
 from ..layers.bricks import DropPath, build_norm_layer
-from ..layers.token_map import to_map
+from ..layers.token_map import contiguous, to_map
 
 #: Drop path of an arch dict that names none (mmdet's Swin default).
 DEFAULT_DROP_PATH = 0.1
@@ -302,7 +302,7 @@ class PolaBackbone(BaseModule):
         """``(B, Cin, H, W)`` -> tuple of NCHW maps for ``out_indices``."""
         check_input(x, self.in_channels, type(self).__name__)
         _, _, outs = self.run_stages(x, self.num_built - 1, self.out_indices)
-        return tuple(to_map(t, hw).contiguous() for t, hw in outs)
+        return tuple(contiguous(to_map(t, hw)) for t, hw in outs)
 
 
 class PreNormBlock(BaseModule):

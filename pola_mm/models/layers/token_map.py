@@ -11,11 +11,12 @@ folds into the input and output reorders of its blocked convolutions (a
 3-D transpose after the convolution stays a separate node;
 docs/performance.md).
 """
+import torch
 from torch import Tensor
 
 from ...type_aliases import Size2
 
-__all__ = ['to_map', 'to_tokens']
+__all__ = ['to_map', 'to_tokens', 'contiguous']
 
 
 def to_map(x: Tensor, hw: Size2) -> Tensor:
@@ -26,3 +27,19 @@ def to_map(x: Tensor, hw: Size2) -> Tensor:
 def to_tokens(x: Tensor) -> Tensor:
     """Map ``(B, C, H, W)`` -> tokens ``(B, H * W, C)``."""
     return x.permute(0, 2, 3, 1).flatten(1, 2)
+
+
+def contiguous(x: Tensor) -> Tensor:
+    """``x.contiguous()``; with symbolic sizes (``torch.export``) a copy
+    into a new tensor.
+
+    ``.contiguous()`` (and ``reshape``) first ask whether ``x`` is
+    contiguous already. For a permuted view that holds exactly when a
+    window count or a map side is 1, and under ``torch.export`` the answer
+    is a guard that fixes the input size; a copy asks nothing.
+    """
+    if not any(isinstance(s, torch.SymInt) for s in x.shape):
+        return x.contiguous()
+    out = x.new_empty(x.shape)
+    out.copy_(x)
+    return out

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ...ops.cyclic_shift import cyclic_shift
 from ...type_aliases import Pad4, Size2
+from .token_map import contiguous
 
 #: Additive value the authors (and Swin) use for masked attention logits.
 MASK_VALUE = -100.0
@@ -103,6 +104,12 @@ def crop_map(x: Tensor, pad: Pad4) -> Tensor:
         return x
     top, bottom, left, right = pad
     Hp, Wp = x.shape[1], x.shape[2]
+    if any(isinstance(s, torch.SymInt) for s in (Hp, Wp)):
+        # an index_select, not a slice: torch.export cannot prove that the
+        # slice's end (H) lies within the padded size (7 * ceil(H / 7))
+        rows = torch.arange(Hp - top - bottom, device=x.device) + top
+        cols = torch.arange(Wp - left - right, device=x.device) + left
+        return x.index_select(1, rows).index_select(2, cols)
     return x[:, top:Hp - bottom, left:Wp - right, :]
 
 
@@ -120,7 +127,7 @@ def window_partition(x: Tensor, window: Size2) -> Tensor:
     B, H, W, C = x.shape
     wh, ww = window
     x = x.view(B, H // wh, wh, W // ww, ww, C)
-    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, wh * ww, C)
+    return contiguous(x.permute(0, 1, 3, 2, 4, 5)).view(-1, wh * ww, C)
 
 
 def window_reverse(windows: Tensor, window: Size2, hw: Size2) -> Tensor:
@@ -138,7 +145,7 @@ def window_reverse(windows: Tensor, window: Size2, hw: Size2) -> Tensor:
     wh, ww = window
     C = windows.shape[-1]
     x = windows.view(-1, H // wh, W // ww, wh, ww, C)
-    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
+    return contiguous(x.permute(0, 1, 3, 2, 4, 5)).view(-1, H, W, C)
 
 
 def shift_region_mask(padded_hw: Size2, window: Size2, shift: Size2,

@@ -178,7 +178,10 @@ class WindowMSA(BaseModule):
             3, 0, 1, 4, 2, 5).unbind(0)
         y = softmax_attention(q, k, v, self.scale, bias,
                               self.attn_drop.p if self.training else 0.)
-        y = self.proj_drop(self.proj(y.transpose(-3, -2).reshape(Bw, n, C)))
+        # (B * nW, n, C), through one 4-D transpose: OpenVINO's channel
+        # shuffle fusion fails on the 5-D one of a dynamic-size graph
+        y = y.flatten(0, 1).transpose(1, 2).reshape(Bw, n, C)
+        y = self.proj_drop(self.proj(y))
 
         # 3. windows back to the map: reverse, unshift, crop
         y = cyclic_shift(window_reverse(y, win, padded_hw), shift,
