@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ...ops.cyclic_shift import cyclic_shift
 from ...type_aliases import Pad4, Size2
-from .token_map import contiguous
+from .token_map import contiguous, exporting_symbolic
 
 #: Additive value the authors (and Swin) use for masked attention logits.
 MASK_VALUE = -100.0
@@ -104,7 +104,7 @@ def crop_map(x: Tensor, pad: Pad4) -> Tensor:
         return x
     top, bottom, left, right = pad
     Hp, Wp = x.shape[1], x.shape[2]
-    if any(isinstance(s, torch.SymInt) for s in (Hp, Wp)):
+    if exporting_symbolic(Hp, Wp):
         # an index_select, not a slice: torch.export cannot prove that the
         # slice's end (H) lies within the padded size (7 * ceil(H / 7))
         rows = torch.arange(Hp - top - bottom, device=x.device) + top
