@@ -9,11 +9,12 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
+from ...ops.symbolic_sizes import contiguous
 from ...type_aliases import Size2
 from ..checkpoint import load_pretrained
 from ..layers import Mlp
 from ..layers.bricks import DropPath, build_norm_layer
-from ..layers.token_map import contiguous, to_map
+from ..layers.token_map import to_map
 
 #: Drop path of an arch dict that names none (mmdet's Swin default).
 DEFAULT_DROP_PATH = 0.1

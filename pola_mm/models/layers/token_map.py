@@ -11,13 +11,11 @@ folds into the input and output reorders of its blocked convolutions (a
 3-D transpose after the convolution stays a separate node;
 docs/performance.md).
 """
-import torch
 from torch import Tensor
 
-from ...ops.dispatch import exporting
 from ...type_aliases import Size2
 
-__all__ = ['to_map', 'to_tokens', 'contiguous', 'exporting_symbolic']
+__all__ = ['to_map', 'to_tokens']
 
 
 def to_map(x: Tensor, hw: Size2) -> Tensor:
@@ -29,27 +27,3 @@ def to_tokens(x: Tensor) -> Tensor:
     """Map ``(B, C, H, W)`` -> tokens ``(B, H * W, C)``."""
     return x.permute(0, 2, 3, 1).flatten(1, 2)
 
-
-def exporting_symbolic(*sizes) -> bool:
-    """Whether ``torch.export`` captures the graph with any of ``sizes``
-    symbolic (a free input size). Not under ``torch.compile``, where a
-    question about a symbolic size is a guard that recompiles, not one
-    that fixes the exported size."""
-    return (any(isinstance(s, torch.SymInt) for s in sizes)
-            and exporting() and not torch.jit.is_tracing())
-
-
-def contiguous(x: Tensor) -> Tensor:
-    """``x.contiguous()``; while ``torch.export`` captures symbolic sizes,
-    a copy into a new tensor.
-
-    ``.contiguous()`` (and ``reshape``) first ask whether ``x`` is
-    contiguous already. For a permuted view that holds exactly when a
-    window count or a map side is 1, and under ``torch.export`` the answer
-    is a guard that fixes the input size; a copy asks nothing.
-    """
-    if not exporting_symbolic(*x.shape):
-        return x.contiguous()
-    out = x.new_empty(x.shape)
-    out.copy_(x)
-    return out

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...ops.cyclic_shift import cyclic_shift
+from ...ops.symbolic_sizes import contiguous, exporting_symbolic
 from ...type_aliases import Pad4, Size2
-from .token_map import contiguous, exporting_symbolic
 
 #: Additive value the authors (and Swin) use for masked attention logits.
 MASK_VALUE = -100.0
