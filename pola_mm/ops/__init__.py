@@ -38,9 +38,9 @@ from .polarity import (polarity_attention, polarity_attention_naive,
 from .position import (check_resize_mode, resize_pos_table,
                        resize_pos_table_pytorch)
 from .rotary import rotary_tables, theta_shift
-from .softmax_attention import (check_window_export, dynamic_export,
-                                dynamic_export_supported, softmax_attention,
+from .softmax_attention import (check_window_export, softmax_attention,
                                 softmax_attention_pytorch)
+from .symbolic_sizes import dynamic_export, dynamic_export_supported
 
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'plain_paths', 'set_fast_paths',

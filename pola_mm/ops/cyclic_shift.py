@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..type_aliases import Size2
 from .dispatch import use_fast
+from .symbolic_sizes import exporting_symbolic
 
 __all__ = ['cyclic_shift', 'cyclic_shift_pytorch']
 
@@ -49,7 +50,7 @@ def cyclic_shift_pytorch(x: Tensor, shift: Size2,
             continue
         n = x.shape[dim]
         i = torch.arange(n, device=x.device)
-        if isinstance(n, torch.SymInt):  # torch.export: ONNX's Mod takes
-            n = torch.full((), n, device=x.device)  # no symbolic int
+        if exporting_symbolic(n):  # ONNX's Mod takes no symbolic int
+            n = torch.full((), n, device=x.device)
         x = x.index_select(dim, (i - s if reverse else i + s) % n)
     return x

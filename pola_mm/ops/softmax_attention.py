@@ -16,68 +16,24 @@ and the fused kernel, which takes 4-D inputs, runs once per image. While
 a graph is captured the leading dims are flattened and the bias expanded
 to them, one branch-free 4-D product whatever the sizes.
 """
-import contextlib
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import symbolic_sizes
 from .dispatch import (DynamicShapeExportError, capturing, exporting,
                        records_grad, use_fast)
 
 __all__ = ['softmax_attention', 'softmax_attention_pytorch',
-           'check_window_export', 'dynamic_export',
-           'dynamic_export_supported']
-
-
-def _fx_config() -> Optional[object]:
-    """torch's ``torch.fx.experimental._config`` where it has
-    ``backed_size_oblivious`` (recent torch; 2.14 tested), else None."""
-    try:
-        from torch.fx.experimental import _config
-    except ImportError:  # pragma: no cover (torch without the module)
-        return None
-    return _config if hasattr(_config, 'backed_size_oblivious') else None
-
-
-def dynamic_export_supported() -> bool:
-    """Whether this torch can ``torch.export`` shifted windows with a free
-    height/width (:func:`dynamic_export`)."""
-    return _fx_config() is not None
-
-
-@contextlib.contextmanager
-def dynamic_export() -> Iterator[None]:
-    """Run a ``torch.export`` (or ``torch.onnx.export(dynamo=True)``) with
-    a free height/width of any pola_mm model, Pola-Swin included.
-
-    Sets torch's ``backed_size_oblivious`` for the block: torch.export then
-    reasons about the symbolic sizes as sizes (a window count or a map
-    side of 1 is not special-cased), so the shifted windows' padding,
-    partition and crop stay symbolic instead of becoming guards that fix
-    the input size. The models avoid the questions that would still be
-    guards (a copy in place of ``.contiguous()`` of a permuted view, a
-    gather in place of the crop's slice: :mod:`pola_mm.models.layers.
-    window`). Without the setting (an older torch) the block runs as it is,
-    and :func:`check_window_export` refuses shifted windows. The export
-    tools use it; wrap a direct call the same way::
-
-        with pola_mm.ops.dynamic_export():
-            torch.onnx.export(model, (x, ), 'model.onnx', dynamo=True,
-                              dynamic_shapes=...)
-    """
-    config = _fx_config()
-    if config is None:
-        yield
-        return
-    with config.patch(backed_size_oblivious=True):
-        yield
+           'check_window_export']
 
 
 def check_window_export(owner: str, hw: Sequence) -> None:
     """Refuse ``torch.export`` (the dynamo ONNX exporter) of shifted-window
-    attention with a dynamic height/width outside :func:`dynamic_export`.
+    attention with a dynamic height/width outside
+    :func:`~.symbolic_sizes.dynamic_export`.
 
     With symbolic map sizes and torch's default reasoning, ``torch.export``
     turns the window counts (one window or several) into guards that fix
@@ -86,11 +42,11 @@ def check_window_export(owner: str, hw: Sequence) -> None:
     naming what works. Costs nothing in eager mode, under
     ``torch.compile`` (symbolic sizes allowed, guards being re-compiles
     there), for the tracer (0-d tensor sizes) and inside
-    :func:`dynamic_export`.
+    :func:`~.symbolic_sizes.dynamic_export`.
     """
     if not any(isinstance(s, torch.SymInt) for s in hw[:2]):
         return
-    config = _fx_config()
+    config = symbolic_sizes.fx_config()
     if config is not None and config.backed_size_oblivious:
         return
     if exporting():

@@ -141,9 +141,8 @@ def test_dynamo_dynamic_hw_swin_is_refused_clearly_by_an_older_torch(
     into guards and torch.onnx would export at the example's size only:
     the window layer refuses with one message naming what works (the
     TorchScript exporter), and nothing is written."""
-    # the module (pola_mm.ops.softmax_attention is also the op's name)
-    attention = importlib.import_module('pola_mm.ops.softmax_attention')
-    monkeypatch.setattr(attention, '_fx_config', lambda: None)
+    sizes = importlib.import_module('pola_mm.ops.symbolic_sizes')
+    monkeypatch.setattr(sizes, 'fx_config', lambda: None)
     assert not pola_mm.ops.dynamic_export_supported()
     model = _model('swin')
     out = tmp_path / 'm.onnx'

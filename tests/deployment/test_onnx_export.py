@@ -587,9 +587,8 @@ def test_cli_dynamic_swin_with_an_older_torch(tmp_path, capsys, tool,
     in one line and exports with the TorchScript exporter (verified as
     every dynamic export); with ``--exporter dynamo`` exit 1, one error
     naming the exporter that works, nothing written."""
-    # the module (pola_mm.ops.softmax_attention is also the op's name)
-    attention = importlib.import_module('pola_mm.ops.softmax_attention')
-    monkeypatch.setattr(attention, '_fx_config', lambda: None)
+    sizes = importlib.import_module('pola_mm.ops.symbolic_sizes')
+    monkeypatch.setattr(sizes, 'fx_config', lambda: None)
     out = str(tmp_path / 'det.onnx')
     chosen = ['--exporter', exporter] if exporter else []
     rc = tool.main([RETINANET, '--whole', '--shape', '64', '96', '--out',

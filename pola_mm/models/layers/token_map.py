@@ -26,4 +26,3 @@ def to_map(x: Tensor, hw: Size2) -> Tensor:
 def to_tokens(x: Tensor) -> Tensor:
     """Map ``(B, C, H, W)`` -> tokens ``(B, H * W, C)``."""
     return x.permute(0, 2, 3, 1).flatten(1, 2)
-
