@@ -2,9 +2,10 @@
 
 - docs/attention.md: every ```python block executes on its own, in a fresh
   namespace (a reader may copy any one block).
-- README.md: its ```python blocks are mmengine config fragments; each is
-  written to a file and loaded with ``Config.fromfile`` (``pola_mm::`` bases
-  resolve once pola_mm is imported), and where it defines
+- README.md and docs/small_data.md: their ```python blocks are mmengine
+  config fragments; each is written to a file and loaded with
+  ``Config.fromfile`` (``pola_mm::`` bases resolve once pola_mm is
+  imported), and where it defines
   ``model.backbone`` the backbone's type must be registered. Nothing is
   built and no weights are loaded.
 - docs/analysis.md: every command of its tools (```bash blocks and inline
@@ -34,7 +35,7 @@ import pola_mm  # noqa: F401  (registers the pola_mm:: config scope)
 #: pages whose python blocks are executed as a script, one namespace a page
 EXECUTED_PAGES = ['docs/attention.md']
 #: pages whose python blocks are mmengine config fragments
-CONFIG_PAGES = ['README.md']
+CONFIG_PAGES = ['README.md', 'docs/small_data.md']
 
 _BLOCK = re.compile(r'^([ \t]*)```python[ \t]*\n(.*?)^[ \t]*```[ \t]*$',
                     flags=re.S | re.M)

@@ -1,13 +1,15 @@
-"""README's small-data lines ("Get started"), as written: the shapes
+"""The small-data lines of docs/small_data.md, as written: the shapes
 dataset made by ``tools/misc/make_shapes_dataset.py``, ``my_shapes.py`` on
-top of the Get started config under mmdet's own ``tools/train.py`` and
-``my_seg.py`` under mmseg's, in a fresh folder, from scratch.
+top of the README's Get started config under mmdet's own
+``tools/train.py`` and ``my_seg.py`` under mmseg's, in a fresh folder,
+from scratch.
 
-Every line comes from README.md at test time: the dataset command, the two
-training commands (``path/to/mmdetection/tools/train.py`` is the installed
-mmdet's tool) and the config blocks, each named by the sentence before it.
-The runs are shortened from the command line only (fewer iterations and
-validation images); the README states the full runs' time and metrics.
+Every line comes from docs/small_data.md at test time: the dataset
+command, the two training commands (``path/to/mmdetection/tools/train.py``
+is the installed mmdet's tool) and the config blocks, each named by the
+sentence before it. The runs are shortened from the command line only
+(fewer iterations and validation images); the page states the full runs'
+time and metrics.
 """
 import os.path as osp
 import re
@@ -24,7 +26,7 @@ pytest.importorskip('mmseg')
 from test_get_started import get_started_config  # noqa: E402
 from test_upstream_tools import clean_env, upstream_tool  # noqa: E402
 
-#: README's upstream checkouts -> the installed package holding the tool
+#: the page's upstream checkouts -> the installed package holding the tool
 CHECKOUTS = {'mmdetection': 'mmdet', 'mmsegmentation': 'mmseg'}
 
 #: the test's shortening, on the command line (``--cfg-options``): 40
@@ -43,7 +45,7 @@ SHORTER = {
 
 
 class SmallData(NamedTuple):
-    """The README's small-data lines."""
+    """The small-data lines of docs/small_data.md."""
     #: the dataset command, split into words (``python tools/misc/...``)
     make: List[str]
     #: config file -> the package whose ``tools/train.py`` trains it
@@ -53,10 +55,9 @@ class SmallData(NamedTuple):
 
 
 def small_data_lines() -> SmallData:
-    """Read the small-data lines from README.md's "Get started"."""
-    with open(osp.join(REPO, 'README.md')) as f:
-        readme = f.read()
-    section = readme.split('### Get started', 1)[1].split('\n### ', 1)[0]
+    """Read the small-data lines from docs/small_data.md."""
+    with open(osp.join(REPO, 'docs', 'small_data.md')) as f:
+        section = f.read()
     bash = [line.split('#')[0].split()
             for block in re.findall(r'```bash\n(.*?)```', section, re.S)
             for line in block.splitlines()]
@@ -82,7 +83,7 @@ def small_data_lines() -> SmallData:
     return SmallData(make[0], tools, configs)
 
 
-def test_readme_names_both_sets_of_small_data_lines():
+def test_page_names_both_sets_of_small_data_lines():
     lines = small_data_lines()
     assert lines.make[:2] == ['python', 'tools/misc/make_shapes_dataset.py']
     assert lines.tools == {'my_shapes.py': 'mmdet', 'my_seg.py': 'mmseg'}
@@ -93,7 +94,8 @@ def test_readme_names_both_sets_of_small_data_lines():
 
 @pytest.fixture(scope='module')
 def project(tmp_path_factory):
-    """A fresh folder with the README's configs and dataset."""
+    """A fresh folder with the configs (the README's and the page's) and
+    the dataset."""
     root = tmp_path_factory.mktemp('small_data')
     lines = small_data_lines()
     (root / 'my_config.py').write_text(get_started_config())
@@ -107,7 +109,7 @@ def project(tmp_path_factory):
 
 
 def train(root, config: str) -> str:
-    """Run the README's training command for ``config``, shortened by
+    """Run the page's training command for ``config``, shortened by
     :data:`SHORTER`; return its output."""
     tool = upstream_tool(small_data_lines().tools[config], 'train.py')
     work_dir = config.replace('.py', '_work')
