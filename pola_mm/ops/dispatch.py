@@ -31,6 +31,8 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from .launch import device_admits
+
 __all__ = [
     'FAST_PATHS_ENV', 'fast_paths_enabled', 'set_fast_paths', 'plain_paths',
     'is_compiling', 'exporting', 'capturing', 'use_fast', 'records_grad',
@@ -185,7 +187,7 @@ def _kernel_device(x: Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake
     if is_fake(x) or not torch.cuda.is_available():
         return True
-    return triton_available()
+    return triton_available() and device_admits(x.device)
 
 
 def implementation(x: Tensor, kernel_fits: bool,

@@ -22,6 +22,7 @@ from .. import observers
 from ..checks import (check_broadcastable, check_head_inputs, no_queries,
                       param_shape)
 from ..dispatch import capturing, implementation
+from ..launch import failed, guarded
 from ..precision import no_autocast
 from . import triton as kernels
 from .cpu import pacs_attention_cpu
@@ -72,16 +73,19 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
         _check_inputs(q, k, v, s1, s2, sin, cos)
         if no_queries(q):
             return q.clone()
+    key = None if isinstance(q, torch.fx.Proxy) else kernels.config(q, sin)
     path = implementation(
-        q, kernel_fits=not isinstance(q, torch.fx.Proxy)
-        and kernels.fits(q, k, v, sin, cos),
+        q, kernel_fits=key is not None and kernels.fits(q, k, v, sin, cos)
+        and not failed(key),
         cpu_fits=k.shape[-2] == q.shape[-2])  # (as many keys as queries)
     dt = torch.promote_types(q.dtype, torch.float32)
     with no_autocast(q.device.type):
         if path == 'triton':  # q, k, v as given: float32 in registers
             tables = [None if t is None else t.to(dt) for t in (sin, cos)]
-            out = kernels.pacs_attention_triton(q, k, v, s1.to(dt),
-                                                s2.to(dt), *tables)
+            args = (q, k, v, s1.to(dt), s2.to(dt), *tables)
+            out = guarded(key, lambda: kernels.pacs_attention_triton(*args),
+                          lambda: kernels.torch_form(
+                              *[t.to(dt) for t in args[:3]], *args[3:]))
         else:
             args = [t.to(dt) for t in (q, k, v, s1, s2)]
             tables = [None if t is None else t.to(dt) for t in (sin, cos)]

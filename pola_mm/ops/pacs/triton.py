@@ -54,8 +54,7 @@ float32, since a rounded ``x`` would show in the temperatures' float32
 gradients. Under Triton's CPU interpreter, whose float32 -> bfloat16 cast
 truncates, bfloat16 outputs are written in float32 and rounded by torch.
 """
-import contextlib
-from typing import ContextManager, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -63,7 +62,10 @@ from torch import Tensor
 from ..custom_ops import register_kernel
 from ..dispatch import records_grad
 from ..features import EPS, sum_to
-from ..token_product import multiprocessors
+from ..launch import (config_key, guarded, launch_config, on_device,
+                      recomputed_grads, split_tokens)
+from .cpu import pacs_attention_cpu
+from .naive import pacs_attention_pytorch
 
 try:
     import triton
@@ -89,7 +91,8 @@ if HAVE_TRITON:
     def _tile(base, rows, cols, s_row, s_col, mask):
         """``base[rows, cols]`` ``(len(rows), len(cols))`` as float32, zero
         where ``mask`` (broadcast to the tile) is false."""
-        ptrs = base + rows[:, None] * s_row + cols[None, :] * s_col
+        ptrs = (base + rows.to(tl.int64)[:, None] * s_row +
+                cols.to(tl.int64)[None, :] * s_col)
         return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
     @triton.jit
@@ -591,38 +594,15 @@ def _check(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor],
                          f'fits()): q, k, v, sin, cos = {shapes}')
 
 
-def _block_size(block_n: Optional[int], d: int) -> int:
-    """Tokens per block: ``block_n`` (a power of two >= 16), by default 64
-    (32 for ``d = 128``, fewer registers)."""
+def _block_size(block_n: Optional[int], d: int, device: torch.device) -> int:
+    """Tokens per block: ``block_n`` (a power of two >= 16), by default the
+    launch rule's (:func:`~pola_mm.ops.launch.launch_config`)."""
     if block_n is None:
-        return 64 if d <= 64 else 32
+        return launch_config('key_pass', d, device).block
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f'block_n must be a power of two >= 16, got '
                          f'{block_n}')
     return int(block_n)
-
-
-def _split(chunks: Optional[int], blocks: int, bh: int,
-           device: torch.device) -> Tuple[int, int]:
-    """``(chunks, blocks per chunk)`` for ``blocks`` blocks of tokens per
-    image and head: ``chunks`` as asked, by default about two programs per
-    multiprocessor over the ``bh`` images and heads (2 on the CPU, where
-    the interpreter runs: the split is exercised), never more chunks than
-    blocks, none empty."""
-    if blocks == 0:
-        return 1, 1
-    if chunks is None:
-        sm = multiprocessors(device)
-        chunks = 2 if sm == 0 else (2 * sm) // max(bh, 1)
-    chunks = max(1, min(int(chunks), blocks))
-    per = -(-blocks // chunks)
-    return -(-blocks // per), per
-
-
-def _warps(d: int) -> int:
-    """Warps per program: 8 for ``d = 128`` (its ``(d, d)`` accumulators),
-    else 4."""
-    return 8 if d > 64 else 4
 
 
 def _temps(t: Tensor, h: int, d: int) -> Tensor:
@@ -654,13 +634,6 @@ def _table_args(sin: Optional[Tensor], cos: Optional[Tensor],
     return sin, cos, sin.stride(0), sin.stride(1)
 
 
-def _on_device(t: Tensor) -> ContextManager:
-    """The launches' device context: ``t``'s CUDA device current."""
-    if t.device.type == 'cuda':
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
-
-
 # --- the kernels as torch custom ops (..custom_ops), one per launch; the
 # sums between them stay plain torch operations
 
@@ -673,12 +646,12 @@ def key_pass(k: Tensor, v: Tensor, sin: Optional[Tensor],
     m_part, ks_part = _key_pass_fake(k, v, sin, cos, chunks, per, block)
     B, H, n, d = k.shape
     sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, m_part)
-    with _on_device(k):
+    with on_device(k):
         _fwd_keys_kernel[(B * H, chunks)](
             k, v, sin_t, cos_t, m_part, ks_part, H, n, per,
             *k.stride(), *v.stride(), s_tn, s_tc,
             D=d, BLOCK_N=block, HAS_ROT=sin is not None,
-            num_warps=_warps(d))
+            **launch_config('key_pass', d, k.device).options())
     return m_part, ks_part
 
 
@@ -699,12 +672,13 @@ def query_pass(q: Tensor, t1: Tensor, t2: Tensor, sin: Optional[Tensor],
                     device=q.device)
     rz = torch.empty((B, H, N, 2), dtype=torch.float32, device=q.device)
     sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, t1)
-    with _on_device(q):
+    with on_device(q):
         _fwd_queries_kernel[(B * H, triton.cdiv(N, block))](
             q, t1, t2, sin_t, cos_t, M, k_mean, x, rz, H, N, float(eps),
             *q.stride(), s_tn, s_tc,
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
-            HAS_ROT=sin is not None, num_warps=_warps(d))
+            HAS_ROT=sin is not None,
+            **launch_config('query_pass', d, q.device).options())
     return x.to(q.dtype), rz
 
 
@@ -727,14 +701,14 @@ def query_grad(dx: Tensor, q: Tensor, x: Tensor, t1: Tensor, t2: Tensor,
     _, dm_part, dkm_part, dt_part = _query_grad_fake(
         dx, q, x, t1, t2, sin, cos, M, k_mean, rz, chunks, per, block)
     sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, t1)
-    with _on_device(q):
+    with on_device(q):
         _bwd_queries_kernel[(B * H, chunks)](
             dx, q, x, t1, t2, sin_t, cos_t, M, k_mean, rz, dq,
             dm_part, dkm_part, dt_part, H, N, per,
             *dx.stride(), *q.stride(), *x.stride(), s_tn, s_tc,
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
             HAS_ROT=sin is not None, USE_X=x.dtype == torch.float32,
-            num_warps=_warps(d))
+            **launch_config('query_grad', d, q.device).options())
     return dq.to(q.dtype), dm_part, dkm_part, dt_part
 
 
@@ -759,12 +733,12 @@ def key_grad(k: Tensor, v: Tensor, sin: Optional[Tensor],
     dv = (torch.empty((B, H, n, d), dtype=_store_dtype(v.dtype),
                       device=k.device) if need_v else dk)
     sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, dM)
-    with _on_device(k):
+    with on_device(k):
         _bwd_keys_kernel[(B * H, triton.cdiv(n, block))](
             k, v, sin_t, cos_t, dM, dkm, dk, dv, H, n,
             *k.stride(), *v.stride(), s_tn, s_tc,
             D=d, BLOCK_N=block, HAS_ROT=sin is not None, NEED_V=need_v,
-            num_warps=_warps(d))
+            **launch_config('key_grad', d, k.device).options())
     return dk.to(k.dtype), dv.to(v.dtype) if need_v else v.new_empty(0)
 
 
@@ -812,10 +786,10 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
     _check(q, k, v, sin, cos)
     B, H, N, d = q.shape
     n = k.shape[2]
-    block = _block_size(block_n, d)
+    block = _block_size(block_n, d, q.device)
     t1c, t2c = _temps(t1, H, d), _temps(t2, H, d)
     sin, cos = _tables(sin, cos, N, d)
-    nchunks, per = _split(chunks, triton.cdiv(n, block), B * H, q.device)
+    nchunks, per = split_tokens(n, block, B * H, q.device, chunks)
     m_part, ks_part = key_pass(k, v, sin, cos, nchunks, per, block)
     M = m_part.sum(dim=1).div_(N)
     k_mean = ks_part.sum(dim=1).div_(n)
@@ -857,13 +831,13 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
     _check(q, k, v, sin, cos)
     B, H, N, d = q.shape
     n = k.shape[2]
-    block = _block_size(block_n, d)
+    block = _block_size(block_n, d, q.device)
     t1c, t2c = _temps(t1, H, d), _temps(t2, H, d)
     sin, cos = _tables(sin, cos, N, d)
     M = M.to(torch.float32).contiguous()
     k_mean = k_mean.to(torch.float32).contiguous()
     rz = rz.to(torch.float32).contiguous()
-    nchunks, per = _split(chunks, triton.cdiv(N, block), B * H, q.device)
+    nchunks, per = split_tokens(N, block, B * H, q.device, chunks)
     dq, dm_part, dkm_part, dt_part = query_grad(
         dx, q, x, t1c, t2c, sin, cos, M, k_mean, rz, nchunks, per, block)
     dM = dm_part.sum(dim=1).div_(N)  # M = R(k')^T v / N
@@ -886,24 +860,54 @@ class PaCSTritonFunction(torch.autograd.Function):
         t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
         x, M, k_mean, rz = pacs_forward(q, k, v, t1, t2, sin, cos, eps)
         ctx.save_for_backward(q, k, v, s1, s2, sin, cos, x, M, k_mean, rz)
+        ctx.eps = eps
         return x
 
     @staticmethod
     def backward(ctx, dx: Tensor):
         q, k, v, s1, s2, sin, cos, x, M, k_mean, rz = ctx.saved_tensors
-        h, d = q.shape[1], q.shape[3]
-        t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
         need = ctx.needs_input_grad
-        dq, dk, dv, dt1, dt2 = pacs_backward(
-            dx, q, k, v, t1, t2, sin, cos, x, M, k_mean, rz, need_v=need[2])
 
-        def ds(dt: Tensor, t: Tensor, s: Tensor) -> Tensor:
-            g = dt.view(1, h, 1, 2 * d) * t * (1 - t)  # sigmoid'
-            return sum_to(g, s.shape).to(s.dtype)
+        def by_torch():
+            inputs = (q, k, v, s1, s2, sin, cos, ctx.eps)
+            return recomputed_grads(torch_form, inputs, need, dx)
 
-        ds1 = ds(dt1, t1, s1) if need[3] else None
-        ds2 = ds(dt2, t2, s2) if need[4] else None
-        return dq, dk, dv, ds1, ds2, None, None, None
+        return guarded(config(q, sin), lambda: _kernel_grads(ctx, dx, need),
+                       by_torch)
+
+
+def _kernel_grads(ctx, dx: Tensor, need: Tuple[bool, ...]) -> tuple:
+    """:class:`PaCSTritonFunction`'s gradients by the kernels."""
+    q, k, v, s1, s2, sin, cos, x, M, k_mean, rz = ctx.saved_tensors
+    h, d = q.shape[1], q.shape[3]
+    t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
+    dq, dk, dv, dt1, dt2 = pacs_backward(
+        dx, q, k, v, t1, t2, sin, cos, x, M, k_mean, rz, need_v=need[2])
+
+    def ds(dt: Tensor, t: Tensor, s: Tensor) -> Tensor:
+        g = dt.view(1, h, 1, 2 * d) * t * (1 - t)  # sigmoid'
+        return sum_to(g, s.shape).to(s.dtype)
+
+    ds1 = ds(dt1, t1, s1) if need[3] else None
+    ds2 = ds(dt2, t2, s2) if need[4] else None
+    return dq, dk, dv, ds1, ds2, None, None, None
+
+
+def torch_form(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
+               sin: Optional[Tensor], cos: Optional[Tensor],
+               eps: float = EPS) -> Tensor:
+    """The torch implementation of the same arguments (the fallback of a
+    configuration whose kernels failed): the CPU path where it fits (as
+    many keys as queries), else the formula."""
+    fn = (pacs_attention_cpu if k.shape[-2] == q.shape[-2] else
+          pacs_attention_pytorch)
+    return fn(q, k, v, s1, s2, sin, cos, eps)
+
+
+def config(q: Tensor, sin: Optional[Tensor]) -> tuple:
+    """The kernel configuration of these inputs, as a failure is
+    remembered (:func:`~pola_mm.ops.launch.guarded`)."""
+    return config_key('pacs', q, rotary=sin is not None)
 
 
 def pacs_attention_triton(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,

@@ -26,6 +26,7 @@ from .. import observers
 from ..checks import (check_broadcastable, check_head_inputs, no_queries,
                       param_shape)
 from ..dispatch import capturing, implementation
+from ..launch import failed, guarded
 from ..precision import no_autocast
 from . import triton as kernels
 from .cpu import polarity_attention_cpu
@@ -86,12 +87,16 @@ def polarity_attention(q: Tensor,
         _check_inputs(q, k, v, scale, power, k_bias)
         if no_queries(q):
             return q.clone()
-    path = implementation(q, kernel_fits=not isinstance(q, torch.fx.Proxy)
-                          and kernels.fits(q, k, v))
+    key = None if isinstance(q, torch.fx.Proxy) else kernels.config(q, k_bias)
+    path = implementation(q, kernel_fits=key is not None
+                          and kernels.fits(q, k, v) and not failed(key))
     with no_autocast(q.device.type):
-        if path == 'triton':
-            out = kernels.polarity_attention_triton(q, k, v, scale, power,
-                                                    alpha, k_bias=k_bias)
+        if path == 'triton':  # the torch form where a kernel fails
+            out = guarded(
+                key, lambda: kernels.polarity_attention_triton(
+                    q, k, v, scale, power, alpha, k_bias=k_bias),
+                lambda: polarity_attention_cpu(q, k, v, scale, power, alpha,
+                                               k_bias=k_bias))
         elif path == 'cpu':
             out = polarity_attention_cpu(q, k, v, scale, power, alpha,
                                          k_bias=k_bias)

@@ -53,7 +53,9 @@ from torch import Tensor
 from ..custom_ops import register_kernel
 from ..dispatch import records_grad
 from ..features import EPS, sum_to
-from ..token_product import multiprocessors
+from ..launch import (config_key, guarded, launch_config, on_device,
+                      recomputed_grads, split_tokens)
+from .cpu import polarity_attention_cpu
 
 try:
     import triton
@@ -64,11 +66,8 @@ except ImportError:  # pragma: no cover - depends on the installation
     HAVE_TRITON = False
 
 __all__ = ['HAVE_TRITON', 'fits', 'polarity_attention_triton',
-           'chunk_count', 'polarity_forward', 'polarity_backward',
-           'BLOCK_N']
+           'polarity_forward', 'polarity_backward']
 
-#: Tokens per tile of the kernels on a GPU.
-BLOCK_N = 64
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -83,17 +82,6 @@ def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return (16 <= d <= 128 and d & (d - 1) == 0 and k.shape[-1] == d
             and v.shape[-1] == d
             and all(t.dtype in _DTYPES for t in (q, k, v)))
-
-
-def chunk_count(bh: int, n: int, block: int, device: torch.device) -> int:
-    """Programs per image and head for the passes that sum over tokens:
-    enough for about two waves on the GPU's multiprocessors, never more
-    than the tiles of ``n`` tokens; two on other devices (the interpreter),
-    so that the split is exercised."""
-    tiles = max(1, math.ceil(n / block))
-    sms = multiprocessors(device)
-    want = math.ceil(2 * sms / bh) if sms else 2
-    return max(1, min(want, tiles))
 
 
 def _strides(t: Tensor) -> Tuple[int, int, int, int]:
@@ -144,16 +132,24 @@ if HAVE_TRITON:
         return fp, fn, ts, la
 
     @triton.jit
+    def _tile_ptrs(base, b, hh, rows, cols, s_b, s_h, s_n, s_d):
+        """Pointers to the ``(len(rows), len(cols))`` tile of image ``b``,
+        head ``hh`` of a ``(B, h, L, d)`` map with strides ``s_*``, in
+        int64 (the maps of a batch may pass 2^31 elements)."""
+        return (base + b * s_b + hh * s_h + rows.to(tl.int64)[:, None] * s_n
+                + cols.to(tl.int64)[None, :] * s_d)
+
+    @triton.jit
     def _load_keys(K, KB, b, hh, rows, mask, cols, sk_b, sk_h, sk_n, sk_d,
                    sb_b, sb_h, sb_n, sb_d, HAS_BIAS: tl.constexpr):
         """A float32 tile of keys (plus the key bias) of one image and
         head."""
-        k = tl.load(K + b * sk_b + hh * sk_h + rows[:, None] * sk_n +
-                    cols[None, :] * sk_d, mask=mask[:, None],
+        k = tl.load(_tile_ptrs(K, b, hh, rows, cols, sk_b, sk_h,
+                    sk_n, sk_d), mask=mask[:, None],
                     other=0.0).to(tl.float32)
         if HAS_BIAS:
-            k += tl.load(KB + b * sb_b + hh * sb_h + rows[:, None] * sb_n +
-                         cols[None, :] * sb_d, mask=mask[:, None],
+            k += tl.load(_tile_ptrs(KB, b, hh, rows, cols, sb_b, sb_h,
+                         sb_n, sb_d), mask=mask[:, None],
                          other=0.0).to(tl.float32)
         return k
 
@@ -167,7 +163,7 @@ if HAVE_TRITON:
         """Partial ``[f+, f-]^T v`` and key sums of one chunk of ``span``
         keys, written to the row ``PART[bh, c]``: ``P``, ``Q`` (``D x D``
         each), ``kp``, ``kn`` (``D`` each)."""
-        bh = tl.program_id(0)
+        bh = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
         chunks = tl.num_programs(1)
         b = bh // H
@@ -186,8 +182,8 @@ if HAVE_TRITON:
             mask = rows < end
             k = _load_keys(K, KB, b, hh, rows, mask, cols, sk_b, sk_h, sk_n,
                            sk_d, sb_b, sb_h, sb_n, sb_d, HAS_BIAS)
-            v = tl.load(V + b * sv_b + hh * sv_h + rows[:, None] * sv_n +
-                        cols[None, :] * sv_d, mask=mask[:, None],
+            v = tl.load(_tile_ptrs(V, b, hh, rows, cols, sv_b, sv_h,
+                        sv_n, sv_d), mask=mask[:, None],
                         other=0.0).to(tl.float32)
             fp, fn, _, _ = _features(k, inv_s, p)
             acc_p += tl.dot(tl.trans(fp), v, input_precision='ieee')
@@ -225,7 +221,7 @@ if HAVE_TRITON:
                     sq_b, sq_h, sq_n, sq_d, sx_b, sx_h, sx_n, sx_d,
                     D: tl.constexpr, BLOCK: tl.constexpr):
         """``x`` and ``1 / z`` of one tile of queries."""
-        bh = tl.program_id(0)
+        bh = tl.program_id(0).to(tl.int64)
         b = bh // H
         hh = bh % H
         cols = tl.arange(0, D)
@@ -233,8 +229,8 @@ if HAVE_TRITON:
         mask = rows < N
         inv_s, p, sig_s, sig_p = _params(S, PW, hh, cols, ss_h, ss_d, sp_h,
                                          sp_d, alpha)
-        q = tl.load(Q + b * sq_b + hh * sq_h + rows[:, None] * sq_n +
-                    cols[None, :] * sq_d, mask=mask[:, None],
+        q = tl.load(_tile_ptrs(Q, b, hh, rows, cols, sq_b, sq_h,
+                    sq_n, sq_d), mask=mask[:, None],
                     other=0.0).to(tl.float32)
         fp, fn, _, _ = _features(q, inv_s, p)
         a_pos, a_neg, kp, kn = _load_mix(R, bh, cols, inv_n, D)
@@ -244,11 +240,11 @@ if HAVE_TRITON:
         rz_opp = 1.0 / (tl.sum(fp * kn[None, :] + fn * kp[None, :], 1) + eps)
         first = cols[None, :] < D // 2
         x = num * tl.where(first, rz_sim[:, None], rz_opp[:, None])
-        tl.store(X + b * sx_b + hh * sx_h + rows[:, None] * sx_n +
-                 cols[None, :] * sx_d, x.to(X.dtype.element_ty),
+        tl.store(_tile_ptrs(X, b, hh, rows, cols, sx_b, sx_h,
+                 sx_n, sx_d), x.to(X.dtype.element_ty),
                  mask=mask[:, None])
-        tl.store(RZ + (bh * N + rows) * 2, rz_sim, mask=mask)
-        tl.store(RZ + (bh * N + rows) * 2 + 1, rz_opp, mask=mask)
+        tl.store(RZ + bh * N * 2 + rows * 2, rz_sim, mask=mask)
+        tl.store(RZ + bh * N * 2 + rows * 2 + 1, rz_opp, mask=mask)
 
     @triton.jit
     def _query_grad(Q, DX, RZ, R, S, PW, ss_h, ss_d, sp_h, sp_d, alpha,
@@ -265,7 +261,7 @@ if HAVE_TRITON:
         output ``x`` is recomputed from the features (two small products)
         rather than read back: exact in float32 whatever its stored dtype,
         and never saved."""
-        bh = tl.program_id(0)
+        bh = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
         chunks = tl.num_programs(1)
         b = bh // H
@@ -287,14 +283,14 @@ if HAVE_TRITON:
             rows = s + tl.arange(0, BLOCK)
             mask = rows < end
             m2 = mask[:, None]
-            q = tl.load(Q + b * sq_b + hh * sq_h + rows[:, None] * sq_n +
-                        cols[None, :] * sq_d, mask=m2,
+            q = tl.load(_tile_ptrs(Q, b, hh, rows, cols, sq_b, sq_h,
+                        sq_n, sq_d), mask=m2,
                         other=0.0).to(tl.float32)
-            dx = tl.load(DX + b * sg_b + hh * sg_h + rows[:, None] * sg_n +
-                         cols[None, :] * sg_d, mask=m2,
+            dx = tl.load(_tile_ptrs(DX, b, hh, rows, cols, sg_b, sg_h,
+                         sg_n, sg_d), mask=m2,
                          other=0.0).to(tl.float32)
-            rz_sim = tl.load(RZ + (bh * N + rows) * 2, mask=mask, other=0.0)
-            rz_opp = tl.load(RZ + (bh * N + rows) * 2 + 1, mask=mask,
+            rz_sim = tl.load(RZ + bh * N * 2 + rows * 2, mask=mask, other=0.0)
+            rz_opp = tl.load(RZ + bh * N * 2 + rows * 2 + 1, mask=mask,
                              other=0.0)
             fp, fn, ts, la = _features(q, inv_s, p)
             # x = num / z per half: d(num) and d(z) of both flows
@@ -321,8 +317,8 @@ if HAVE_TRITON:
             w_g += tl.sum(g, 0)
             w_l += tl.sum(g * la, 0)
             dq = p[None, :] * g / ts * inv_s[None, :]
-            tl.store(DQ + b * so_b + hh * so_h + rows[:, None] * so_n +
-                     cols[None, :] * so_d, dq.to(DQ.dtype.element_ty),
+            tl.store(_tile_ptrs(DQ, b, hh, rows, cols, so_b, so_h,
+                     so_n, so_d), dq.to(DQ.dtype.element_ty),
                      mask=m2)
         row = PART + (bh * chunks + c) * (2 * D * D + 4 * D)
         mat = cols[:, None] * D + cols[None, :]
@@ -348,7 +344,7 @@ if HAVE_TRITON:
         query-gradient row ``G[bh]`` (:func:`_query_grad`'s); the keys'
         part of the gradients of ``scale`` and ``power`` into ``W[bh, c]``
         ``(2, D)`` (the first chunk adds the queries')."""
-        bh = tl.program_id(0)
+        bh = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
         chunks = tl.num_programs(1)
         b = bh // H
@@ -376,8 +372,8 @@ if HAVE_TRITON:
             m2 = mask[:, None]
             k = _load_keys(K, KB, b, hh, rows, mask, cols, sk_b, sk_h, sk_n,
                            sk_d, sb_b, sb_h, sb_n, sb_d, HAS_BIAS)
-            v = tl.load(V + b * sv_b + hh * sv_h + rows[:, None] * sv_n +
-                        cols[None, :] * sv_d, mask=m2,
+            v = tl.load(_tile_ptrs(V, b, hh, rows, cols, sv_b, sv_h,
+                        sv_n, sv_d), mask=m2,
                         other=0.0).to(tl.float32)
             fp, fn, ts, la = _features(k, inv_s, p)
             # P = f+^T v, Q = f-^T v, kp = sum f+, kn = sum f-
@@ -388,15 +384,15 @@ if HAVE_TRITON:
             if NEED_V:
                 dv = tl.dot(fp, dP, input_precision='ieee')
                 dv += tl.dot(fn, dQ, input_precision='ieee')
-                tl.store(DV + b * sw_b + hh * sw_h + rows[:, None] * sw_n +
-                         cols[None, :] * sw_d, dv.to(DV.dtype.element_ty),
+                tl.store(_tile_ptrs(DV, b, hh, rows, cols, sw_b, sw_h,
+                         sw_n, sw_d), dv.to(DV.dtype.element_ty),
                          mask=m2)
             g = dfp * fp + dfn * fn
             w_g += tl.sum(g, 0)
             w_l += tl.sum(g * la, 0)
             dk = p[None, :] * g / ts * inv_s[None, :]
-            tl.store(DK + b * so_b + hh * so_h + rows[:, None] * so_n +
-                     cols[None, :] * so_d, dk.to(DK.dtype.element_ty),
+            tl.store(_tile_ptrs(DK, b, hh, rows, cols, so_b, so_h,
+                     so_n, so_d), dk.to(DK.dtype.element_ty),
                      mask=m2)
         # the parameters' gradients (see polarity_backward); the first chunk
         # adds the queries' (summed in G)
@@ -455,10 +451,12 @@ def key_pass(k: Tensor, v: Tensor, k_bias: Optional[Tensor], scale: Tensor,
     B, h, n, d = k.shape
     part = _key_pass_fake(k, v, k_bias, scale, power, alpha, chunks, block)
     kb, sb = _bias_args(k_bias, k)
-    _key_pass[(B * h, chunks)](
-        k, v, kb, *_param_args(scale, power, h, d), alpha, part, h, n,
-        _span(n, chunks, block), *_strides(k), *_strides(v), *sb,
-        HAS_BIAS=k_bias is not None, D=d, BLOCK=block)
+    with on_device(k):
+        _key_pass[(B * h, chunks)](
+            k, v, kb, *_param_args(scale, power, h, d), alpha, part, h, n,
+            _span(n, chunks, block), *_strides(k), *_strides(v), *sb,
+            HAS_BIAS=k_bias is not None, D=d, BLOCK=block,
+            **launch_config('key_pass', d, k.device).options())
     return part
 
 
@@ -475,9 +473,11 @@ def query_pass(q: Tensor, R: Tensor, scale: Tensor, power: Tensor,
     summed key rows ``R`` ``(B h, key_row(d))``."""
     B, h, N, d = q.shape
     x, rz = _query_pass_fake(q, R, scale, power, alpha, n, eps, block)
-    _query_pass[(B * h, triton.cdiv(N, block))](
-        q, R, *_param_args(scale, power, h, d), alpha, x, rz, h, N, 1.0 / n,
-        eps, *_strides(q), *_strides(x), D=d, BLOCK=block)
+    with on_device(q):
+        _query_pass[(B * h, triton.cdiv(N, block))](
+            q, R, *_param_args(scale, power, h, d), alpha, x, rz, h, N,
+            1.0 / n, eps, *_strides(q), *_strides(x), D=d, BLOCK=block,
+            **launch_config('query_pass', d, q.device).options())
     return x, rz
 
 
@@ -495,10 +495,12 @@ def query_grad(q: Tensor, dx: Tensor, rz: Tensor, R: Tensor, scale: Tensor,
     B, h, N, d = q.shape
     dq, part = _query_grad_fake(q, dx, rz, R, scale, power, alpha, n, chunks,
                                 block)
-    _query_grad[(B * h, chunks)](
-        q, dx, rz, R, *_param_args(scale, power, h, d), alpha, dq, part, h,
-        N, 1.0 / n, _span(N, chunks, block), *_strides(q), *_strides(dx),
-        *_strides(dq), D=d, BLOCK=block)
+    with on_device(q):
+        _query_grad[(B * h, chunks)](
+            q, dx, rz, R, *_param_args(scale, power, h, d), alpha, dq, part,
+            h, N, 1.0 / n, _span(N, chunks, block), *_strides(q),
+            *_strides(dx), *_strides(dq), D=d, BLOCK=block,
+            **launch_config('query_grad', d, q.device).options())
     return dq, part
 
 
@@ -520,11 +522,13 @@ def key_grad(k: Tensor, v: Tensor, k_bias: Optional[Tensor], G: Tensor,
                                block, need_v)
     kb, sb = _bias_args(k_bias, k)
     dv_arg = dv if need_v else dk
-    _key_grad[(B * h, chunks)](
-        k, v, kb, G, *_param_args(scale, power, h, d), alpha, dk, dv_arg, w,
-        h, n, 1.0 / n, _span(n, chunks, block), *_strides(k), *_strides(v),
-        *sb, *_strides(dk), *_strides(dv_arg), HAS_BIAS=k_bias is not None,
-        NEED_V=need_v, D=d, BLOCK=block)
+    with on_device(k):
+        _key_grad[(B * h, chunks)](
+            k, v, kb, G, *_param_args(scale, power, h, d), alpha, dk, dv_arg,
+            w, h, n, 1.0 / n, _span(n, chunks, block), *_strides(k),
+            *_strides(v), *sb, *_strides(dk), *_strides(dv_arg),
+            HAS_BIAS=k_bias is not None, NEED_V=need_v, D=d, BLOCK=block,
+            **launch_config('key_grad', d, k.device).options())
     return dk, dv, w
 
 
@@ -560,9 +564,10 @@ def polarity_forward(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
             :func:`~.graph.polarity_attention_pytorch`).
         k_bias: optional, broadcastable to ``k``.
         eps: added to the normalisers (of the key means).
-        block_n: tokens per tile (default :data:`BLOCK_N`).
+        block_n: tokens per tile (default: the launch rule's,
+            :func:`~pola_mm.ops.launch.launch_config`).
         chunks: programs per image and head of the key pass (default
-            :func:`chunk_count`).
+            :func:`~pola_mm.ops.launch.split_tokens`).
 
     Returns:
         ``x`` ``(B, h, N, d)`` in ``q``'s dtype (laid out ``(B, N, h,
@@ -572,10 +577,12 @@ def polarity_forward(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
     """
     B, h, N, d = q.shape
     n = k.shape[2]
-    block = block_n or BLOCK_N
-    chunks = chunks or chunk_count(B * h, n, block, q.device)
-    R = key_pass(k, v, k_bias, scale, power, alpha, chunks, block).sum(1)
-    x, rz = query_pass(q, R, scale, power, alpha, n, eps, block)
+    kb_block = block_n or launch_config('key_pass', d, q.device).block
+    chunks, _ = split_tokens(n, kb_block, B * h, q.device, chunks)
+    R = key_pass(k, v, k_bias, scale, power, alpha, chunks, kb_block).sum(1)
+    x, rz = query_pass(q, R, scale, power, alpha, n, eps,
+                       block_n or launch_config('query_pass', d,
+                                                q.device).block)
     return x, rz, R
 
 
@@ -610,12 +617,13 @@ def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
     B, h, N, d = q.shape
     n = k.shape[2]
     bh = B * h
-    block = block_n or BLOCK_N
-    cq = chunks or chunk_count(bh, N, block, q.device)
-    ck = chunks or chunk_count(bh, n, block, q.device)
-    dq, part = query_grad(q, dx, rz, R, scale, power, alpha, n, cq, block)
+    qb = block_n or launch_config('query_grad', d, q.device).block
+    kb = block_n or launch_config('key_grad', d, q.device).block
+    cq, _ = split_tokens(N, qb, bh, q.device, chunks)
+    ck, _ = split_tokens(n, kb, bh, q.device, chunks)
+    dq, part = query_grad(q, dx, rz, R, scale, power, alpha, n, cq, qb)
     G = part.sum(1)
-    dk, dv, w = key_grad(k, v, k_bias, G, scale, power, alpha, ck, block,
+    dk, dv, w = key_grad(k, v, k_bias, G, scale, power, alpha, ck, kb,
                          need_v)
     dparams = w.view(B, h, ck, 2, d).sum((0, 2))
     return dq, dk, dv if need_v else None, dparams[:, 0], dparams[:, 1]
@@ -639,19 +647,44 @@ class PolarityTritonFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dx: Tensor):
         q, k, v, scale, power, k_bias, rz, R = ctx.saved_tensors
-        h, d = q.shape[1], q.shape[3]
         need = ctx.needs_input_grad
-        dq, dk, dv, ds, dp = polarity_backward(
-            dx, q, k, v, scale, power, ctx.alpha, k_bias, rz, R,
-            need_v=need[2])
-        dscale = dpower = dbias = None
-        if need[3]:
-            dscale = sum_to(ds.view(1, h, 1, d), scale.shape).to(scale.dtype)
-        if need[4]:
-            dpower = sum_to(dp.view(1, h, 1, d), power.shape).to(power.dtype)
-        if need[7]:
-            dbias = sum_to(dk, k_bias.shape).to(k_bias.dtype)
-        return dq, dk, dv, dscale, dpower, None, None, dbias
+
+        def by_torch():
+            inputs = (q, k, v, scale, power, ctx.alpha, None, k_bias)
+            return recomputed_grads(_torch_form, inputs, need, dx)
+
+        return guarded(config(q, k_bias),
+                       lambda: _kernel_grads(ctx, dx, need), by_torch)
+
+
+def _torch_form(q, k, v, scale, power, alpha, eps, k_bias):
+    """The torch implementation with the Function's arguments (the
+    fallback of a configuration whose kernels failed)."""
+    return polarity_attention_cpu(q, k, v, scale, power, alpha,
+                                  k_bias=k_bias)
+
+
+def _kernel_grads(ctx, dx: Tensor, need: Tuple[bool, ...]) -> tuple:
+    """:class:`PolarityTritonFunction`'s gradients by the kernels."""
+    q, k, v, scale, power, k_bias, rz, R = ctx.saved_tensors
+    h, d = q.shape[1], q.shape[3]
+    dq, dk, dv, ds, dp = polarity_backward(dx, q, k, v, scale, power,
+                                           ctx.alpha, k_bias, rz, R,
+                                           need_v=need[2])
+    dscale = dpower = dbias = None
+    if need[3]:
+        dscale = sum_to(ds.view(1, h, 1, d), scale.shape).to(scale.dtype)
+    if need[4]:
+        dpower = sum_to(dp.view(1, h, 1, d), power.shape).to(power.dtype)
+    if need[7]:
+        dbias = sum_to(dk, k_bias.shape).to(k_bias.dtype)
+    return dq, dk, dv, dscale, dpower, None, None, dbias
+
+
+def config(q: Tensor, k_bias: Optional[Tensor]) -> tuple:
+    """The kernel configuration of these inputs, as a failure is
+    remembered (:func:`~pola_mm.ops.launch.guarded`)."""
+    return config_key('polarity', q, k_bias=k_bias is not None)
 
 
 def polarity_attention_triton(q: Tensor, k: Tensor, v: Tensor,

@@ -1,0 +1,288 @@
+"""How the attention kernels launch: the one set of rules of both Triton
+kernel files (:mod:`.polarity.triton`, :mod:`.pacs.triton`).
+
+Both attentions run the same four-kernel scheme (key pass, query pass,
+query backward, key backward). This module holds what they share:
+
+- the GPUs the kernels are checked for (:data:`TARGETS`, with each
+  architecture's per-block shared-memory limit) and whether a device is one
+  of them (:func:`device_admits`);
+- the launch configuration of each kernel (:func:`launch_config`: tokens
+  per tile, warps, pipeline stages), chosen per head width and
+  architecture class so that every launch fits the architecture's shared
+  memory without spilling registers (``tools/analysis/kernel_resources.py``
+  compiles every one of them for sm_80, sm_86, sm_89 and sm_90 and checks
+  it);
+- the split of a pass over tokens into chunks (:func:`split_tokens`);
+- the device guard of every launch (:func:`on_device`);
+- the fallback (:func:`guarded`): a kernel configuration that fails to
+  compile or launch on the user's GPU gives one warning and runs the torch
+  implementation, with the same results, for the rest of the process.
+"""
+import contextlib
+import dataclasses
+import functools
+import math
+import threading
+import warnings
+from typing import (Callable, ContextManager, Dict, Iterator, Optional,
+                    Sequence, Tuple)
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    'Target', 'TARGETS', 'LaunchConfig', 'launch_config', 'device_target',
+    'device_admits', 'compiling_for', 'split_tokens', 'on_device',
+    'KernelFallbackWarning', 'kernel_errors', 'guarded', 'failed',
+    'config_key'
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A GPU architecture the kernels are compiled for.
+
+    Attributes:
+        capability: the compute capability ``(major, minor)``.
+        shared_memory: the most shared memory one program (block) may use,
+            bytes (the driver's per-block opt-in limit).
+    """
+    capability: Tuple[int, int]
+    shared_memory: int
+
+    @property
+    def name(self) -> str:
+        return f'sm_{self.capability[0]}{self.capability[1]}'
+
+    @property
+    def small_shared(self) -> bool:
+        """The 99 KB class (sm_86, sm_89: A10, L4, RTX 30/40)."""
+        return self.shared_memory < 160 * 1024
+
+
+#: The architectures every launch configuration is compiled and checked
+#: for, with their per-block shared-memory limits (CUDA programming guide,
+#: "compute capabilities"): A100 (sm_80), A10 / RTX 30 (sm_86), L4 / RTX 40
+#: (sm_89), H100 / H200 (sm_90).
+TARGETS: Dict[str, Target] = {
+    t.name: t
+    for t in (Target((8, 0), 163 * 1024), Target((8, 6), 99 * 1024),
+              Target((8, 9), 99 * 1024), Target((9, 0), 227 * 1024))
+}
+
+#: The target assumed for ``meta`` and fake CUDA tensors (memory estimates
+#: and structure tests stand for an H100).
+META_TARGET = TARGETS['sm_90']
+
+_forced: Optional[Target] = None
+
+
+@contextlib.contextmanager
+def compiling_for(target: Target) -> Iterator[None]:
+    """Choose the launch configurations for ``target`` instead of the
+    device's own (the resource check captures the launches of each
+    architecture on the CPU this way)."""
+    global _forced
+    previous, _forced = _forced, target
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+def device_target(device: torch.device) -> Target:
+    """The :class:`Target` of ``device``: the CUDA device's capability and
+    shared-memory limit (``torch.cuda.get_device_properties``),
+    :data:`META_TARGET` for ``meta`` and fake CUDA tensors, and the forced
+    one inside :func:`compiling_for`."""
+    if _forced is not None:
+        return _forced
+    if device.type != 'cuda' or not torch.cuda.is_available():
+        return META_TARGET
+    return _cuda_target(device.index if device.index is not None else
+                        torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_target(index: int) -> Target:
+    props = torch.cuda.get_device_properties(index)
+    shared = getattr(props, 'shared_memory_per_block_optin', 0)
+    return Target((props.major, props.minor), int(shared))
+
+
+def device_admits(device: torch.device) -> bool:
+    """Whether the kernels may run on ``device``: ``meta`` and fake CUDA
+    tensors (they stand for :data:`META_TARGET`), and CUDA GPUs of compute
+    capability 8.0 or newer with at least the 99 KB of shared memory per
+    block of the smallest checked class (:data:`TARGETS`). Older GPUs
+    (Turing, Volta: 64 KB / 96 KB) run the torch implementation."""
+    if device.type == 'meta':
+        return True
+    if device.type != 'cuda':
+        return False
+    target = device_target(device)
+    return (target.capability >= (8, 0)
+            and target.shared_memory >= TARGETS['sm_86'].shared_memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """One kernel's launch settings: ``block`` tokens per tile and Triton's
+    ``num_warps`` and ``num_stages``."""
+    block: int
+    num_warps: int
+    num_stages: int
+
+    def options(self) -> Dict[str, int]:
+        """The keyword arguments of the launch."""
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+#: The kernels of the scheme, as :func:`launch_config` names them.
+KERNELS = ('key_pass', 'query_pass', 'query_grad', 'key_grad')
+
+
+def launch_config(kernel: str, d: int, device: torch.device) -> LaunchConfig:
+    """The launch configuration of ``kernel`` (one of :data:`KERNELS`) at
+    head width ``d`` on ``device`` (its :func:`device_target`).
+
+    The rule, from the compiled resources of every configuration
+    (docs/performance.md, "Kernel resources"): tiles of 64 tokens (32 at
+    ``d = 128``); one warp per 16 ``d x d`` float32 accumulator rows,
+    so that the accumulators stay in registers (4 warps up to ``d = 32``,
+    8 above); and one pipeline stage where a second one would not fit the
+    99 KB class's shared memory.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f'unknown kernel {kernel!r}; one of {KERNELS}')
+    target = device_target(device)
+    block = 64 if d <= 64 else 32
+    warps = 4 if d <= 32 else 8
+    stages = 1 if (d >= 64 or kernel in ('query_grad', 'key_grad')) else 2
+    if target.small_shared and d > 32:
+        stages = 1
+    return LaunchConfig(block, warps, stages)
+
+
+def split_tokens(n: int, block: int, bh: int, device: torch.device,
+                 chunks: Optional[int] = None) -> Tuple[int, int]:
+    """How a pass that sums over ``n`` tokens splits them: ``(chunks,
+    blocks per chunk)``.
+
+    ``chunks`` programs per image and head, by default enough for about two
+    waves over the GPU's multiprocessors for all ``bh`` images and heads
+    (two on other devices: the interpreter exercises the split), never more
+    than the ``ceil(n / block)`` tiles, and none empty.
+    """
+    from .token_product import multiprocessors
+    blocks = max(1, math.ceil(n / block))
+    if chunks is None:
+        sms = multiprocessors(device)
+        chunks = math.ceil(2 * sms / max(bh, 1)) if sms else 2
+    chunks = max(1, min(int(chunks), blocks))
+    per = math.ceil(blocks / chunks)
+    return math.ceil(blocks / per), per
+
+
+def on_device(t: Tensor) -> ContextManager:
+    """The device guard of a launch: ``t``'s CUDA device made current
+    (Triton launches on the current device)."""
+    if t.device.type == 'cuda' and torch.cuda.is_available():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+class KernelFallbackWarning(RuntimeWarning):
+    """A kernel configuration failed on this GPU; its attention runs the
+    torch implementation from now on (same results, slower)."""
+
+
+def kernel_errors(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure of a kernel configuration on this GPU
+    rather than of the inputs: Triton's own errors (``OutOfResources``,
+    ``CompilationError``, ``PTXASError``, ...) and the runtime errors of
+    compiling and launching. Out of memory is not: the torch
+    implementation would need more memory still."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return False
+    try:
+        from triton.errors import TritonError
+    except ImportError:  # pragma: no cover - older triton
+        TritonError = ()
+    if TritonError and isinstance(exc, TritonError):
+        return True
+    return isinstance(exc, RuntimeError)
+
+
+_failed: Dict[tuple, str] = {}
+_lock = threading.Lock()
+
+
+def config_key(op: str, q: Tensor, **flags) -> tuple:
+    """The configuration a kernel failure is remembered for: the op, the
+    head width, the dtype, the flags and the device."""
+    return (op, int(q.shape[-1]), str(q.dtype), str(q.device)) + tuple(
+        sorted(flags.items()))
+
+
+def failed(key: tuple) -> bool:
+    """Whether the configuration ``key`` failed earlier in this process."""
+    return key in _failed
+
+
+def guarded(key: tuple, kernels: Callable[[], object],
+            fallback: Callable[[], object]) -> object:
+    """``kernels()``; where it fails for a reason of the GPU
+    (:func:`kernel_errors`), one :class:`KernelFallbackWarning` naming the
+    configuration and ``POLA_MM_OPS``, ``key`` remembered as failed
+    (:func:`failed`: the op takes the torch implementation from then on),
+    and ``fallback()``."""
+    if key in _failed:
+        return fallback()
+    try:
+        return kernels()
+    except Exception as exc:  # noqa: BLE001 - kernel_errors decides
+        if not kernel_errors(exc):
+            raise
+        with _lock:
+            first = key not in _failed
+            _failed[key] = f'{type(exc).__name__}: {exc}'
+        if first:
+            op, d, dtype, device = key[:4]
+            flags = ', '.join(f'{k}={v}' for k, v in key[4:])
+            warnings.warn(
+                f'pola_mm: the {op} Triton kernels failed on {device} for '
+                f'd={d}, {dtype}{", " + flags if flags else ""} '
+                f'({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ""}); '
+                'this configuration runs the torch implementation from now '
+                'on, with the same results. POLA_MM_OPS=cpu turns the '
+                'kernels off.', KernelFallbackWarning, stacklevel=3)
+        return fallback()
+
+
+def forget_failures() -> None:
+    """Forget every remembered failure (tests)."""
+    _failed.clear()
+
+
+def recomputed_grads(fn: Callable[..., Tensor], inputs: Sequence[object],
+                     needs: Sequence[bool], grad_out: Tensor) -> tuple:
+    """The gradients of ``fn(*inputs)`` for the tensor inputs whose entry
+    of ``needs`` is set (None for the others), by running ``fn`` again
+    under autograd: the backward of a kernel configuration that failed
+    (:func:`guarded`), by the torch implementation."""
+    with torch.enable_grad():
+        leaves = [
+            t.detach().requires_grad_(bool(need)) if isinstance(t, Tensor)
+            else t for t, need in zip(inputs, needs)
+        ]
+        wanted = [i for i, (t, need) in enumerate(zip(leaves, needs))
+                  if need and isinstance(t, Tensor)]
+        out = fn(*leaves)
+        grads = torch.autograd.grad(out, [leaves[i] for i in wanted],
+                                    grad_out, allow_unused=True)
+    result = [None] * len(leaves)
+    for i, g in zip(wanted, grads):
+        result[i] = g
+    return tuple(result)
