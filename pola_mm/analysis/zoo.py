@@ -15,10 +15,10 @@ there once; nothing here repeats a width, depth or head count):
   (``PyramidVisionTransformerV2``), at the same widths, depths, heads and
   drop path;
 - ``<pola name>_plain``: the same Pola model run with every fast path off
-  (:func:`pola_mm.ops.plain_paths`);
+  (``pola_mm.ops.use_implementation('graph')``);
 - ``<pola name>_torch``: the same Pola model with the fast paths on but
   without the attention's Triton kernels (the torch path they replace on a
-  GPU; ``POLA_MM_KERNELS=0``);
+  GPU; ``POLA_MM_OPS=cpu``);
 - ``<name>_compile`` for every Pola name and its softmax counterpart: the
   model's forward under ``torch.compile`` (the attention ops then run
   their graph form).
@@ -279,11 +279,11 @@ class Built:
         """The context the model runs in: every fast path off for a
         ``_plain`` model, the kernels off for a ``_torch`` one, nothing
         otherwise."""
-        from ..ops import no_kernels, plain_paths
+        from ..ops import use_implementation
         if not self.fast_paths:
-            return plain_paths()
+            return use_implementation('graph')
         if not self.kernels:
-            return no_kernels()
+            return use_implementation('cpu')
         return contextlib.nullcontext()
 
 

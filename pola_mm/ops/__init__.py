@@ -1,7 +1,7 @@
 """The ops of pola_mm: each one public function that picks its fast
 implementation or its plain ``*_pytorch`` reference itself (mmcv's
-pattern), behind one switch (``POLA_MM_FAST_PATHS=0`` or
-:func:`plain_paths`; :mod:`~pola_mm.ops.dispatch`).
+pattern), under one setting (``POLA_MM_OPS=auto|triton|cpu|graph`` or
+:func:`use_implementation`; :mod:`~pola_mm.ops.dispatch`).
 
 - :func:`polarity_attention` (PolaFormer; its forms in
   :mod:`~pola_mm.ops.polarity`: naive, graph, cpu, triton);
@@ -17,7 +17,7 @@ pattern), behind one switch (``POLA_MM_FAST_PATHS=0`` or
   encoding).
 
 Each has its plain reference beside it, named ``*_pytorch``, which is also
-what it runs with the fast paths off. The pieces the references and the
+what it runs with ``POLA_MM_OPS=graph``. The pieces the references and the
 fast implementations share are written once
 (:mod:`~pola_mm.ops.features`), the CPU run planning apart from their
 arithmetic (:mod:`~pola_mm.ops.runs`). Analysis tools see the attention
@@ -25,9 +25,9 @@ ops, the gated projection and the table resize being called through
 :mod:`~pola_mm.ops.observers`.
 """
 from .depthwise_conv import depthwise_conv2d, depthwise_conv2d_pytorch
-from .dispatch import (FAST_PATHS_ENV, KERNELS_ENV, DynamicShapeExportError,
-                       fast_paths_enabled, kernels_enabled, no_kernels,
-                       plain_paths, set_fast_paths, set_kernels)
+from .dispatch import (IMPLEMENTATION_ENV, IMPLEMENTATIONS,
+                       DynamicShapeExportError, get_implementation, old_name,
+                       set_implementation, use_implementation)
 from .gate_linear import gate_linear, gate_linear_pytorch
 from .gelu_linear import (gelu_linear, gelu_linear_pytorch, gelu_mlp,
                           gelu_mlp_pytorch)
@@ -43,8 +43,8 @@ from .softmax_attention import (check_window_export, softmax_attention,
 from .symbolic_sizes import dynamic_export, dynamic_export_supported
 
 __all__ = [
-    'FAST_PATHS_ENV', 'fast_paths_enabled', 'plain_paths', 'set_fast_paths',
-    'KERNELS_ENV', 'kernels_enabled', 'no_kernels', 'set_kernels',
+    'IMPLEMENTATION_ENV', 'IMPLEMENTATIONS', 'get_implementation',
+    'set_implementation', 'use_implementation',
     'polarity_attention', 'polarity_attention_pytorch',
     'polarity_attention_naive', 'pacs_attention',
     'pacs_attention_pytorch', 'softmax_attention',
@@ -56,3 +56,7 @@ __all__ = [
     'DynamicShapeExportError', 'rotary_tables',
     'theta_shift', 'observe_calls', 'reports_calls', 'reporting'
 ]
+
+
+def __getattr__(name: str):
+    raise old_name(__name__, name)

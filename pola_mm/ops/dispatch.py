@@ -1,26 +1,31 @@
-"""The one switch of pola_mm's fast implementations, read by the ops only.
+"""The one setting of pola_mm's implementations, read by the ops only.
 
 Each op in :mod:`pola_mm.ops` is one public function with its plain
 PyTorch reference beside it (``polarity_attention`` and
 ``polarity_attention_pytorch``, ...). The op picks between its fast
-implementation and the reference itself, from the tensors it is given and
-:func:`use_fast`; the models call the op and never see a flag. One switch
-turns every fast implementation off:
+implementation and the reference itself, from the tensors it is given;
+the models call the op and never see a flag. The attention ops have three
+implementations each, and :func:`implementation` is the one rule that
+picks among them:
 
-- ``POLA_MM_FAST_PATHS=0`` in the environment (read at import), or
-- ``with pola_mm.ops.plain_paths(): ...`` for a block of code (process-wide,
-  not per thread), or :func:`set_fast_paths`.
+- ``'triton'``: fused kernels (CUDA GPUs that :func:`~.launch.device_admits`,
+  and ``meta`` / fake CUDA tensors);
+- ``'cpu'``: torch operations rearranged (any device);
+- ``'graph'``: the reference in standard operations.
+
+One setting caps the choice, from the environment variable ``POLA_MM_OPS``
+(read at import) or, for a block of code, ``with
+pola_mm.ops.use_implementation(name):`` (process-wide, not per thread):
+
+- ``auto`` (the default): the fastest implementation that runs here;
+- ``triton``: as ``auto``, and the kernels also on CPU tensors while
+  Triton's interpreter is on (``TRITON_INTERPRET=1``; tests);
+- ``cpu``: no Triton kernel (the other fast paths stay on);
+- ``graph``: every op runs its plain reference.
 
 While a graph is captured (``torch.export``, ONNX export, tracing,
 ``torch.compile``, ``torch.fx``) every op runs its reference, written in
-standard operations: the captured graph holds no custom autograd function
-or run sized for one input.
-
-The attention ops have three implementations each (``graph``: the
-reference; ``cpu``: torch operations rearranged; ``triton``: fused
-kernels), and :func:`implementation` is the one rule that picks among
-them. ``POLA_MM_KERNELS=0`` (or :func:`set_kernels`) keeps the fast paths
-but leaves the kernels out (the GPU check compares the two so).
+standard operations.
 """
 import contextlib
 import functools
@@ -31,34 +36,91 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
-from .launch import device_admits
+from .launch import device_admits, interpreted
 
 __all__ = [
-    'FAST_PATHS_ENV', 'fast_paths_enabled', 'set_fast_paths', 'plain_paths',
-    'is_compiling', 'exporting', 'capturing', 'use_fast', 'records_grad',
-    'DynamicShapeExportError', 'KERNELS_ENV', 'kernels_enabled',
-    'set_kernels', 'no_kernels', 'triton_available', 'implementation'
+    'IMPLEMENTATION_ENV', 'IMPLEMENTATIONS', 'get_implementation',
+    'set_implementation', 'use_implementation', 'is_compiling', 'exporting',
+    'capturing', 'use_fast', 'records_grad', 'DynamicShapeExportError',
+    'triton_available', 'implementation'
 ]
 
-#: Environment variable: ``0`` (or ``false``/``off``/``no``) turns every fast
-#: implementation off.
-FAST_PATHS_ENV = 'POLA_MM_FAST_PATHS'
+#: The environment variable of the setting.
+IMPLEMENTATION_ENV = 'POLA_MM_OPS'
+#: Its values.
+IMPLEMENTATIONS = ('auto', 'triton', 'cpu', 'graph')
+#: The settings of earlier versions, with what replaces them.
+_OLD_ENV = {
+    'POLA_MM_FAST_PATHS': 'POLA_MM_OPS=graph',
+    'POLA_MM_KERNELS': 'POLA_MM_OPS=cpu',
+}
+_OLD_NAMES = {
+    'plain_paths': "use_implementation('graph')",
+    'no_kernels': "use_implementation('cpu')",
+    'set_fast_paths': "set_implementation('graph' or 'auto')",
+    'set_kernels': "set_implementation('cpu' or 'auto')",
+    'fast_paths_enabled': "get_implementation() != 'graph'",
+    'kernels_enabled': "get_implementation() in ('auto', 'triton')",
+    'FAST_PATHS_ENV': 'IMPLEMENTATION_ENV',
+    'KERNELS_ENV': 'IMPLEMENTATION_ENV',
+}
 
 
-def env_enabled(name: str) -> bool:
-    """False when the environment variable ``name`` is ``0``/``false``/
-    ``off``/``no``."""
-    return os.environ.get(name, '1').strip().lower() not in ('0', 'false',
-                                                             'off', 'no')
+def old_name(module: str, name: str) -> AttributeError:
+    """The one-line error of a name of an earlier version (the module's
+    ``__getattr__``)."""
+    if name in _OLD_NAMES:
+        return AttributeError(f'{module}.{name} was replaced by '
+                              f'pola_mm.ops.{_OLD_NAMES[name]}')
+    return AttributeError(f'module {module!r} has no attribute {name!r}')
 
 
-_enabled = env_enabled(FAST_PATHS_ENV)
+def __getattr__(name: str):
+    raise old_name(__name__, name)
 
-#: Environment variable: ``0`` leaves the Triton kernels out (the other
-#: fast paths stay on).
-KERNELS_ENV = 'POLA_MM_KERNELS'
 
-_kernels = env_enabled(KERNELS_ENV)
+def _checked(name: str, source: str) -> str:
+    value = str(name).strip().lower()
+    if value not in IMPLEMENTATIONS:
+        raise ValueError(f'{source}={name!r}: use one of '
+                         f'{", ".join(IMPLEMENTATIONS)}')
+    return value
+
+
+def _from_environment() -> str:
+    for old, new in _OLD_ENV.items():
+        if old in os.environ:
+            raise RuntimeError(f'{old} is no longer read: set {new} '
+                               f'(or unset {old})')
+    return _checked(os.environ.get(IMPLEMENTATION_ENV, 'auto'),
+                    IMPLEMENTATION_ENV)
+
+
+_setting = _from_environment()
+
+
+def get_implementation() -> str:
+    """The setting: one of :data:`IMPLEMENTATIONS`."""
+    return _setting
+
+
+def set_implementation(name: str) -> None:
+    """Set the setting for the whole process (one of
+    :data:`IMPLEMENTATIONS`; ValueError otherwise)."""
+    global _setting
+    _setting = _checked(name, 'set_implementation')
+
+
+@contextlib.contextmanager
+def use_implementation(name: str) -> Iterator[None]:
+    """Run a block with the setting ``name`` (one of
+    :data:`IMPLEMENTATIONS`); the previous one is restored on exit."""
+    previous = _setting
+    set_implementation(name)
+    try:
+        yield
+    finally:
+        set_implementation(previous)
 
 
 class DynamicShapeExportError(RuntimeError):
@@ -76,29 +138,6 @@ class DynamicShapeExportError(RuntimeError):
     def __init__(self, *args) -> None:
         super().__init__(*args)
         DynamicShapeExportError.last = str(self)
-
-
-def fast_paths_enabled() -> bool:
-    """Whether the fast implementations may run (the switch)."""
-    return _enabled
-
-
-def set_fast_paths(enabled: bool) -> None:
-    """Turn every fast implementation on or off for the whole process."""
-    global _enabled
-    _enabled = bool(enabled)
-
-
-@contextlib.contextmanager
-def plain_paths() -> Iterator[None]:
-    """Run a block with every fast implementation off (the plain PyTorch
-    references); the previous setting is restored on exit."""
-    previous = _enabled
-    set_fast_paths(False)
-    try:
-        yield
-    finally:
-        set_fast_paths(previous)
 
 
 _is_compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
@@ -129,9 +168,9 @@ def capturing() -> bool:
 
 def use_fast(x: Tensor) -> bool:
     """Whether an op called on ``x`` may run its fast implementation: the
-    switch is on and no graph is captured (``x`` is no ``torch.fx``
-    proxy)."""
-    return (_enabled and not isinstance(x, torch.fx.Proxy)
+    setting is not ``graph`` and no graph is captured (``x`` is no
+    ``torch.fx`` proxy)."""
+    return (_setting != 'graph' and not isinstance(x, torch.fx.Proxy)
             and not capturing())
 
 
@@ -140,30 +179,6 @@ def records_grad(*tensors) -> bool:
     entries ignored)."""
     return torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in tensors)
-
-
-def kernels_enabled() -> bool:
-    """Whether the attention ops may run their Triton kernels."""
-    return _kernels
-
-
-def set_kernels(enabled: bool) -> None:
-    """Let the attention ops run their Triton kernels, or not (the whole
-    process; the other fast paths are unaffected)."""
-    global _kernels
-    _kernels = bool(enabled)
-
-
-@contextlib.contextmanager
-def no_kernels() -> Iterator[None]:
-    """Run a block without the Triton kernels (the other fast paths stay
-    on); the previous setting is restored on exit."""
-    previous = _kernels
-    set_kernels(False)
-    try:
-        yield
-    finally:
-        set_kernels(previous)
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,13 +190,18 @@ def triton_available() -> bool:
 
 
 def _kernel_device(x: Tensor) -> bool:
-    """Whether ``x`` lives where the kernels run: a CUDA GPU with Triton,
-    or a tensor without values that stands for one (``meta``, fake CUDA:
-    memory estimates and structure tests see what a GPU runs)."""
+    """Whether ``x`` lives where the kernels run: a CUDA GPU with Triton
+    that :func:`~.launch.device_admits`, or a tensor without values that
+    stands for one (``meta``, fake CUDA: memory estimates and structure
+    tests see what a GPU runs); with the setting ``triton``, also a CPU
+    tensor while Triton's interpreter is on."""
     if not hasattr(torch.library, 'custom_op'):  # torch < 2.4
         return False
     if x.device.type == 'meta':
         return True
+    if x.device.type == 'cpu':
+        return (_setting == 'triton' and triton_available()
+                and interpreted())
     if x.device.type != 'cuda':
         return False
     from torch._subclasses.fake_tensor import is_fake
@@ -195,15 +215,17 @@ def implementation(x: Tensor, kernel_fits: bool,
     """The implementation an attention op runs on its input ``x``.
 
     - ``'graph'`` (the reference, standard operations) while a graph is
-      captured, with the fast paths off, and where neither fast path fits;
-    - ``'triton'`` (fused kernels) on a CUDA GPU with Triton, and on
-      ``meta`` and fake CUDA tensors, where ``kernel_fits`` (the op's
-      kernels take these shapes and dtypes) and the kernels are on;
+      captured, with the setting ``graph``, and where neither fast path
+      fits;
+    - ``'triton'`` (fused kernels) where ``kernel_fits`` (the op's kernels
+      take these shapes and dtypes and have not failed here), the setting
+      allows them and ``x`` is on a kernel device (:func:`_kernel_device`);
     - ``'cpu'`` (torch operations, any device) otherwise, where
       ``cpu_fits``.
     """
     if not use_fast(x):
         return 'graph'
-    if kernel_fits and _kernels and _kernel_device(x):
+    if (kernel_fits and _setting in ('auto', 'triton')
+            and _kernel_device(x)):
         return 'triton'
     return 'cpu' if cpu_fits else 'graph'

@@ -111,6 +111,14 @@ def _cuda_target(index: int) -> Target:
     return Target((props.major, props.minor), int(shared))
 
 
+def interpreted() -> bool:
+    """Whether Triton's interpreter is on (``TRITON_INTERPRET=1``): the
+    kernels then run on CPU tensors."""
+    import os
+    return os.environ.get('TRITON_INTERPRET', '0').strip().lower() in (
+        '1', 'true', 'on', 'yes')
+
+
 def device_admits(device: torch.device) -> bool:
     """Whether the kernels may run on ``device``: ``meta`` and fake CUDA
     tensors (they stand for :data:`META_TARGET`), and CUDA GPUs of compute
@@ -250,11 +258,12 @@ def guarded(key: tuple, kernels: Callable[[], object],
             _failed[key] = f'{type(exc).__name__}: {exc}'
         if first:
             op, d, dtype, device = key[:4]
+            first_line = (str(exc).splitlines() or [''])[0]
             flags = ', '.join(f'{k}={v}' for k, v in key[4:])
             warnings.warn(
                 f'pola_mm: the {op} Triton kernels failed on {device} for '
                 f'd={d}, {dtype}{", " + flags if flags else ""} '
-                f'({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ""}); '
+                f'({type(exc).__name__}: {first_line}); '
                 'this configuration runs the torch implementation from now '
                 'on, with the same results. POLA_MM_OPS=cpu turns the '
                 'kernels off.', KernelFallbackWarning, stacklevel=3)

@@ -26,7 +26,7 @@ Example::
     with observe_calls(show):
         model(x)
 
-Like :func:`~pola_mm.ops.plain_paths`, the registration is process-wide,
+Like :func:`~pola_mm.ops.use_implementation`, the registration is process-wide,
 not per thread.
 """
 import contextlib

@@ -435,7 +435,7 @@ def test_benchmark_knows_polapp_b2():
     with torch.device('meta'):
         built = build('polapp_b2_plain')
     assert isinstance(built.model, PolaPP) and not built.fast_paths
-    assert dispatch.fast_paths_enabled()
+    assert dispatch.get_implementation() == 'auto'
     with built.paths():
-        assert not dispatch.fast_paths_enabled()
-    assert dispatch.fast_paths_enabled()
+        assert dispatch.get_implementation() == 'graph'
+    assert dispatch.get_implementation() == 'auto'

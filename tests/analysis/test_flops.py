@@ -23,7 +23,7 @@ from pola_mm.analysis.flops import (FORMULAS, count_flops,
                                     softmax_attention_flops)
 from pola_mm.models.backbones import PolaPVT, PolaSwinTransformer
 from pola_mm.models.layers import PolarityAttention, WindowMSA
-from pola_mm.ops import plain_paths
+from pola_mm.ops import use_implementation
 
 
 def _attention(C: int, h: int, hw, fused: bool, kernel: int = 5):
@@ -69,7 +69,8 @@ def test_formula_matches_flop_counter_mode_on_plain_path(
     attn = _attention(C, h, hw, fused, kernel)
     B, N = 2, hw[0] * hw[1]
     x = torch.randn(B, N, C)
-    with plain_paths(), torch.no_grad(), FlopCounterMode(display=False) as m:
+    with use_implementation('graph'), torch.no_grad(), \
+            FlopCounterMode(display=False) as m:
         attn(x, hw)
     f = polarity_attention_flops(B, N, C, h, kernel)
     assert m.get_total_flops() == 2 * (f['products'] + f['conv']
@@ -155,7 +156,7 @@ def test_backbone_agrees_with_flop_counter_mode(family):
     x = torch.randn(1, 3, H, W)
     with torch.no_grad():
         report = count_flops(model, lambda: model(x))
-        with plain_paths(), FlopCounterMode(display=False) as m:
+        with use_implementation('graph'), FlopCounterMode(display=False) as m:
             model(x)
     elementwise = extra = 0
     attn_names = []
@@ -331,7 +332,8 @@ def test_pacs_formula_matches_flop_counter_mode_on_plain_path(
     attn = _pacs_module(kind, C, h, hw, kernel)
     B, N = 2, hw[0] * hw[1]
     x = torch.randn(B, N, C)
-    with plain_paths(), torch.no_grad(), FlopCounterMode(display=False) as m:
+    with use_implementation('graph'), torch.no_grad(), \
+            FlopCounterMode(display=False) as m:
         attn(x, hw)
     f = pacs_attention_flops(B, N, C, h, kernel, rotary=kind == 'polapp',
                              scaled_inputs=kind == 'pola')

@@ -53,14 +53,14 @@ def _idle(b, M, K, N):
 def test_products_fill_the_gpu_at_800x1344(name, train, kernels):
     """With the attention's Triton kernels (the GPU's default) the
     products over tokens are inside the kernels, whose grid splits the
-    tokens; without them (``POLA_MM_KERNELS=0``) the torch path's products
+    tokens; without them (``POLA_MM_OPS=cpu``) the torch path's products
     are split."""
     built = build(name)
     model = built.model
     model.train(train)
     model.to('meta')
     x = torch.empty(2 if train else 1, 3, 800, 1344, device='meta')
-    dispatch.set_kernels(kernels)
+    dispatch.set_implementation('auto' if kernels else 'cpu')
     try:
         with _Products() as rec:
             if train:
@@ -70,7 +70,7 @@ def test_products_fill_the_gpu_at_800x1344(name, train, kernels):
                 with torch.no_grad():
                     built.forward(x)
     finally:
-        dispatch.set_kernels(True)
+        dispatch.set_implementation('auto')
     kernel_ops = [op for op in rec.ops if op.endswith('_pass')]
     if kernels:
         assert kernel_ops, sorted(rec.ops)

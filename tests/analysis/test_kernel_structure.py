@@ -91,11 +91,11 @@ def test_no_feature_map_is_written(name):
 def test_the_check_sees_the_feature_maps_of_the_torch_path():
     """Without the kernels (the torch path on ``meta``) the feature maps
     are written: the check above can fail."""
-    dispatch.set_kernels(False)
+    dispatch.set_implementation('cpu')
     try:
         rec, forbidden = _train_step('pola_pvt_t')
     finally:
-        dispatch.set_kernels(True)
+        dispatch.set_implementation('auto')
     assert rec.shapes & forbidden
 
 

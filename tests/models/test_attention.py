@@ -14,7 +14,8 @@ from pola_mm.models.layers.window import (crop_map, cyclic_shift, grid_padding,
                                           key_valid_mask, pad_map,
                                           shift_region_mask, valid_token_map,
                                           window_partition, window_reverse)
-from pola_mm.ops import plain_paths, polarity_attention_naive, resize_pos_table
+from pola_mm.ops import (polarity_attention_naive, resize_pos_table,
+                         use_implementation)
 
 
 # -- window helpers ---------------------------------------------------------
@@ -64,7 +65,7 @@ def test_window_msa_fused_inference_equals_explicit(monkeypatch, mask_kind):
     explicit = attn(x.clone().requires_grad_(), hw)
     assert not sdpa
     with torch.no_grad():
-        with plain_paths():  # the switch turns SDPA off too
+        with use_implementation('graph'):  # the switch turns SDPA off too
             plain = attn(x, hw)
         assert not sdpa
         fused = attn(x, hw)

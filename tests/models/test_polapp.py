@@ -9,7 +9,7 @@ from helpers import REPO
 
 from pola_mm.models.backbones import PolaPP
 from pola_mm.models.layers import PaCSAttention, to_map
-from pola_mm.ops import plain_paths
+from pola_mm.ops import use_implementation
 
 #: A tiny arch (two blocks in stage 1, layer scale on stages 3-4).
 TINY = dict(embed_dims=(16, 32, 32, 64), depths=(2, 1, 1, 1),
@@ -46,7 +46,7 @@ def test_reproduces_the_authors_minis(polapp_dir, name):
         for plain in (False, True):
             with torch.no_grad():
                 if plain:
-                    with plain_paths():
+                    with use_implementation('graph'):
                         outs = model(x)
                 else:
                     outs = model(x)

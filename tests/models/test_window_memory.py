@@ -13,7 +13,7 @@ from helpers import count_calls, randomise
 import pola_mm.models.layers.window as window_mod
 import pola_mm.models.layers.window_attention as window_attention_mod
 from pola_mm.models.layers import WindowMSA
-from pola_mm.ops import plain_paths, softmax_attention
+from pola_mm.ops import softmax_attention, use_implementation
 from pola_mm.ops.softmax_attention import softmax_attention_pytorch
 
 
@@ -60,7 +60,7 @@ def test_eager_masks_are_broadcast_not_tiled(monkeypatch, shift, fast):
             y = msa(x, hw)
             alone = torch.cat([msa(x[i:i + 1], hw) for i in range(B)])
         else:
-            with plain_paths():
+            with use_implementation('graph'):
                 y = msa(x, hw)
                 alone = torch.cat([msa(x[i:i + 1], hw) for i in range(B)])
     q_shape, bias_shape = seen[0]
@@ -176,7 +176,7 @@ def test_op_broadcasts_a_shared_bias(monkeypatch, fast):
     if fast:
         y = softmax_attention(q, k, v, 0.4, bias)
     else:
-        with plain_paths():
+        with use_implementation('graph'):
             y = softmax_attention(q, k, v, 0.4, bias)
     torch.testing.assert_close(y, tiled, rtol=1e-12, atol=1e-12)
 

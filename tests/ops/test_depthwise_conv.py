@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from helpers import count_calls, saved_storages
 
-from pola_mm.ops import plain_paths
+from pola_mm.ops import use_implementation
 from pola_mm.ops.depthwise_conv import (_DepthwiseConv2d, depthwise_conv2d,
                                         depthwise_conv2d_pytorch)
 
@@ -64,7 +64,7 @@ def test_low_precision_fast_function_equals_reference(dtype, k, padding):
         torch.manual_seed(0)
         proj, v = _strided_v('cpu', dtype)
         weight, bias = _params('cpu', k=k)
-        with (plain_paths() if plain else torch.enable_grad()):
+        with (use_implementation('graph') if plain else torch.enable_grad()):
             y = depthwise_conv2d(v, weight, bias, padding)
         assert (y.grad_fn.name() == '_DepthwiseConv2dBackward') != plain
         g = torch.randn(y.shape, generator=torch.Generator().manual_seed(2))
@@ -113,7 +113,7 @@ def test_cpu_inference_convolves_a_dense_copy(monkeypatch):
     with torch.no_grad():
         y = depthwise_conv2d(v, weight, bias, (2, 2))
         assert len(dense) == 1
-        with plain_paths():
+        with use_implementation('graph'):
             ref = depthwise_conv2d(v, weight, bias, (2, 2))
         assert len(dense) == 1
         torch.testing.assert_close(

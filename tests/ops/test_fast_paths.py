@@ -1,8 +1,8 @@
-"""One switch for every fast implementation (``POLA_MM_FAST_PATHS=0`` or
-``pola_mm.ops.plain_paths()``): every family (Pola-Swin, Pola-PVT with
-``la_sr_ratios`` and ``feature_map='pacs'``, PolaPP) computes the same
-outputs and gradients with and without them, and with them off no fast
-code runs (``helpers.spy_fast_code``)."""
+"""One setting for every fast implementation (``POLA_MM_OPS=graph`` or
+``pola_mm.ops.use_implementation('graph')``: off): every family
+(Pola-Swin, Pola-PVT with ``la_sr_ratios`` and ``feature_map='pacs'``,
+PolaPP) computes the same outputs and gradients with and without them,
+and with them off no fast code runs (``helpers.spy_fast_code``)."""
 import importlib
 import os
 import subprocess
@@ -109,10 +109,10 @@ def test_same_outputs_and_gradients_without_fast_paths(monkeypatch, name):
     fast_outs, fast_grads = _outputs_and_grads(model, torch.float64)
     assert FAMILIES[name][2] <= ran(calls), ran(calls)
     reset(calls)
-    with ops.plain_paths():
-        assert not ops.fast_paths_enabled()
+    with ops.use_implementation('graph'):
+        assert ops.get_implementation() == 'graph'
         plain_outs, plain_grads = _outputs_and_grads(model, torch.float64)
-    assert ops.fast_paths_enabled()
+    assert ops.get_implementation() == 'auto'
     assert ran(calls) == set()
     _assert_close_to_scale(fast_outs, plain_outs, 1e-10)
     _assert_close_to_scale(fast_grads, plain_grads, 1e-9, floor=1e-3)
@@ -131,7 +131,7 @@ def test_float32_inference_uses_the_fast_code_only_when_on(monkeypatch,
         fast = model(x)
         assert {'polarity_cpu', 'cached_resize', 'sdpa'} <= ran(calls)
         reset(calls)
-        with ops.plain_paths():
+        with ops.use_implementation('graph'):
             plain = model(x)
     assert ran(calls) == set()
     _assert_close_to_scale(list(fast), list(plain), 1e-5)
@@ -148,7 +148,7 @@ def test_plain_paths_reproduce_the_authors_logits(reference_dir, name, cls,
     model = cls(arch=arch, out_indices=(3, )).eval()
     model.load_state_dict(backbone_state_dict(
         convert_official_checkpoint(official['model'])), strict=True)
-    with torch.no_grad(), ops.plain_paths():
+    with torch.no_grad(), ops.use_implementation('graph'):
         feats = model(io['input'])[0].flatten(2).mean(-1)  # pooled
     assert (feats - io['features']).abs().max() <= 1e-4
 
@@ -162,25 +162,43 @@ def test_attn_drop_is_refused():
         PolaSwinTransformer(arch=SWIN_TINY_DEPTH2, attn_drop_rate=0.1)
 
 
-def test_environment_values_and_the_switch(monkeypatch):
-    """``0``, ``false``, ``off``, ``no`` (any case, spaces) turn the fast
-    paths off, anything else leaves them on (read at import:
-    ``test_environment_switch_runs_the_plain_models`` runs a fresh process)."""
-    assert dispatch.FAST_PATHS_ENV == 'POLA_MM_FAST_PATHS'
-    for value, want in [('0', False), ('off', False), (' False ', False),
-                        ('NO', False), ('1', True), ('on', True)]:
-        monkeypatch.setenv(dispatch.FAST_PATHS_ENV, value)
-        assert dispatch.env_enabled(dispatch.FAST_PATHS_ENV) is want, value
-    monkeypatch.delenv(dispatch.FAST_PATHS_ENV)
-    assert dispatch.env_enabled(dispatch.FAST_PATHS_ENV)
-    assert ops.fast_paths_enabled()
-    with ops.plain_paths():
-        assert not ops.fast_paths_enabled()
-    assert ops.fast_paths_enabled()
+def test_the_setting_and_its_old_names(monkeypatch):
+    """``POLA_MM_OPS`` takes ``auto``, ``triton``, ``cpu``, ``graph`` (any
+    case, spaces) and refuses anything else naming the values; the
+    settings of earlier versions and the old functions give one line
+    naming what replaces them (read at import:
+    ``test_environment_switch_runs_the_plain_models`` runs a fresh
+    process)."""
+    assert dispatch.IMPLEMENTATION_ENV == 'POLA_MM_OPS'
+    for value, want in [('auto', 'auto'), (' Graph ', 'graph'),
+                        ('CPU', 'cpu'), ('triton', 'triton')]:
+        monkeypatch.setenv('POLA_MM_OPS', value)
+        assert dispatch._from_environment() == want, value
+    monkeypatch.setenv('POLA_MM_OPS', '0')
+    with pytest.raises(ValueError, match="POLA_MM_OPS='0': use one of auto"):
+        dispatch._from_environment()
+    monkeypatch.delenv('POLA_MM_OPS')
+    for old, new in [('POLA_MM_FAST_PATHS', 'POLA_MM_OPS=graph'),
+                     ('POLA_MM_KERNELS', 'POLA_MM_OPS=cpu')]:
+        monkeypatch.setenv(old, '0')
+        with pytest.raises(RuntimeError, match=f'set {new}') as err:
+            dispatch._from_environment()
+        assert '\n' not in str(err.value)
+        monkeypatch.delenv(old)
+    for name in ('plain_paths', 'no_kernels', 'set_kernels'):
+        with pytest.raises(AttributeError, match='was replaced by '
+                           'pola_mm.ops.set_implementation|use_implementation'):
+            getattr(ops, name)
+    with pytest.raises(ValueError, match='one of auto, triton, cpu, graph'):
+        ops.set_implementation('fast')
+    assert ops.get_implementation() == 'auto'
+    with ops.use_implementation('graph'):
+        assert ops.get_implementation() == 'graph'
+    assert ops.get_implementation() == 'auto'
 
 
 def test_environment_switch_runs_the_plain_models(tmp_path):
-    """``POLA_MM_FAST_PATHS=0`` in a fresh process: Pola-Swin, Pola-PVT and
+    """``POLA_MM_OPS=graph`` in a fresh process: Pola-Swin, Pola-PVT and
     PolaPP run a forward and a training step without any fast code, and
     give the in-process plain outputs."""
     names = ['swin', 'pvt', 'polapp']
@@ -189,7 +207,7 @@ def test_environment_switch_runs_the_plain_models(tmp_path):
     for name in names:
         model = _build(name)
         torch.save(model.state_dict(), tmp_path / f'{name}.pth')
-        with ops.plain_paths():
+        with ops.use_implementation('graph'):
             want[name] = [o.detach() for o in model(x)]
     torch.save(x, tmp_path / 'x.pth')
     code = f'''
@@ -210,15 +228,15 @@ for name in {names!r}:
     sum(o.square().mean() for o in outs).backward()
     torch.save([o.detach() for o in outs],
                {str(tmp_path)!r} + f'/{{name}}_out.pth')
-print(ops.fast_paths_enabled(), sorted(ran(calls)))
+print(ops.get_implementation(), sorted(ran(calls)))
 '''
-    env = subprocess_env(POLA_MM_FAST_PATHS='0')
+    env = subprocess_env(POLA_MM_OPS='graph')
     env['PYTHONPATH'] = os.pathsep.join([os.path.dirname(__file__),
                                          env['PYTHONPATH']])
     out = subprocess.run([sys.executable, '-c', code], env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split('\n')[-2] == 'False []', out.stdout
+    assert out.stdout.split('\n')[-2] == 'graph []', out.stdout
     for name in names:
         got = torch.load(tmp_path / f'{name}_out.pth', weights_only=True)
         _assert_close_to_scale(got, want[name], 1e-6)
@@ -335,7 +353,7 @@ def test_op_fallback_is_its_reference(monkeypatch, name, train):
     calls = spy_fast_code(monkeypatch)
     want = _run(reference, inputs, train)
     assert ran(calls) == set()
-    with ops.plain_paths():
+    with ops.use_implementation('graph'):
         plain = _run(op, inputs, train)
     assert ran(calls) == set()
     for a, b in zip(plain, want, strict=True):

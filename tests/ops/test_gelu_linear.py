@@ -141,7 +141,7 @@ def test_mlp_fast_and_plain_paths_agree(monkeypatch, approximate):
     calls = count_calls(monkeypatch, GeluLinearFunction, 'apply')
     fast_out, fast_grads = _mlp_step(m, x)
     assert len(calls) == 1
-    with ops.plain_paths():
+    with ops.use_implementation('graph'):
         plain_out, plain_grads = _mlp_step(m, x)
     assert len(calls) == 1
     torch.testing.assert_close(fast_out, plain_out, rtol=0, atol=0)
@@ -162,7 +162,7 @@ def test_mlp_where_the_function_runs(monkeypatch):
     Mlp(8, 32, drop=0.5).train()(x)
     exported = torch.export.export(m, (x.clone().requires_grad_(), ))
     assert 'GeluLinear' not in str(exported.graph)
-    with ops.plain_paths():
+    with ops.use_implementation('graph'):
         m(x.clone().requires_grad_()).sum().backward()
     assert calls == []
     m(x.clone().requires_grad_()).sum().backward()
@@ -187,7 +187,7 @@ def test_mlp_runs_of_tokens_in_cpu_inference(monkeypatch, approximate):
     x = torch.randn(2, 333, 12)  # 666 tokens, runs of 64: 11 runs
     with torch.no_grad():
         fast = m(x)
-        with ops.plain_paths():
+        with ops.use_implementation('graph'):
             plain = m(x)
         with torch.autocast('cpu', dtype=torch.bfloat16):
             m(x)

@@ -4,7 +4,7 @@ and the switch, the torch implementation for that configuration from then
 on, and the same training.
 
 The kernels run under Triton's interpreter on CPU tensors (the conftest),
-routed to them by letting the dispatch treat the CPU as a kernel device;
+where the setting ``triton`` takes them;
 the failures are injected where a GPU raises them: at the launch of one
 kernel (Triton compiles at the first launch), as ``OutOfResources`` (a
 launch over the shared-memory limit) and as a ``CompilationError``."""
@@ -54,12 +54,12 @@ class FailingKernel:
 
 
 @pytest.fixture
-def kernels_on_cpu(monkeypatch):
+def kernels_on_cpu():
     """The dispatch takes the (interpreted) kernels on CPU tensors; no
     failure remembered before or after."""
-    monkeypatch.setattr(dispatch, '_kernel_device', lambda x: True)
     launch.forget_failures()
-    yield
+    with dispatch.use_implementation('triton'):
+        yield
     launch.forget_failures()
 
 
@@ -109,7 +109,8 @@ def test_the_fixture_runs_the_kernels(op, kernels_on_cpu, monkeypatch):
         losses = _train(op)
     assert set(seen) == {forward, backward}
     monkeypatch.undo()
-    torch.testing.assert_close(losses, _train(op), rtol=1e-5, atol=0)
+    with dispatch.use_implementation('cpu'):
+        torch.testing.assert_close(losses, _train(op), rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize('error', sorted(ERRORS))
@@ -134,8 +135,8 @@ def test_a_failing_kernel_falls_back_once(op, where, error, kernels_on_cpu,
     assert f'{op} Triton kernels' in message and 'd=32' in message
     assert 'torch.float32' in message and 'POLA_MM_OPS' in message
     assert failing.calls == 1
-    monkeypatch.undo()  # the reference: CPU tensors take the torch path
-    torch.testing.assert_close(losses, _train(op), rtol=1e-5, atol=0)
+    with dispatch.use_implementation('cpu'):  # the reference: torch path
+        torch.testing.assert_close(losses, _train(op), rtol=1e-5, atol=0)
 
 
 def test_other_errors_are_not_swallowed(kernels_on_cpu, monkeypatch):

@@ -46,7 +46,7 @@ def test_observer_sees_calls_with_their_arguments():
     q, k, v, scale, power = _heads()
     log = []
     expected = ops.polarity_attention(q, k, v, scale, power, 3.0)
-    with ops.plain_paths(), observe_calls(_recorder(log, 'a')):
+    with ops.use_implementation('graph'), observe_calls(_recorder(log, 'a')):
         out = ops.polarity_attention(q, k, v, scale, power, alpha=3.0)
     torch.testing.assert_close(out, expected)
     names = [(e[1], e[2]) for e in log]

@@ -88,7 +88,7 @@ def test_attention_under_autocast_fast_equals_plain():
         with torch.autocast('cpu', dtype=torch.bfloat16,
                             enabled=mode != 'float32'):
             if mode == 'plain':
-                with ops.plain_paths():
+                with ops.use_implementation('graph'):
                     y = a(xi, (7, 9))
             else:
                 y = a(xi, (7, 9))

@@ -201,12 +201,12 @@ class TestOneRule:
 
     def test_switches(self):
         x = torch.empty(1, device='meta')
-        dispatch.set_kernels(False)
+        dispatch.set_implementation('cpu')
         try:
             assert dispatch.implementation(x, True) == 'cpu'
         finally:
-            dispatch.set_kernels(True)
-        with dispatch.plain_paths():
+            dispatch.set_implementation('auto')
+        with dispatch.use_implementation('graph'):
             assert dispatch.implementation(x, True) == 'graph'
         assert dispatch.implementation(torch.empty(1), True,
                                        cpu_fits=False) == 'graph'

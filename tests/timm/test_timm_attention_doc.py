@@ -11,7 +11,7 @@ from helpers import REPO
 from torch.utils.flop_counter import FlopCounterMode
 
 from pola_mm.models.layers import PolarityAttention
-from pola_mm.ops import plain_paths
+from pola_mm.ops import use_implementation
 
 PAGE = osp.join(REPO, 'docs', 'attention.md')
 
@@ -48,7 +48,7 @@ def test_cost_formula_matches_flop_counter():
     B, H, W, C, h, k = 1, 14, 14, 64, 2, 5
     N, d = H * W, C // h
     attn = PolarityAttention(C, h, (H, W), kernel_size=k)
-    with plain_paths(), torch.no_grad(), \
+    with use_implementation('graph'), torch.no_grad(), \
             FlopCounterMode(display=False) as counter:
         attn(torch.randn(B, N, C), (H, W))
     formula = 2 * (5 * N * C * C + 4 * N * C * d + 4 * N * C + k * k * N * C)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...models.layers import PolarityAttention, WindowMSA
-from ...ops import observe_calls, plain_paths, reporting
+from ...ops import observe_calls, reporting, use_implementation
 from ...type_aliases import Size2
 from ..zoo import stage_of
 
@@ -221,7 +221,7 @@ def capture_blocks(backbone: nn.Module, image: Tensor,
     was_training = backbone.training
     backbone.eval()
     try:
-        with plain_paths():
+        with use_implementation('graph'):
             backbone(image)
     finally:
         for h in handles:

@@ -58,7 +58,8 @@ from torch import Tensor
 from ...models.layers import PolarityAttention
 from ...models.layers.window import (cyclic_shift, grid_padding,
                                      shift_region_mask, window_partition)
-from ...ops import gate_linear, pacs_attention, plain_paths, polarity_attention
+from ...ops import (gate_linear, pacs_attention, polarity_attention,
+                    use_implementation)
 from ...ops.features import pacs_features
 from ...ops.polarity.naive import feature_params, polarity_features
 from ...type_aliases import Size2
@@ -129,8 +130,8 @@ def polarity_qk(attn: PolarityAttention, x: Tensor, hw: Size2) -> PolarityQK:
                          'keys are not analysed (every published model has '
                          'sr_ratio 1)')
     h, d = attn.num_heads, attn.head_dims
-    with plain_paths(), op_calls(polarity_attention, pacs_attention,
-                                 gate_linear) as calls:
+    with use_implementation('graph'), op_calls(
+            polarity_attention, pacs_attention, gate_linear) as calls:
         attn(x, hw)
 
     def received(op) -> Dict:

@@ -154,8 +154,8 @@ def measure_seqlen(method: str, mode: str, tokens: int, batch: int = 1,
 
     import contextlib
 
-    from pola_mm.ops import no_kernels
-    paths = (no_kernels() if method == 'polarity_op_torch'
+    from pola_mm.ops import use_implementation
+    paths = (use_implementation('cpu') if method == 'polarity_op_torch'
              else contextlib.nullcontext())
     with paths:
         times, base, peak = timed_steps(step, dev, warmup, repeats)

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ...ops import observe_calls, plain_paths, reporting
+from ...ops import observe_calls, reporting, use_implementation
 from .aten import SHAPE_ONLY, aten, aten_costs, zeros_of_shape
 from .formulas import FORMULAS, OpFormula
 
@@ -246,7 +246,8 @@ def count_flops(model: nn.Module, forward: Callable[[], Any],
     """
     report = FlopReport(params=count_params(model))
     counter = _Counter(report, model, compute=compute)
-    paths = contextlib.nullcontext() if fast_paths else plain_paths()
+    paths = (contextlib.nullcontext() if fast_paths else
+             use_implementation('graph'))
     with paths, _tracked(model, counter), \
             observe_calls(counter.op_call), counter:
         forward()

@@ -7,7 +7,7 @@ implementations, picked by :func:`~pola_mm.ops.dispatch.implementation`:
   Triton; ``meta`` and fake CUDA tensors take it too);
 - :mod:`.cpu`: torch operations rearranged, the feature maps recomputed in
   backward (the CPU, GPUs without Triton; as many keys as queries);
-- :mod:`.naive`: the formula as written, with the fast paths off, whenever
+- :mod:`.naive`: the formula as written, with ``POLA_MM_OPS=graph``, whenever
   a graph is captured, and where neither fast path fits.
 
 Under fp16/bf16 autocast all compute in float32 (``exp`` of fp16 overflows
@@ -46,8 +46,9 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
     relu(-k)]) - 1``; each flow is divided by its own ``q' . mean(k')``.
     Unlike :func:`~pola_mm.ops.polarity_attention` there is no ``scale``
     here: divide ``q`` and ``k`` by a temperature before, if wanted. It
-    picks its implementation by itself (``pola_mm.ops.plain_paths()``
-    forces the formula as written).
+    picks its implementation by itself (``POLA_MM_OPS=graph`` or
+    ``pola_mm.ops.use_implementation('graph')`` forces the formula as
+    written).
 
     Args:
         q: ``(B, h, N, d)`` queries, ``d`` even.

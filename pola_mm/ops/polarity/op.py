@@ -51,9 +51,9 @@ def polarity_attention(q: Tensor,
     or output projection, no gate and no depth-wise conv (those are
     :class:`~pola_mm.models.layers.PolarityAttention`'s). The normalisation
     is inside: each flow is divided by its own ``q' . mean(k')``. It picks
-    its implementation by itself; ``POLA_MM_FAST_PATHS=0`` or ``with
-    pola_mm.ops.plain_paths():`` forces the graph form,
-    ``POLA_MM_KERNELS=0`` leaves the kernels out
+    its implementation by itself; ``POLA_MM_OPS=graph`` or ``with
+    pola_mm.ops.use_implementation('graph'):`` forces the graph form,
+    ``POLA_MM_OPS=cpu`` leaves the kernels out
     (:mod:`~pola_mm.ops.dispatch`).
 
     Args:
