@@ -293,3 +293,20 @@ def stage_grids(family: str, H: int, W: int) -> list:
         h, w = grids[-1]
         grids.append((max(1, h // 2), max(1, w // 2)))
     return grids
+
+
+class FailingKernel:
+    """Stands for a ``@triton.jit`` kernel whose launch fails: ``kernel[
+    grid](...)`` raises ``error`` and counts the attempts."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls = 0
+
+    def __getitem__(self, grid):
+
+        def launch_(*args, **kwargs):
+            self.calls += 1
+            raise self.error
+
+        return launch_

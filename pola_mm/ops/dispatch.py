@@ -28,7 +28,6 @@ While a graph is captured (``torch.export``, ONNX export, tracing,
 standard operations.
 """
 import contextlib
-import functools
 import importlib.util
 import os
 from typing import Iterator
@@ -181,12 +180,14 @@ def records_grad(*tensors) -> bool:
         t is not None and t.requires_grad for t in tensors)
 
 
-@functools.lru_cache(maxsize=None)
+_TRITON = (importlib.util.find_spec('triton') is not None
+           and hasattr(torch.library, 'custom_op'))
+
+
 def triton_available() -> bool:
     """Whether Triton is installed and torch registers custom ops
     (``torch.library.custom_op``, torch >= 2.4)."""
-    return (importlib.util.find_spec('triton') is not None
-            and hasattr(torch.library, 'custom_op'))
+    return _TRITON
 
 
 def _kernel_device(x: Tensor) -> bool:
@@ -212,20 +213,24 @@ def _kernel_device(x: Tensor) -> bool:
 
 def implementation(x: Tensor, kernel_fits: bool,
                    cpu_fits: bool = True) -> str:
-    """The implementation an attention op runs on its input ``x``.
+    """The implementation an attention op runs on its input ``x``
+    (``kernel_fits`` from :func:`~.launch.usable`).
 
     - ``'graph'`` (the reference, standard operations) while a graph is
-      captured, with the setting ``graph``, and where neither fast path
-      fits;
+      exported, with the setting ``graph``, and where neither fast path
+      fits; under ``torch.compile`` where the kernels do not run;
     - ``'triton'`` (fused kernels) where ``kernel_fits`` (the op's kernels
       take these shapes and dtypes and have not failed here), the setting
-      allows them and ``x`` is on a kernel device (:func:`_kernel_device`);
+      allows them and ``x`` is on a kernel device (:func:`_kernel_device`),
+      also under ``torch.compile``: each launch is a custom op, opaque in
+      the compiled graph;
     - ``'cpu'`` (torch operations, any device) otherwise, where
       ``cpu_fits``.
     """
-    if not use_fast(x):
+    if (_setting == 'graph' or isinstance(x, torch.fx.Proxy)
+            or exporting()):
         return 'graph'
     if (kernel_fits and _setting in ('auto', 'triton')
             and _kernel_device(x)):
         return 'triton'
-    return 'cpu' if cpu_fits else 'graph'
+    return 'cpu' if cpu_fits and not is_compiling() else 'graph'

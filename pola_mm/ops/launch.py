@@ -35,7 +35,7 @@ __all__ = [
     'Target', 'TARGETS', 'LaunchConfig', 'launch_config', 'device_target',
     'device_admits', 'compiling_for', 'split_tokens', 'on_device',
     'KernelFallbackWarning', 'kernel_errors', 'guarded', 'failed',
-    'config_key'
+    'config_key', 'usable', 'recomputed_grads', 'interpreted'
 ]
 
 
@@ -270,9 +270,48 @@ def guarded(key: tuple, kernels: Callable[[], object],
         return fallback()
 
 
+def usable(key: tuple, probe: Callable[[tuple], None]) -> bool:
+    """Whether the kernels of configuration ``key`` may run: not if it
+    failed earlier in this process. Under ``torch.compile`` a failure
+    inside the compiled graph could not fall back, so the configuration is
+    first run once on small inputs on the GPU while the graph is traced
+    (``probe(key)``, under :func:`guarded`): the graph holds the kernels
+    only if they launch here."""
+    if _is_compiling():  # (a constant of the graph: no guard on _failed)
+        return _probed(key, probe)
+    return key not in _failed
+
+
+def _is_compiling() -> bool:
+    fn = getattr(getattr(torch, 'compiler', None), 'is_compiling', None)
+    return bool(fn()) if fn is not None else False
+
+
+def _probe_once(key: tuple, probe: Callable[[tuple], None]) -> bool:
+    """Runs ``probe(key)`` on a real GPU (not for ``meta`` or fake CUDA
+    tensors; on the CPU where Triton's interpreter runs the kernels) under
+    :func:`guarded`, once per configuration."""
+    device = key[3]
+    real = (device == 'cpu' or device.startswith('cuda')
+            and torch.cuda.is_available())
+    if key in _probed_keys or not real:
+        return key not in _failed
+    _probed_keys.add(key)
+    guarded(key, lambda: probe(key), lambda: None)
+    return key not in _failed
+
+
+_probed_keys: set = set()
+_constant = getattr(getattr(torch, 'compiler', None),
+                    'assume_constant_result', None)
+#: At trace time, called eagerly and its result taken as a constant.
+_probed = _constant(_probe_once) if _constant is not None else _probe_once
+
+
 def forget_failures() -> None:
-    """Forget every remembered failure (tests)."""
+    """Forget every remembered failure and probe (tests)."""
     _failed.clear()
+    _probed_keys.clear()
 
 
 def recomputed_grads(fn: Callable[..., Tensor], inputs: Sequence[object],

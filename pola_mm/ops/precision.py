@@ -16,7 +16,10 @@ __all__ = ['no_autocast', 'autocast_enabled']
 
 
 def autocast_enabled(device_type: str) -> bool:
-    """Whether autocast is on for ``device_type`` (any torch >= 2.0)."""
+    """Whether autocast is on for ``device_type`` (any torch >= 2.0;
+    False on ``meta``, which has none)."""
+    if device_type == 'meta':
+        return False
     try:
         return bool(torch.is_autocast_enabled(device_type))
     except (TypeError, RuntimeError):

@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import FailingKernel
 
 from pola_mm.models.layers import PaCSAttention, PolarityAttention
 from pola_mm.ops import dispatch, launch
@@ -34,23 +35,6 @@ KERNELS = {
     'polarity': (polarity_kernels, '_key_pass', '_query_grad'),
     'pacs': (pacs_kernels, '_fwd_keys_kernel', '_bwd_queries_kernel'),
 }
-
-
-class FailingKernel:
-    """Stands for a ``@triton.jit`` kernel whose launch fails: ``kernel[
-    grid](...)`` raises ``error`` and counts the attempts."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-        self.calls = 0
-
-    def __getitem__(self, grid):
-
-        def launch_(*args, **kwargs):
-            self.calls += 1
-            raise self.error
-
-        return launch_
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from .. import observers
 from ..checks import (check_broadcastable, check_head_inputs, no_queries,
                       param_shape)
 from ..dispatch import capturing, implementation
-from ..launch import failed, guarded
+from ..launch import guarded, usable
 from ..precision import no_autocast
 from . import triton as kernels
 from .cpu import pacs_attention_cpu
@@ -77,7 +77,7 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
     key = None if isinstance(q, torch.fx.Proxy) else kernels.config(q, sin)
     path = implementation(
         q, kernel_fits=key is not None and kernels.fits(q, k, v, sin, cos)
-        and not failed(key),
+        and usable(key, kernels.probe),
         cpu_fits=k.shape[-2] == q.shape[-2])  # (as many keys as queries)
     dt = torch.promote_types(q.dtype, torch.float32)
     with no_autocast(q.device.type):

@@ -904,6 +904,23 @@ def torch_form(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
     return fn(q, k, v, s1, s2, sin, cos, eps)
 
 
+def probe(key: tuple) -> None:
+    """Forward and backward of the kernels once, on small inputs of the
+    configuration ``key`` (:func:`config`'s) on its device: a failure of
+    the configuration there raises (:func:`~pola_mm.ops.launch.usable`)."""
+    _, d, dtype, device = key[:4]
+    flags = dict(key[4:])
+    like = dict(device=device, dtype=getattr(torch, dtype.split('.')[-1]))
+    q, k, v = (torch.randn(1, 2, 80, d, **like).requires_grad_()
+               for _ in range(3))
+    s1, s2 = (torch.zeros(1, 2, 1, 2 * d, device=device, requires_grad=True)
+              for _ in range(2))
+    tables = ((torch.rand(80, 2 * d, device=device), ) * 2
+              if flags.get('rotary') else (None, None))
+    out = pacs_attention_triton(q, k, v, s1, s2, *tables)
+    out.float().sum().backward()
+
+
 def config(q: Tensor, sin: Optional[Tensor]) -> tuple:
     """The kernel configuration of these inputs, as a failure is
     remembered (:func:`~pola_mm.ops.launch.guarded`)."""

@@ -681,6 +681,22 @@ def _kernel_grads(ctx, dx: Tensor, need: Tuple[bool, ...]) -> tuple:
     return dq, dk, dv, dscale, dpower, None, None, dbias
 
 
+def probe(key: tuple) -> None:
+    """Forward and backward of the kernels once, on small inputs of the
+    configuration ``key`` (:func:`config`'s) on its device: a failure of
+    the configuration there raises (:func:`~pola_mm.ops.launch.usable`)."""
+    _, d, dtype, device = key[:4]
+    flags = dict(key[4:])
+    like = dict(device=device, dtype=getattr(torch, dtype.split('.')[-1]))
+    q, k, v = (torch.randn(1, 2, 80, d, **like).requires_grad_()
+               for _ in range(3))
+    params = [torch.zeros(1, 2, 1, d, device=device, requires_grad=True)
+              for _ in range(2)]
+    kb = (torch.zeros(1, 2, 80, d, **like) if flags.get('k_bias') else None)
+    out = polarity_attention_triton(q, k, v, *params, 4.0, k_bias=kb)
+    out.float().sum().backward()
+
+
 def config(q: Tensor, k_bias: Optional[Tensor]) -> tuple:
     """The kernel configuration of these inputs, as a failure is
     remembered (:func:`~pola_mm.ops.launch.guarded`)."""
