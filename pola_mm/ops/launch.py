@@ -136,41 +136,73 @@ def device_admits(device: torch.device) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
-    """One kernel's launch settings: ``block`` tokens per tile and Triton's
-    ``num_warps`` and ``num_stages``."""
+    """One kernel's launch settings: ``block`` tokens per tile, Triton's
+    ``num_warps`` and ``num_stages``, and ``dot``, the input precision of
+    every ``tl.dot`` of the kernel (:data:`DOT`)."""
     block: int
     num_warps: int
     num_stages: int
+    dot: str = 'ieee'
 
-    def options(self) -> Dict[str, int]:
-        """The keyword arguments of the launch."""
-        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
+    def options(self) -> Dict[str, object]:
+        """The keyword arguments of the launch (``DOT`` is the kernels'
+        constexpr of the product precision)."""
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages,
+                    DOT=self.dot)
+
+
+#: The products' input precision on a GPU: ``tf32x3``, three TF32
+#: tensor-core products per float32 product (``a_hi b_hi + a_hi b_lo +
+#: a_lo b_hi``), about float32's accuracy (docs/performance.md, "Kernel
+#: resources"); ``ieee`` float32 products on the FMA units held the
+#: operands of a 64-wide product in registers and spilled.
+DOT = 'ieee'
 
 
 #: The kernels of the scheme, as :func:`launch_config` names them.
 KERNELS = ('key_pass', 'query_pass', 'query_grad', 'key_grad')
 
 
-def launch_config(kernel: str, d: int, device: torch.device) -> LaunchConfig:
-    """The launch configuration of ``kernel`` (one of :data:`KERNELS`) at
-    head width ``d`` on ``device`` (its :func:`device_target`).
+#: Tokens per tile and warps of each op's kernels, by head width: ``(op,
+#: kernel) -> {d: (block, num_warps)}``. Chosen from the compiled resources
+#: (``tools/analysis/kernel_resources.py``; docs/performance.md, "Kernel
+#: resources"): the products are IEEE float32 ``tl.dot`` on the FMA units,
+#: whose operands live in registers, so the tile shrinks as ``d`` grows
+#: until no build spills (8 warps: up to 255 registers a thread).
+_TILES: Dict[Tuple[str, str], Dict[int, Tuple[int, int]]] = {
+    ('polarity', 'key_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
+    ('polarity', 'query_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
+    ('polarity', 'query_grad'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
+    ('polarity', 'key_grad'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
+    ('pacs', 'key_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
+    ('pacs', 'query_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
+    ('pacs', 'query_grad'): {16: (32, 8), 32: (16, 8), 64: (16, 8)},
+    ('pacs', 'key_grad'): {16: (32, 8), 32: (16, 8), 64: (16, 8)},
+}
+#: Head widths the kernels take: those of :data:`_TILES`, all checked.
+WIDTHS = (16, 32, 64)
 
-    The rule, from the compiled resources of every configuration
-    (docs/performance.md, "Kernel resources"): tiles of 64 tokens (32 at
-    ``d = 128``); one warp per 16 ``d x d`` float32 accumulator rows,
-    so that the accumulators stay in registers (4 warps up to ``d = 32``,
-    8 above); and one pipeline stage where a second one would not fit the
-    99 KB class's shared memory.
+
+def launch_config(op: str, kernel: str, d: int,
+                  device: torch.device) -> LaunchConfig:
+    """The launch configuration of ``op``'s ``kernel`` (one of
+    :data:`KERNELS`) at head width ``d`` (one of :data:`WIDTHS`) on
+    ``device`` (its :func:`device_target`): tokens per tile and warps from
+    :data:`_TILES`; two pipeline stages for the forward passes up to ``d =
+    32`` (their tiles fit twice in every target's shared memory), one
+    otherwise.
     """
-    if kernel not in KERNELS:
-        raise ValueError(f'unknown kernel {kernel!r}; one of {KERNELS}')
-    target = device_target(device)
-    block = 64 if d <= 64 else 32
-    warps = 4 if d <= 32 else 8
-    stages = 1 if (d >= 64 or kernel in ('query_grad', 'key_grad')) else 2
-    if target.small_shared and d > 32:
-        stages = 1
-    return LaunchConfig(block, warps, stages)
+    if kernel not in KERNELS or (op, kernel) not in _TILES:
+        raise ValueError(f'unknown kernel {op!r} {kernel!r}; the kernels '
+                         f'are {KERNELS} of polarity and pacs')
+    if d not in WIDTHS:
+        raise ValueError(f'no launch configuration for d={d}; the kernels '
+                         f'take d in {WIDTHS}')
+    device_target(device)  # (validates nothing yet; the rule is one)
+    block, warps = _TILES[op, kernel][d]
+    forward = kernel in ('key_pass', 'query_pass')
+    stages = 2 if forward and d <= 32 else 1
+    return LaunchConfig(block, warps, stages, DOT)
 
 
 def split_tokens(n: int, block: int, bh: int, device: torch.device,

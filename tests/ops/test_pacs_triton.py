@@ -172,8 +172,6 @@ FP32_CASES = [
                  id='d64-bh6-N40-n23-block32-chunks1'),
     pytest.param(2, 3, 37, 37, 64, 'random', 'channels', 16, 3,
                  id='d64-bh6-N37-random-block16-chunks3'),
-    pytest.param(1, 1, 37, 37, 128, 'random', 'full', 16, 3,
-                 id='d128-bh1-N37-random-block16-chunks3'),
 ]
 
 
@@ -268,7 +266,7 @@ def test_half_precision_as_close_as_todays_path(B, h, N, n, d, tables,
 
 
 @needs_triton
-@pytest.mark.parametrize('d', [16, 32, 64, 128])
+@pytest.mark.parametrize('d', [16, 32, 64])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float16,
                                    torch.bfloat16])
 def test_supported_widths(d, dtype):
@@ -278,7 +276,7 @@ def test_supported_widths(d, dtype):
     assert pacs_triton.fits(q, q, q, sin, sin)
 
 
-@pytest.mark.parametrize('d', [8, 12, 24, 48, 256])
+@pytest.mark.parametrize('d', [8, 12, 24, 48, 96, 128, 256])
 def test_unsupported_widths(d):
     q = torch.zeros(1, 2, 6, d, device=DEVICE)
     assert not pacs_triton.fits(q, q, q)

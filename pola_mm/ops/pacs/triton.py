@@ -41,7 +41,7 @@ Every product is a ``tl.dot`` in IEEE float32, on inputs of any float
 dtype and strides. The half-width products of a flow (``d / 2`` columns,
 8 for ``d = 16``, below ``tl.dot``'s 16) run on ``W = max(d / 2, 16)``
 columns with the extra ones masked to zero. :func:`fits` says which
-inputs the kernels take (``d`` a power of two in ``[16, 128]``); the op
+inputs the kernels take (``d`` of 16, 32 or 64); the op
 falls back on the torch implementations for others.
 
 Each launch is a torch custom op with a fake implementation
@@ -62,8 +62,9 @@ from torch import Tensor
 from ..custom_ops import register_kernel
 from ..dispatch import records_grad
 from ..features import EPS, sum_to
-from ..launch import (config_key, guarded, launch_config, on_device,
-                      recomputed_grads, split_tokens)
+from ..launch import (WIDTHS, LaunchConfig, config_key, guarded,
+                      launch_config, on_device, recomputed_grads,
+                      split_tokens)
 from .cpu import pacs_attention_cpu
 from .naive import pacs_attention_pytorch
 
@@ -82,8 +83,7 @@ HAVE_TRITON = triton is not None
 
 #: Input dtypes the kernels read (they compute in float32).
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: Head widths the kernels take: powers of two in this range.
-_MIN_D, _MAX_D = 16, 128
+
 
 if HAVE_TRITON:
 
@@ -156,7 +156,8 @@ if HAVE_TRITON:
                          s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
                          s_tn, s_tc,
                          D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         HAS_ROT: tl.constexpr):
+                         HAS_ROT: tl.constexpr,
+                         DOT: tl.constexpr):
         """Forward, key pass: program ``(bh, chunk)`` sums over its chunk
         of ``per_chunk`` blocks of keys ``R(k')^T v`` (``(2D, D)``, written
         to ``m_part[bh, chunk]``) and ``k'`` (``(2D)``, to
@@ -195,8 +196,8 @@ if HAVE_TRITON:
                           sgn)
                 fb = _rot(fb, _expm1(tl.maximum(-kp, 0.0)), sin_b, cos_b,
                           sgn)
-            m_a = tl.dot(tl.trans(fa), vv, m_a, input_precision='ieee')
-            m_b = tl.dot(tl.trans(fb), vv, m_b, input_precision='ieee')
+            m_a = tl.dot(tl.trans(fa), vv, m_a, input_precision=DOT)
+            m_b = tl.dot(tl.trans(fb), vv, m_b, input_precision=DOT)
         out = bh.to(tl.int64) * tl.num_programs(1) + chunk
         m_base = m_part_ptr + out * (2 * D * D)
         tl.store(m_base + cols[:, None] * D + cols[None, :], m_a)
@@ -211,7 +212,8 @@ if HAVE_TRITON:
                             s_qb, s_qh, s_qn, s_qd, s_tn, s_tc,
                             D: tl.constexpr, HALF: tl.constexpr,
                             W: tl.constexpr, BLOCK_N: tl.constexpr,
-                            HAS_ROT: tl.constexpr):
+                            HAS_ROT: tl.constexpr,
+                            DOT: tl.constexpr):
         """Forward, query pass: program ``(bh, block)`` writes ``x``
         ``(BLOCK_N, D)`` (contiguous ``(B h, N, D)``, the dtype of
         ``x_ptr``) and ``1 / (z + eps)`` of both flows (``(B h, N, 2)``
@@ -258,13 +260,13 @@ if HAVE_TRITON:
         wcols = tl.arange(0, W)
         wmask = wcols < HALF
         x_s = tl.dot(sa, _m_cols(m_base, cols, 0, wcols, wmask, D),
-                     input_precision='ieee')
+                     input_precision=DOT)
         x_s = tl.dot(sb, _m_cols(m_base, D + cols, 0, wcols, wmask, D), x_s,
-                     input_precision='ieee')
+                     input_precision=DOT)
         x_o = tl.dot(oa, _m_cols(m_base, cols, HALF, wcols, wmask, D),
-                     input_precision='ieee')
+                     input_precision=DOT)
         x_o = tl.dot(ob, _m_cols(m_base, D + cols, HALF, wcols, wmask, D),
-                     x_o, input_precision='ieee')
+                     x_o, input_precision=DOT)
         x_base = x_ptr + bh.to(tl.int64) * N * D
         x_ptrs = x_base + rows[:, None] * D + wcols[None, :]
         x_mask = rmask[:, None] & wmask[None, :]
@@ -280,7 +282,8 @@ if HAVE_TRITON:
                        s_dn, s_dd, s_xn, s_xd, rz, fa, fb, ra, rb, m_base,
                        col0, cols, partner, sgn, km_a, km_b, cos_a, cos_b,
                        sinp_a, sinp_b, D: tl.constexpr,
-                       HAS_ROT: tl.constexpr, USE_X: tl.constexpr):
+                       HAS_ROT: tl.constexpr, USE_X: tl.constexpr,
+                       DOT: tl.constexpr):
         """One flow's backward through ``x_j = R(f) M_j rz`` with ``rz = 1
         / (f . k_mean + eps)``, for a block of queries whose feature halves
         are ``fa``, ``fb`` ``(BLOCK_N, D)`` (``ra``, ``rb`` rotary-encoded),
@@ -300,20 +303,20 @@ if HAVE_TRITON:
         if USE_X:
             xj = _tile(x_base, rows, col0 + wcols, s_xn, s_xd, mask)
         else:
-            xj = tl.dot(ra, ma, input_precision='ieee')
-            xj = tl.dot(rb, mb, xj, input_precision='ieee') * rz[:, None]
+            xj = tl.dot(ra, ma, input_precision=DOT)
+            xj = tl.dot(rb, mb, xj, input_precision=DOT) * rz[:, None]
         da = dxj * rz[:, None]
         dz = -tl.sum(dxj * xj, axis=1) * rz
         # y = da M_j^T, the gradient of R(f), per half
-        ya = tl.dot(da, tl.trans(ma), input_precision='ieee')
-        yb = tl.dot(da, tl.trans(mb), input_precision='ieee')
+        ya = tl.dot(da, tl.trans(ma), input_precision=DOT)
+        yb = tl.dot(da, tl.trans(mb), input_precision=DOT)
         if HAS_ROT:  # R^T(y), partner values from the rows of M at c ^ 1
             ypa = tl.dot(da, tl.trans(_m_cols(m_base, partner, col0, wcols,
                                               wmask, D)),
-                         input_precision='ieee')
+                         input_precision=DOT)
             ypb = tl.dot(da, tl.trans(_m_cols(m_base, D + partner, col0,
                                               wcols, wmask, D)),
-                         input_precision='ieee')
+                         input_precision=DOT)
             ya = _rot_t(ya, ypa, cos_a, sinp_a, sgn)
             yb = _rot_t(yb, ypb, cos_b, sinp_b, sgn)
         dpre_a = (ya + dz[:, None] * km_a) * (fa + 1.0)
@@ -329,7 +332,8 @@ if HAVE_TRITON:
                             s_xb, s_xh, s_xn, s_xd, s_tn, s_tc,
                             D: tl.constexpr, HALF: tl.constexpr,
                             W: tl.constexpr, BLOCK_N: tl.constexpr,
-                            HAS_ROT: tl.constexpr, USE_X: tl.constexpr):
+                            HAS_ROT: tl.constexpr, USE_X: tl.constexpr,
+                            DOT: tl.constexpr):
         """Backward, query pass: program ``(bh, chunk)`` walks its chunk of
         ``per_chunk`` blocks of queries, writes ``dq`` (contiguous ``(B h,
         N, D)``, the dtype of ``dq_ptr``) and its partial sums: ``dM =
@@ -406,12 +410,12 @@ if HAVE_TRITON:
                 dx_base, x_base, rows, rmask, wcols, wmask, s_dn, s_dd,
                 s_xn, s_xd, rz_s, sa, sb, rsa, rsb, m_base, 0, cols, partner,
                 sgn, km_a, km_b, cos_a, cos_b, sinp_a, sinp_b, D, HAS_ROT,
-                USE_X)
+                USE_X, DOT)
             da_o, dz_o, dpa_o, dpb_o = _flow_backward(
                 dx_base, x_base, rows, rmask, wcols, wmask, s_dn, s_dd,
                 s_xn, s_xd, rz_o, oa, ob, roa, rob, m_base, HALF, cols,
                 partner, sgn, km_a, km_b, cos_a, cos_b, sinp_a, sinp_b, D,
-                HAS_ROT, USE_X)
+                HAS_ROT, USE_X, DOT)
             # temperatures: d(c t)/dt = c, the pre-temperature halves
             # (same-signed [pos, neg], opposite-signed [neg, pos])
             dt1a += tl.sum(dpa_s * pos, axis=0)
@@ -429,10 +433,10 @@ if HAVE_TRITON:
             dkm_a += tl.sum(sa * dz_s[:, None] + oa * dz_o[:, None], axis=0)
             dkm_b += tl.sum(sb * dz_s[:, None] + ob * dz_o[:, None], axis=0)
             # products: dM_j = R(q_j)^T da_j
-            dm_sa = tl.dot(tl.trans(rsa), da_s, dm_sa, input_precision='ieee')
-            dm_sb = tl.dot(tl.trans(rsb), da_s, dm_sb, input_precision='ieee')
-            dm_oa = tl.dot(tl.trans(roa), da_o, dm_oa, input_precision='ieee')
-            dm_ob = tl.dot(tl.trans(rob), da_o, dm_ob, input_precision='ieee')
+            dm_sa = tl.dot(tl.trans(rsa), da_s, dm_sa, input_precision=DOT)
+            dm_sb = tl.dot(tl.trans(rsb), da_s, dm_sb, input_precision=DOT)
+            dm_oa = tl.dot(tl.trans(roa), da_o, dm_oa, input_precision=DOT)
+            dm_ob = tl.dot(tl.trans(rob), da_o, dm_ob, input_precision=DOT)
         out = bh64 * tl.num_programs(1) + chunk
         dm_base = dm_part_ptr + out * (2 * D * D)
         dm_mask = wmask[None, :]
@@ -457,7 +461,8 @@ if HAVE_TRITON:
                          s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
                          s_tn, s_tc,
                          D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         HAS_ROT: tl.constexpr, NEED_V: tl.constexpr):
+                         HAS_ROT: tl.constexpr, NEED_V: tl.constexpr,
+                         DOT: tl.constexpr):
         """Backward, key pass: program ``(bh, block)`` writes ``dk`` (and
         ``dv`` with ``NEED_V``), contiguous ``(B h, n, D)`` in the dtypes
         of their pointers, from ``dM = dL/dM / N`` ``(B h, 2D, D)`` and
@@ -479,18 +484,18 @@ if HAVE_TRITON:
         dm_base = dm_ptr + bh64 * (2 * D * D)
         # dR(k') = v dM^T per half: (D, D) tiles [j, l] = dM[l, j]
         ya = tl.dot(vv, tl.load(dm_base + cols[None, :] * D + cols[:, None]),
-                    input_precision='ieee')
+                    input_precision=DOT)
         yb = tl.dot(vv, tl.load(dm_base + (D + cols)[None, :] * D
-                                + cols[:, None]), input_precision='ieee')
+                                + cols[:, None]), input_precision=DOT)
         ra = fa
         rb = fb
         if HAS_ROT:  # R^T(y) (rows of dM at c ^ 1), R(k') (k at c ^ 1)
             partner = cols ^ 1
             sgn = _pair_sign(cols)
             ypa = tl.dot(vv, tl.load(dm_base + partner[None, :] * D
-                                     + cols[:, None]), input_precision='ieee')
+                                     + cols[:, None]), input_precision=DOT)
             ypb = tl.dot(vv, tl.load(dm_base + (D + partner)[None, :] * D
-                                     + cols[:, None]), input_precision='ieee')
+                                     + cols[:, None]), input_precision=DOT)
             cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
                                    rmask[:, None], D)
             sinp_a, sinp_b = _halves(sin_ptr, rows, partner, s_tn, s_tc,
@@ -517,10 +522,10 @@ if HAVE_TRITON:
                  mask=rmask[:, None])
         if NEED_V:  # dv = R(k') dM, per half of the rows of dM
             dv = tl.dot(ra, tl.load(dm_base + cols[:, None] * D
-                                    + cols[None, :]), input_precision='ieee')
+                                    + cols[None, :]), input_precision=DOT)
             dv = tl.dot(rb, tl.load(dm_base + (D + cols)[:, None] * D
                                     + cols[None, :]), dv,
-                        input_precision='ieee')
+                        input_precision=DOT)
             tl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty),
                      mask=rmask[:, None])
 
@@ -555,21 +560,28 @@ def _is_table(t: Optional[Tensor], N: int, width: int) -> bool:
         return False
 
 
+
+def _config(kernel: str, d: int, device: torch.device) -> LaunchConfig:
+    """The launch configuration of this op's ``kernel``
+    (:func:`~pola_mm.ops.launch.launch_config`)."""
+    return launch_config('pacs', kernel, d, device)
+
 def fits(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor] = None,
          cos: Optional[Tensor] = None) -> bool:
     """Whether the kernels take these inputs (else the op falls back on the
     torch implementations): ``q`` ``(B, h, N, d)``, ``k`` and ``v`` ``(B,
-    h, n, d)`` float32, float16 or bfloat16 and not empty, ``d`` a power of
-    two in ``[16, 128]``; the rotary tables both given (broadcastable to
-    ``(N, 2d)``, ``n == N``) or neither; all on one device. (Whether Triton
-    runs there is :func:`~pola_mm.ops.dispatch.implementation`'s question.)
+    h, n, d)`` float32, float16 or bfloat16 and not empty, ``d`` one of
+    :data:`~pola_mm.ops.launch.WIDTHS` (16, 32, 64); the rotary tables
+    both given (broadcastable to ``(N, 2d)``, ``n == N``) or neither; all
+    on one device. (Whether Triton runs there is
+    :func:`~pola_mm.ops.dispatch.implementation`'s question.)
     """
     if not all(isinstance(t, Tensor) for t in (q, k, v)):
         return False
     if any(t.dim() != 4 or t.dtype not in _DTYPES for t in (q, k, v)):
         return False
     B, h, N, d = q.shape
-    if d < _MIN_D or d > _MAX_D or d & (d - 1):
+    if d not in WIDTHS:
         return False
     if k.shape != v.shape or k.shape[:2] != (B, h) or k.shape[3] != d:
         return False
@@ -594,11 +606,13 @@ def _check(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor],
                          f'fits()): q, k, v, sin, cos = {shapes}')
 
 
-def _block_size(block_n: Optional[int], d: int, device: torch.device) -> int:
-    """Tokens per block: ``block_n`` (a power of two >= 16), by default the
-    launch rule's (:func:`~pola_mm.ops.launch.launch_config`)."""
+def _block_size(block_n: Optional[int], kernel: str, d: int,
+                device: torch.device) -> int:
+    """Tokens per block of ``kernel``: ``block_n`` (a power of two >= 16),
+    by default the launch rule's
+    (:func:`~pola_mm.ops.launch.launch_config`)."""
     if block_n is None:
-        return launch_config('key_pass', d, device).block
+        return _config(kernel, d, device).block
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f'block_n must be a power of two >= 16, got '
                          f'{block_n}')
@@ -651,7 +665,7 @@ def key_pass(k: Tensor, v: Tensor, sin: Optional[Tensor],
             k, v, sin_t, cos_t, m_part, ks_part, H, n, per,
             *k.stride(), *v.stride(), s_tn, s_tc,
             D=d, BLOCK_N=block, HAS_ROT=sin is not None,
-            **launch_config('key_pass', d, k.device).options())
+            **_config('key_pass', d, k.device).options())
     return m_part, ks_part
 
 
@@ -678,7 +692,7 @@ def query_pass(q: Tensor, t1: Tensor, t2: Tensor, sin: Optional[Tensor],
             *q.stride(), s_tn, s_tc,
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
             HAS_ROT=sin is not None,
-            **launch_config('query_pass', d, q.device).options())
+            **_config('query_pass', d, q.device).options())
     return x.to(q.dtype), rz
 
 
@@ -708,7 +722,7 @@ def query_grad(dx: Tensor, q: Tensor, x: Tensor, t1: Tensor, t2: Tensor,
             *dx.stride(), *q.stride(), *x.stride(), s_tn, s_tc,
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
             HAS_ROT=sin is not None, USE_X=x.dtype == torch.float32,
-            **launch_config('query_grad', d, q.device).options())
+            **_config('query_grad', d, q.device).options())
     return dq.to(q.dtype), dm_part, dkm_part, dt_part
 
 
@@ -738,7 +752,7 @@ def key_grad(k: Tensor, v: Tensor, sin: Optional[Tensor],
             k, v, sin_t, cos_t, dM, dkm, dk, dv, H, n,
             *k.stride(), *v.stride(), s_tn, s_tc,
             D=d, BLOCK_N=block, HAS_ROT=sin is not None, NEED_V=need_v,
-            **launch_config('key_grad', d, k.device).options())
+            **_config('key_grad', d, k.device).options())
     return dk.to(k.dtype), dv.to(v.dtype) if need_v else v.new_empty(0)
 
 
@@ -770,8 +784,8 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
         sin, cos: optional rotary tables broadcastable to ``(N, 2d)``
             (both or neither; read as float32).
         eps: added to the normalisers.
-        block_n: tokens per block (a power of two >= 16; default 64, 32
-            for ``d = 128``).
+        block_n: tokens per block (a power of two >= 16; default the
+            launch rule's, :func:`~pola_mm.ops.launch.launch_config`).
         chunks: programs per image and head of the key pass (default: about
             two per multiprocessor in all; 2 on the CPU).
 
@@ -786,14 +800,15 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
     _check(q, k, v, sin, cos)
     B, H, N, d = q.shape
     n = k.shape[2]
-    block = _block_size(block_n, d, q.device)
+    block = _block_size(block_n, 'key_pass', d, q.device)
     t1c, t2c = _temps(t1, H, d), _temps(t2, H, d)
     sin, cos = _tables(sin, cos, N, d)
     nchunks, per = split_tokens(n, block, B * H, q.device, chunks)
     m_part, ks_part = key_pass(k, v, sin, cos, nchunks, per, block)
     M = m_part.sum(dim=1).div_(N)
     k_mean = ks_part.sum(dim=1).div_(n)
-    x, rz = query_pass(q, t1c, t2c, sin, cos, M, k_mean, float(eps), block)
+    x, rz = query_pass(q, t1c, t2c, sin, cos, M, k_mean, float(eps),
+                       _block_size(block_n, 'query_pass', d, q.device))
     return x, M.view(B, H, 2 * d, d), k_mean.view(B, H, 2 * d), rz
 
 
@@ -831,7 +846,7 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
     _check(q, k, v, sin, cos)
     B, H, N, d = q.shape
     n = k.shape[2]
-    block = _block_size(block_n, d, q.device)
+    block = _block_size(block_n, 'query_grad', d, q.device)
     t1c, t2c = _temps(t1, H, d), _temps(t2, H, d)
     sin, cos = _tables(sin, cos, N, d)
     M = M.to(torch.float32).contiguous()
@@ -843,7 +858,8 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
     dM = dm_part.sum(dim=1).div_(N)  # M = R(k')^T v / N
     dkm = dkm_part.sum(dim=1).div_(n)  # k_mean = sum(k') / n
     dt = dt_part.view(B, H, nchunks, 2, 2 * d).sum(dim=(0, 2))
-    dk, dv = key_grad(k, v, sin, cos, dM, dkm, need_v, block)
+    dk, dv = key_grad(k, v, sin, cos, dM, dkm, need_v,
+                      _block_size(block_n, 'key_grad', d, q.device))
     return dq, dk, dv if need_v else None, dt[:, 0], dt[:, 1]
 
 

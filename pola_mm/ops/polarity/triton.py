@@ -53,8 +53,9 @@ from torch import Tensor
 from ..custom_ops import register_kernel
 from ..dispatch import records_grad
 from ..features import EPS, sum_to
-from ..launch import (config_key, guarded, launch_config, on_device,
-                      recomputed_grads, split_tokens)
+from ..launch import (WIDTHS, LaunchConfig, config_key, guarded,
+                      launch_config, on_device, recomputed_grads,
+                      split_tokens)
 from .cpu import polarity_attention_cpu
 
 try:
@@ -71,15 +72,22 @@ __all__ = ['HAVE_TRITON', 'fits', 'polarity_attention_triton',
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+
+def _config(kernel: str, d: int, device: torch.device) -> LaunchConfig:
+    """The launch configuration of this op's ``kernel``
+    (:func:`~pola_mm.ops.launch.launch_config`)."""
+    return launch_config('polarity', kernel, d, device)
+
 def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the kernels take these inputs: 4-D float32/fp16/bf16 heads
-    whose width ``d`` is a power of two in [16, 128] (``tl.dot`` needs
-    tiles of at least 16). (Whether Triton runs here is
+    whose width ``d`` is one of :data:`~pola_mm.ops.launch.WIDTHS` (16, 32,
+    64: the widths whose every launch is compiled and resource-checked).
+    (Whether Triton runs here is
     :func:`~pola_mm.ops.dispatch.implementation`'s question.)"""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return False
     d = q.shape[-1]
-    return (16 <= d <= 128 and d & (d - 1) == 0 and k.shape[-1] == d
+    return (d in WIDTHS and k.shape[-1] == d
             and v.shape[-1] == d
             and all(t.dtype in _DTYPES for t in (q, k, v)))
 
@@ -159,7 +167,8 @@ if HAVE_TRITON:
                   sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                   sb_b, sb_h, sb_n, sb_d,
                   HAS_BIAS: tl.constexpr, D: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr,
+                  DOT: tl.constexpr):
         """Partial ``[f+, f-]^T v`` and key sums of one chunk of ``span``
         keys, written to the row ``PART[bh, c]``: ``P``, ``Q`` (``D x D``
         each), ``kp``, ``kn`` (``D`` each)."""
@@ -186,8 +195,8 @@ if HAVE_TRITON:
                         sv_n, sv_d), mask=mask[:, None],
                         other=0.0).to(tl.float32)
             fp, fn, _, _ = _features(k, inv_s, p)
-            acc_p += tl.dot(tl.trans(fp), v, input_precision='ieee')
-            acc_n += tl.dot(tl.trans(fn), v, input_precision='ieee')
+            acc_p += tl.dot(tl.trans(fp), v, input_precision=DOT)
+            acc_n += tl.dot(tl.trans(fn), v, input_precision=DOT)
             sum_p += tl.sum(fp, 0)
             sum_n += tl.sum(fn, 0)
         row = PART + (bh * chunks + c) * (2 * D * D + 2 * D)
@@ -219,7 +228,8 @@ if HAVE_TRITON:
                     X, RZ, H, N, inv_n,
                     eps,
                     sq_b, sq_h, sq_n, sq_d, sx_b, sx_h, sx_n, sx_d,
-                    D: tl.constexpr, BLOCK: tl.constexpr):
+                    D: tl.constexpr, BLOCK: tl.constexpr,
+                    DOT: tl.constexpr):
         """``x`` and ``1 / z`` of one tile of queries."""
         bh = tl.program_id(0).to(tl.int64)
         b = bh // H
@@ -234,8 +244,8 @@ if HAVE_TRITON:
                     other=0.0).to(tl.float32)
         fp, fn, _, _ = _features(q, inv_s, p)
         a_pos, a_neg, kp, kn = _load_mix(R, bh, cols, inv_n, D)
-        num = tl.dot(fp, a_pos, input_precision='ieee')
-        num += tl.dot(fn, a_neg, input_precision='ieee')
+        num = tl.dot(fp, a_pos, input_precision=DOT)
+        num += tl.dot(fn, a_neg, input_precision=DOT)
         rz_sim = 1.0 / (tl.sum(fp * kp[None, :] + fn * kn[None, :], 1) + eps)
         rz_opp = 1.0 / (tl.sum(fp * kn[None, :] + fn * kp[None, :], 1) + eps)
         first = cols[None, :] < D // 2
@@ -252,7 +262,8 @@ if HAVE_TRITON:
                     inv_n, span,
                     sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d,
                     so_b, so_h, so_n, so_d,
-                    D: tl.constexpr, BLOCK: tl.constexpr):
+                    D: tl.constexpr, BLOCK: tl.constexpr,
+                    DOT: tl.constexpr):
         """``dq`` of one chunk of ``span`` queries, and its partial sums in
         the row ``PART[bh, c]``: ``dA+``, ``dA-`` (``D x D``), the key
         means' gradients ``dkp``, ``dkn`` and the queries' part of the
@@ -295,21 +306,21 @@ if HAVE_TRITON:
             fp, fn, ts, la = _features(q, inv_s, p)
             # x = num / z per half: d(num) and d(z) of both flows
             rz = tl.where(first, rz_sim[:, None], rz_opp[:, None])
-            num = tl.dot(fp, a_pos, input_precision='ieee')
-            num += tl.dot(fn, a_neg, input_precision='ieee')
+            num = tl.dot(fp, a_pos, input_precision=DOT)
+            num += tl.dot(fn, a_neg, input_precision=DOT)
             dnum = dx * rz
             dxx = dnum * num  # dx * x
             dz_sim = -tl.sum(tl.where(first, dxx, 0.0), 1) * rz_sim
             dz_opp = -tl.sum(tl.where(first, 0.0, dxx), 1) * rz_opp
             # through num = f+ A+ + f- A- and the normalisers
-            dfp = tl.dot(dnum, tl.trans(a_pos), input_precision='ieee')
+            dfp = tl.dot(dnum, tl.trans(a_pos), input_precision=DOT)
             dfp += (dz_sim[:, None] * kp[None, :] +
                     dz_opp[:, None] * kn[None, :])
-            dfn = tl.dot(dnum, tl.trans(a_neg), input_precision='ieee')
+            dfn = tl.dot(dnum, tl.trans(a_neg), input_precision=DOT)
             dfn += (dz_sim[:, None] * kn[None, :] +
                     dz_opp[:, None] * kp[None, :])
-            da_pos += tl.dot(tl.trans(fp), dnum, input_precision='ieee')
-            da_neg += tl.dot(tl.trans(fn), dnum, input_precision='ieee')
+            da_pos += tl.dot(tl.trans(fp), dnum, input_precision=DOT)
+            da_neg += tl.dot(tl.trans(fn), dnum, input_precision=DOT)
             dkp += tl.sum(fp * dz_sim[:, None] + fn * dz_opp[:, None], 0)
             dkn += tl.sum(fn * dz_sim[:, None] + fp * dz_opp[:, None], 0)
             # through f = |t|^p: df/dt = p f / t, df/dp = f log|t|
@@ -339,7 +350,8 @@ if HAVE_TRITON:
                   sb_b, sb_h, sb_n, sb_d, so_b, so_h, so_n, so_d,
                   sw_b, sw_h, sw_n, sw_d,
                   HAS_BIAS: tl.constexpr, NEED_V: tl.constexpr,
-                  D: tl.constexpr, BLOCK: tl.constexpr):
+                  D: tl.constexpr, BLOCK: tl.constexpr,
+                  DOT: tl.constexpr):
         """``dk`` (and ``dv``) of one chunk of ``span`` keys from the summed
         query-gradient row ``G[bh]`` (:func:`_query_grad`'s); the keys'
         part of the gradients of ``scale`` and ``power`` into ``W[bh, c]``
@@ -377,13 +389,13 @@ if HAVE_TRITON:
                         other=0.0).to(tl.float32)
             fp, fn, ts, la = _features(k, inv_s, p)
             # P = f+^T v, Q = f-^T v, kp = sum f+, kn = sum f-
-            dfp = tl.dot(v, tl.trans(dP), input_precision='ieee')
+            dfp = tl.dot(v, tl.trans(dP), input_precision=DOT)
             dfp += dkp[None, :]
-            dfn = tl.dot(v, tl.trans(dQ), input_precision='ieee')
+            dfn = tl.dot(v, tl.trans(dQ), input_precision=DOT)
             dfn += dkn[None, :]
             if NEED_V:
-                dv = tl.dot(fp, dP, input_precision='ieee')
-                dv += tl.dot(fn, dQ, input_precision='ieee')
+                dv = tl.dot(fp, dP, input_precision=DOT)
+                dv += tl.dot(fn, dQ, input_precision=DOT)
                 tl.store(_tile_ptrs(DV, b, hh, rows, cols, sw_b, sw_h,
                          sw_n, sw_d), dv.to(DV.dtype.element_ty),
                          mask=m2)
@@ -456,7 +468,7 @@ def key_pass(k: Tensor, v: Tensor, k_bias: Optional[Tensor], scale: Tensor,
             k, v, kb, *_param_args(scale, power, h, d), alpha, part, h, n,
             _span(n, chunks, block), *_strides(k), *_strides(v), *sb,
             HAS_BIAS=k_bias is not None, D=d, BLOCK=block,
-            **launch_config('key_pass', d, k.device).options())
+            **_config('key_pass', d, k.device).options())
     return part
 
 
@@ -477,7 +489,7 @@ def query_pass(q: Tensor, R: Tensor, scale: Tensor, power: Tensor,
         _query_pass[(B * h, triton.cdiv(N, block))](
             q, R, *_param_args(scale, power, h, d), alpha, x, rz, h, N,
             1.0 / n, eps, *_strides(q), *_strides(x), D=d, BLOCK=block,
-            **launch_config('query_pass', d, q.device).options())
+            **_config('query_pass', d, q.device).options())
     return x, rz
 
 
@@ -500,7 +512,7 @@ def query_grad(q: Tensor, dx: Tensor, rz: Tensor, R: Tensor, scale: Tensor,
             q, dx, rz, R, *_param_args(scale, power, h, d), alpha, dq, part,
             h, N, 1.0 / n, _span(N, chunks, block), *_strides(q),
             *_strides(dx), *_strides(dq), D=d, BLOCK=block,
-            **launch_config('query_grad', d, q.device).options())
+            **_config('query_grad', d, q.device).options())
     return dq, part
 
 
@@ -528,7 +540,7 @@ def key_grad(k: Tensor, v: Tensor, k_bias: Optional[Tensor], G: Tensor,
             w, h, n, 1.0 / n, _span(n, chunks, block), *_strides(k),
             *_strides(v), *sb, *_strides(dk), *_strides(dv_arg),
             HAS_BIAS=k_bias is not None, NEED_V=need_v, D=d, BLOCK=block,
-            **launch_config('key_grad', d, k.device).options())
+            **_config('key_grad', d, k.device).options())
     return dk, dv, w
 
 
@@ -577,11 +589,11 @@ def polarity_forward(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
     """
     B, h, N, d = q.shape
     n = k.shape[2]
-    kb_block = block_n or launch_config('key_pass', d, q.device).block
+    kb_block = block_n or _config('key_pass', d, q.device).block
     chunks, _ = split_tokens(n, kb_block, B * h, q.device, chunks)
     R = key_pass(k, v, k_bias, scale, power, alpha, chunks, kb_block).sum(1)
     x, rz = query_pass(q, R, scale, power, alpha, n, eps,
-                       block_n or launch_config('query_pass', d,
+                       block_n or _config('query_pass', d,
                                                 q.device).block)
     return x, rz, R
 
@@ -617,8 +629,8 @@ def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
     B, h, N, d = q.shape
     n = k.shape[2]
     bh = B * h
-    qb = block_n or launch_config('query_grad', d, q.device).block
-    kb = block_n or launch_config('key_grad', d, q.device).block
+    qb = block_n or _config('query_grad', d, q.device).block
+    kb = block_n or _config('key_grad', d, q.device).block
     cq, _ = split_tokens(N, qb, bh, q.device, chunks)
     ck, _ = split_tokens(n, kb, bh, q.device, chunks)
     dq, part = query_grad(q, dx, rz, R, scale, power, alpha, n, cq, qb)
