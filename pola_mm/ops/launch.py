@@ -172,8 +172,8 @@ KERNELS = ('key_pass', 'query_pass', 'query_grad', 'key_grad')
 _TILES: Dict[Tuple[str, str], Dict[int, Tuple[int, int]]] = {
     ('polarity', 'key_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
     ('polarity', 'query_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
-    ('polarity', 'query_grad'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
-    ('polarity', 'key_grad'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
+    ('polarity', 'query_grad'): {16: (64, 4), 32: (64, 8), 64: (16, 8)},
+    ('polarity', 'key_grad'): {16: (64, 4), 32: (32, 8), 64: (16, 8)},
     ('pacs', 'key_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
     ('pacs', 'query_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
     ('pacs', 'query_grad'): {16: (32, 8), 32: (16, 8), 64: (16, 8)},

@@ -209,13 +209,14 @@ if HAVE_TRITON:
     @triton.jit
     def _fwd_queries_kernel(q_ptr, t1_ptr, t2_ptr, sin_ptr, cos_ptr, m_ptr,
                             km_ptr, x_ptr, rz_ptr, H, N, eps,
-                            s_qb, s_qh, s_qn, s_qd, s_tn, s_tc,
+                            s_qb, s_qh, s_qn, s_qd, s_xb, s_xh, s_xn,
+                            s_tn, s_tc,
                             D: tl.constexpr, HALF: tl.constexpr,
                             W: tl.constexpr, BLOCK_N: tl.constexpr,
                             HAS_ROT: tl.constexpr,
                             DOT: tl.constexpr):
         """Forward, query pass: program ``(bh, block)`` writes ``x``
-        ``(BLOCK_N, D)`` (contiguous ``(B h, N, D)``, the dtype of
+        ``(BLOCK_N, D)`` (strides ``s_x*``: token-major, the dtype of
         ``x_ptr``) and ``1 / (z + eps)`` of both flows (``(B h, N, 2)``
         float32)."""
         bh = tl.program_id(0)
@@ -267,8 +268,9 @@ if HAVE_TRITON:
                      input_precision=DOT)
         x_o = tl.dot(ob, _m_cols(m_base, D + cols, HALF, wcols, wmask, D),
                      x_o, input_precision=DOT)
-        x_base = x_ptr + bh.to(tl.int64) * N * D
-        x_ptrs = x_base + rows[:, None] * D + wcols[None, :]
+        x_base = x_ptr + b * s_xb + hh * s_xh  # token-major (B, N, h, D)
+        x_ptrs = (x_base + rows.to(tl.int64)[:, None] * s_xn +
+                  wcols[None, :])
         x_mask = rmask[:, None] & wmask[None, :]
         x_ty = x_ptr.dtype.element_ty
         tl.store(x_ptrs, (x_s * rz_s[:, None]).to(x_ty), mask=x_mask)
@@ -682,14 +684,13 @@ def query_pass(q: Tensor, t1: Tensor, t2: Tensor, sin: Optional[Tensor],
     """The forward's query pass: ``x`` ``(B, h, N, d)`` in ``q``'s dtype
     and ``1 / (z + eps)`` ``(B, h, N, 2)`` float32."""
     B, H, N, d = q.shape
-    x = torch.empty((B, H, N, d), dtype=_store_dtype(q.dtype),
-                    device=q.device)
+    x = _token_major(B, H, N, d, q, _store_dtype(q.dtype))
     rz = torch.empty((B, H, N, 2), dtype=torch.float32, device=q.device)
     sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, t1)
     with on_device(q):
         _fwd_queries_kernel[(B * H, triton.cdiv(N, block))](
             q, t1, t2, sin_t, cos_t, M, k_mean, x, rz, H, N, float(eps),
-            *q.stride(), s_tn, s_tc,
+            *q.stride(), *x.stride()[:3], s_tn, s_tc,
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
             HAS_ROT=sin is not None,
             **_config('query_pass', d, q.device).options())
@@ -698,8 +699,16 @@ def query_pass(q: Tensor, t1: Tensor, t2: Tensor, sin: Optional[Tensor],
 
 def _query_pass_fake(q, t1, t2, sin, cos, M, k_mean, eps, block):
     B, H, N, d = q.shape
-    return (torch.empty((B, H, N, d), dtype=q.dtype, device=q.device),
+    return (_token_major(B, H, N, d, q, q.dtype),
             torch.empty((B, H, N, 2), dtype=torch.float32, device=q.device))
+
+
+def _token_major(B: int, h: int, N: int, d: int, like: Tensor,
+                 dtype: torch.dtype) -> Tensor:
+    """A new ``(B, h, N, d)`` tensor laid out ``(B, N, h, d)`` in memory
+    (the models merge the heads back into ``(B, N, h d)`` without a
+    copy)."""
+    return like.new_empty(B, N, h, d, dtype=dtype).transpose(1, 2)
 
 
 def query_grad(dx: Tensor, q: Tensor, x: Tensor, t1: Tensor, t2: Tensor,
@@ -790,7 +799,8 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
             two per multiprocessor in all; 2 on the CPU).
 
     Returns:
-        ``x`` ``(B, h, N, d)`` in ``q.dtype`` (contiguous), ``M = R(k')^T v
+        ``x`` ``(B, h, N, d)`` in ``q.dtype`` (laid out ``(B, N, h, d)``:
+        the heads merge back without a copy), ``M = R(k')^T v
         / N`` ``(B, h, 2d, d)``, ``k_mean`` ``(B, h, 2d)`` and ``1 / (z +
         eps)`` of both flows ``(B, h, N, 2)``, these three float32.
 

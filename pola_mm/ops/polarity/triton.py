@@ -172,11 +172,12 @@ if HAVE_TRITON:
         """Partial ``[f+, f-]^T v`` and key sums of one chunk of ``span``
         keys, written to the row ``PART[bh, c]``: ``P``, ``Q`` (``D x D``
         each), ``kp``, ``kn`` (``D`` each)."""
-        bh = tl.program_id(0).to(tl.int64)
+        pid = tl.program_id(0)  # int32 division, then int64 offsets
+        bh = pid.to(tl.int64)
         c = tl.program_id(1)
         chunks = tl.num_programs(1)
-        b = bh // H
-        hh = bh % H
+        b = (pid // H).to(tl.int64)
+        hh = (pid % H).to(tl.int64)
         cols = tl.arange(0, D)
         inv_s, p, sig_s, sig_p = _params(S, PW, hh, cols, ss_h, ss_d, sp_h,
                                          sp_d, alpha)
@@ -231,9 +232,10 @@ if HAVE_TRITON:
                     D: tl.constexpr, BLOCK: tl.constexpr,
                     DOT: tl.constexpr):
         """``x`` and ``1 / z`` of one tile of queries."""
-        bh = tl.program_id(0).to(tl.int64)
-        b = bh // H
-        hh = bh % H
+        pid = tl.program_id(0)  # int32 division, then int64 offsets
+        bh = pid.to(tl.int64)
+        b = (pid // H).to(tl.int64)
+        hh = (pid % H).to(tl.int64)
         cols = tl.arange(0, D)
         rows = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = rows < N
@@ -272,11 +274,12 @@ if HAVE_TRITON:
         output ``x`` is recomputed from the features (two small products)
         rather than read back: exact in float32 whatever its stored dtype,
         and never saved."""
-        bh = tl.program_id(0).to(tl.int64)
+        pid = tl.program_id(0)  # int32 division, then int64 offsets
+        bh = pid.to(tl.int64)
         c = tl.program_id(1)
         chunks = tl.num_programs(1)
-        b = bh // H
-        hh = bh % H
+        b = (pid // H).to(tl.int64)
+        hh = (pid % H).to(tl.int64)
         cols = tl.arange(0, D)
         first = cols[None, :] < D // 2
         inv_s, p, sig_s, sig_p = _params(S, PW, hh, cols, ss_h, ss_d, sp_h,
@@ -356,11 +359,12 @@ if HAVE_TRITON:
         query-gradient row ``G[bh]`` (:func:`_query_grad`'s); the keys'
         part of the gradients of ``scale`` and ``power`` into ``W[bh, c]``
         ``(2, D)`` (the first chunk adds the queries')."""
-        bh = tl.program_id(0).to(tl.int64)
+        pid = tl.program_id(0)  # int32 division, then int64 offsets
+        bh = pid.to(tl.int64)
         c = tl.program_id(1)
         chunks = tl.num_programs(1)
-        b = bh // H
-        hh = bh % H
+        b = (pid // H).to(tl.int64)
+        hh = (pid % H).to(tl.int64)
         cols = tl.arange(0, D)
         inv_s, p, sig_s, sig_p = _params(S, PW, hh, cols, ss_h, ss_d, sp_h,
                                          sp_d, alpha)
