@@ -137,18 +137,23 @@ def device_admits(device: torch.device) -> bool:
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
     """One kernel's launch settings: ``block`` tokens per tile, Triton's
-    ``num_warps`` and ``num_stages``, and ``dot``, the input precision of
+    ``num_warps`` and ``num_stages``, ``maxnreg`` (registers a thread may
+    use; None: ptxas's own choice) and ``dot``, the input precision of
     every ``tl.dot`` of the kernel (:data:`DOT`)."""
     block: int
     num_warps: int
     num_stages: int
+    maxnreg: Optional[int] = None
     dot: str = 'ieee'
 
     def options(self) -> Dict[str, object]:
         """The keyword arguments of the launch (``DOT`` is the kernels'
         constexpr of the product precision)."""
-        return dict(num_warps=self.num_warps, num_stages=self.num_stages,
-                    DOT=self.dot)
+        options = dict(num_warps=self.num_warps,
+                       num_stages=self.num_stages, DOT=self.dot)
+        if self.maxnreg is not None:
+            options['maxnreg'] = self.maxnreg
+        return options
 
 
 #: The products' input precision on a GPU: ``tf32x3``, three TF32
@@ -172,25 +177,27 @@ KERNELS = ('key_pass', 'query_pass', 'query_grad', 'key_grad')
 _TILES: Dict[Tuple[str, str], Dict[int, Tuple[int, int]]] = {
     ('polarity', 'key_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
     ('polarity', 'query_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
-    ('polarity', 'query_grad'): {16: (64, 4), 32: (64, 8), 64: (16, 8)},
+    ('polarity', 'query_grad'): {16: (64, 8), 32: (64, 8), 64: (16, 8)},
     ('polarity', 'key_grad'): {16: (64, 4), 32: (32, 8), 64: (16, 8)},
     ('pacs', 'key_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
     ('pacs', 'query_pass'): {16: (64, 4), 32: (64, 8), 64: (32, 8)},
-    ('pacs', 'query_grad'): {16: (32, 8), 32: (16, 8), 64: (16, 8)},
+    ('pacs', 'query_grad'): {16: (16, 8), 32: (16, 8), 64: (16, 8)},
     ('pacs', 'key_grad'): {16: (32, 8), 32: (16, 8), 64: (16, 8)},
 }
 #: Head widths the kernels take: those of :data:`_TILES`, all checked.
 WIDTHS = (16, 32, 64)
 
 
-def launch_config(op: str, kernel: str, d: int,
-                  device: torch.device) -> LaunchConfig:
+def launch_config(op: str, kernel: str, d: int, device: torch.device,
+                  dtype: torch.dtype = torch.float32) -> LaunchConfig:
     """The launch configuration of ``op``'s ``kernel`` (one of
     :data:`KERNELS`) at head width ``d`` (one of :data:`WIDTHS`) on
-    ``device`` (its :func:`device_target`): tokens per tile and warps from
+    ``device``, for inputs of ``dtype``: tokens per tile and warps from
     :data:`_TILES`; two pipeline stages for the forward passes up to ``d =
     32`` (their tiles fit twice in every target's shared memory), one
-    otherwise.
+    otherwise; the register cap per kernel (below). The rule is
+    the same for every target (:data:`TARGETS`): each of its builds fits
+    the smallest shared memory of them.
     """
     if kernel not in KERNELS or (op, kernel) not in _TILES:
         raise ValueError(f'unknown kernel {op!r} {kernel!r}; the kernels '
@@ -198,11 +205,17 @@ def launch_config(op: str, kernel: str, d: int,
     if d not in WIDTHS:
         raise ValueError(f'no launch configuration for d={d}; the kernels '
                          f'take d in {WIDTHS}')
-    device_target(device)  # (validates nothing yet; the rule is one)
     block, warps = _TILES[op, kernel][d]
     forward = kernel in ('key_pass', 'query_pass')
     stages = 2 if forward and d <= 32 else 1
-    return LaunchConfig(block, warps, stages, DOT)
+    # ptxas stops at 128 registers a thread for 8 warps and spills a few
+    # bytes; 255 keeps these kernels in registers. The query backward
+    # spills less with ptxas's own choice, except PaCS's on float32 inputs.
+    maxnreg = 255
+    if kernel == 'query_grad' and (op == 'polarity'
+                                   or dtype != torch.float32):
+        maxnreg = None
+    return LaunchConfig(block, warps, stages, maxnreg, DOT)
 
 
 def split_tokens(n: int, block: int, bh: int, device: torch.device,

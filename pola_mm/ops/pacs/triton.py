@@ -563,10 +563,11 @@ def _is_table(t: Optional[Tensor], N: int, width: int) -> bool:
 
 
 
-def _config(kernel: str, d: int, device: torch.device) -> LaunchConfig:
-    """The launch configuration of this op's ``kernel``
-    (:func:`~pola_mm.ops.launch.launch_config`)."""
-    return launch_config('pacs', kernel, d, device)
+def _config(kernel: str, d: int, device: torch.device,
+            dtype: torch.dtype = torch.float32) -> LaunchConfig:
+    """The launch configuration of this op's ``kernel`` for inputs of
+    ``dtype`` (:func:`~pola_mm.ops.launch.launch_config`)."""
+    return launch_config('pacs', kernel, d, device, dtype)
 
 def fits(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor] = None,
          cos: Optional[Tensor] = None) -> bool:
@@ -731,7 +732,7 @@ def query_grad(dx: Tensor, q: Tensor, x: Tensor, t1: Tensor, t2: Tensor,
             *dx.stride(), *q.stride(), *x.stride(), s_tn, s_tc,
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
             HAS_ROT=sin is not None, USE_X=x.dtype == torch.float32,
-            **_config('query_grad', d, q.device).options())
+            **_config('query_grad', d, q.device, q.dtype).options())
     return dq.to(q.dtype), dm_part, dkm_part, dt_part
 
 

@@ -73,10 +73,11 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 
-def _config(kernel: str, d: int, device: torch.device) -> LaunchConfig:
-    """The launch configuration of this op's ``kernel``
-    (:func:`~pola_mm.ops.launch.launch_config`)."""
-    return launch_config('polarity', kernel, d, device)
+def _config(kernel: str, d: int, device: torch.device,
+            dtype: torch.dtype = torch.float32) -> LaunchConfig:
+    """The launch configuration of this op's ``kernel`` for inputs of
+    ``dtype`` (:func:`~pola_mm.ops.launch.launch_config`)."""
+    return launch_config('polarity', kernel, d, device, dtype)
 
 def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the kernels take these inputs: 4-D float32/fp16/bf16 heads
@@ -516,7 +517,7 @@ def query_grad(q: Tensor, dx: Tensor, rz: Tensor, R: Tensor, scale: Tensor,
             q, dx, rz, R, *_param_args(scale, power, h, d), alpha, dq, part,
             h, N, 1.0 / n, _span(N, chunks, block), *_strides(q),
             *_strides(dx), *_strides(dq), D=d, BLOCK=block,
-            **_config('query_grad', d, q.device).options())
+            **_config('query_grad', d, q.device, q.dtype).options())
     return dq, part
 
 
