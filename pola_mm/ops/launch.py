@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import sys
 import threading
 import warnings
 from typing import (Callable, ContextManager, Dict, Iterator, Optional,
@@ -347,10 +348,22 @@ def _probe_once(key: tuple, probe: Callable[[tuple], None]) -> bool:
 
 
 _probed_keys: set = set()
-_constant = getattr(getattr(torch, 'compiler', None),
-                    'assume_constant_result', None)
-#: At trace time, called eagerly and its result taken as a constant.
-_probed = _constant(_probe_once) if _constant is not None else _probe_once
+
+
+def _assume_constant_result(fn: Callable) -> Callable:
+    """``torch.compiler.assume_constant_result(fn)``: while dynamo traces,
+    ``fn`` is called eagerly and its result taken as a constant. That
+    function imports ``torch._dynamo`` (a second of start-up, and entries
+    in torch's weights-only allow-list); until dynamo is loaded, ``fn`` gets
+    the one mark it sets instead (``tests/ops/test_kernel_compile.py``
+    checks that dynamo honours it)."""
+    if 'torch._dynamo' in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+_probed = _assume_constant_result(_probe_once)
 
 
 def forget_failures() -> None:
