@@ -11,9 +11,9 @@ fast implementations share, written once.
 - :func:`sum_to`: a broadcast parameter's gradient reduced to its shape
   (the hand-written backwards).
 
-The references (:mod:`~.polarity_attention`, :mod:`~.pacs_attention`) and
-the fast implementations (:mod:`~.polarity.cpu`, :mod:`~.pacs.cpu`)
-import from here; nothing here imports either of them.
+The references (:mod:`~.polarity.graph`, :mod:`~.pacs.naive`) and the
+fast implementations (:mod:`~.polarity.cpu`, :mod:`~.pacs.cpu` and the
+kernels' wrappers) import from here; nothing here imports any of them.
 """
 from typing import Optional, Sequence, Tuple
 
