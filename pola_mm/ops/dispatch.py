@@ -30,12 +30,12 @@ standard operations.
 import contextlib
 import importlib.util
 import os
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
 
-from .launch import device_admits, interpreted
+from .launch import device_admits, interpreted, usable
 
 __all__ = [
     'IMPLEMENTATION_ENV', 'IMPLEMENTATIONS', 'get_implementation',
@@ -211,10 +211,12 @@ def _kernel_device(x: Tensor) -> bool:
     return triton_available() and device_admits(x.device)
 
 
-def implementation(x: Tensor, kernel_fits: bool,
-                   cpu_fits: bool = True) -> str:
+def implementation(x: Tensor, kernel_fits: bool, cpu_fits: bool = True,
+                   config: Optional[tuple] = None,
+                   probe: Optional[Callable[[tuple], None]] = None) -> str:
     """The implementation an attention op runs on its input ``x``
-    (``kernel_fits`` from :func:`~.launch.usable`).
+    (``config``: the kernels' configuration of this input; ``probe`` runs
+    it once, see :func:`~.launch.usable`).
 
     - ``'graph'`` (the reference, standard operations) while a graph is
       exported, with the setting ``graph``, and where neither fast path
@@ -230,7 +232,7 @@ def implementation(x: Tensor, kernel_fits: bool,
     if (_setting == 'graph' or isinstance(x, torch.fx.Proxy)
             or exporting()):
         return 'graph'
-    if (kernel_fits and _setting in ('auto', 'triton')
-            and _kernel_device(x)):
+    if (kernel_fits and _setting in ('auto', 'triton') and _kernel_device(x)
+            and (config is None or usable(config, probe))):
         return 'triton'
     return 'cpu' if cpu_fits and not is_compiling() else 'graph'

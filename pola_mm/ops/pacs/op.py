@@ -22,7 +22,7 @@ from .. import observers
 from ..checks import (check_broadcastable, check_head_inputs, no_queries,
                       param_shape)
 from ..dispatch import capturing, implementation
-from ..launch import guarded, usable
+from ..launch import guarded
 from ..precision import no_autocast
 from . import triton as kernels
 from .cpu import pacs_attention_cpu
@@ -76,8 +76,8 @@ def pacs_attention(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
             return q.clone()
     key = None if isinstance(q, torch.fx.Proxy) else kernels.config(q, sin)
     path = implementation(
-        q, kernel_fits=key is not None and kernels.fits(q, k, v, sin, cos)
-        and usable(key, kernels.probe),
+        q, kernel_fits=key is not None and kernels.fits(q, k, v, sin, cos),
+        config=key, probe=kernels.probe,
         cpu_fits=k.shape[-2] == q.shape[-2])  # (as many keys as queries)
     dt = torch.promote_types(q.dtype, torch.float32)
     with no_autocast(q.device.type):

@@ -62,9 +62,8 @@ from torch import Tensor
 from ..custom_ops import register_kernel
 from ..dispatch import records_grad
 from ..features import EPS, sum_to
-from ..launch import (WIDTHS, LaunchConfig, config_key, guarded,
-                      launch_config, on_device, recomputed_grads,
-                      split_tokens)
+from ..launch import (WIDTHS, LaunchConfig, config_key, guarded, launch_config,
+                      on_device, recomputed_grads, split_tokens)
 from .cpu import pacs_attention_cpu
 from .naive import pacs_attention_pytorch
 

@@ -26,7 +26,7 @@ from .. import observers
 from ..checks import (check_broadcastable, check_head_inputs, no_queries,
                       param_shape)
 from ..dispatch import capturing, implementation
-from ..launch import guarded, usable
+from ..launch import guarded
 from ..precision import no_autocast
 from . import triton as kernels
 from .cpu import polarity_attention_cpu
@@ -89,8 +89,8 @@ def polarity_attention(q: Tensor,
             return q.clone()
     key = None if isinstance(q, torch.fx.Proxy) else kernels.config(q, k_bias)
     path = implementation(q, kernel_fits=key is not None
-                          and kernels.fits(q, k, v)
-                          and usable(key, kernels.probe))
+                          and kernels.fits(q, k, v), config=key,
+                          probe=kernels.probe)
     with no_autocast(q.device.type):
         if path == 'triton':  # the torch form where a kernel fails
             out = guarded(
