@@ -8,11 +8,12 @@ query backward, key backward). This module holds what they share:
   architecture's per-block shared-memory limit) and whether a device is one
   of them (:func:`device_admits`);
 - the launch configuration of each kernel (:func:`launch_config`: tokens
-  per tile, warps, pipeline stages), chosen per head width and
-  architecture class so that every launch fits the architecture's shared
-  memory without spilling registers (``tools/analysis/kernel_resources.py``
-  compiles every one of them for sm_80, sm_86, sm_89 and sm_90 and checks
-  it);
+  per tile, warps, pipeline stages, register cap, product precision),
+  chosen per op, kernel and head width so that every launch fits each
+  target's shared memory and keeps its state in registers
+  (``tools/analysis/kernel_resources.py`` compiles every one of them for
+  sm_80, sm_86, sm_89 and sm_90 and checks it; docs/performance.md,
+  "Kernel resources", lists the one that still spills);
 - the split of a pass over tokens into chunks (:func:`split_tokens`);
 - the device guard of every launch (:func:`on_device`);
 - the fallback (:func:`guarded`): a kernel configuration that fails to
