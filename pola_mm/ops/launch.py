@@ -358,8 +358,10 @@ def _assume_constant_result(fn: Callable) -> Callable:
     in torch's weights-only allow-list); until dynamo is loaded, ``fn`` gets
     the one mark it sets instead (``tests/ops/test_kernel_compile.py``
     checks that dynamo honours it)."""
-    if 'torch._dynamo' in sys.modules:
-        return torch.compiler.assume_constant_result(fn)
+    public = getattr(getattr(torch, 'compiler', None),
+                     'assume_constant_result', None)
+    if public is not None and 'torch._dynamo' in sys.modules:
+        return public(fn)
     fn._dynamo_marked_constant = True
     return fn
 
