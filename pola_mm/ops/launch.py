@@ -37,7 +37,8 @@ __all__ = [
     'Target', 'TARGETS', 'LaunchConfig', 'launch_config', 'device_target',
     'device_admits', 'compiling_for', 'split_tokens', 'on_device',
     'KernelFallbackWarning', 'kernel_errors', 'guarded', 'failed',
-    'config_key', 'usable', 'recomputed_grads', 'interpreted'
+    'config_key', 'usable', 'recomputed_grads', 'interpreted', 'KERNELS',
+    'WIDTHS', 'probe_inputs'
 ]
 
 
@@ -327,6 +328,18 @@ def usable(key: tuple, probe: Callable[[tuple], None]) -> bool:
     if _is_compiling():  # (a constant of the graph: no guard on _failed)
         return _probed(key, probe)
     return key not in _failed
+
+
+def probe_inputs(key: tuple, tokens: int = 80
+                 ) -> Tuple[Tensor, Tensor, Tensor, Dict[str, object]]:
+    """Small ``(1, 2, tokens, d)`` ``q``, ``k``, ``v`` that require grad, in
+    the dtype and on the device of the configuration ``key``
+    (:func:`config_key`'s), and its flags: what an op's probe runs."""
+    _, d, dtype, device = key[:4]
+    like = dict(device=device, dtype=getattr(torch, dtype.split('.')[-1]))
+    q, k, v = (torch.randn(1, 2, tokens, d, **like).requires_grad_()
+               for _ in range(3))
+    return q, k, v, dict(key[4:])
 
 
 def _is_compiling() -> bool:

@@ -11,6 +11,7 @@ from helpers import FailingKernel
 
 from pola_mm.models.layers import PaCSAttention, PolarityAttention
 from pola_mm.ops import dispatch, launch
+from pola_mm.ops.pacs import triton as pacs_kernels
 from pola_mm.ops.polarity import triton as polarity_kernels
 
 pytest.importorskip('triton')
@@ -151,3 +152,36 @@ def test_pola_swin_t_compiled_training_step_holds_every_kernel_op():
     forward, backward = KERNEL_OPS['polarity']
     assert counts['forward'] == dict.fromkeys(forward, layers), counts
     assert counts['backward'] == dict.fromkeys(backward, layers), counts
+
+
+@pytest.mark.parametrize('flag', [False, True])
+@pytest.mark.parametrize('module,kernel', [
+    (polarity_kernels, '_query_grad'), (pacs_kernels, '_bwd_queries_kernel')
+])
+def test_each_probe_runs_its_configuration(module, kernel, flag,
+                                           monkeypatch):
+    """An op's probe runs its kernels, forward and backward, on small
+    inputs of the configuration (key bias / rotary tables as flagged), as
+    the trace-time check runs it (under ``guarded``): the configuration
+    passes, and fails where its backward kernel fails."""
+    q = torch.empty(1, 2, 80, 32)
+    extra = torch.empty(80, 64) if flag else None
+    key = module.config(q, extra)
+    assert dict(key[4:]) in ({'k_bias': flag}, {'rotary': flag})
+    failing = FailingKernel(OutOfResources(1, 0, 'shared memory'))
+    real = getattr(module, kernel)
+
+    class Counting:  # the real kernel, counting its launches
+
+        def __getitem__(self, grid):
+            failing.calls += 1
+            return real[grid]
+
+    monkeypatch.setattr(module, kernel, Counting())
+    launch.guarded(key, lambda: module.probe(key), lambda: None)
+    assert not launch.failed(key) and failing.calls == 1
+    monkeypatch.setattr(module, kernel, failing)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', launch.KernelFallbackWarning)
+        launch.guarded(key, lambda: module.probe(key), lambda: None)
+    assert launch.failed(key) and failing.calls == 2

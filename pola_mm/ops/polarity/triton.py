@@ -54,7 +54,7 @@ from ..custom_ops import register_kernel
 from ..dispatch import records_grad
 from ..features import EPS, sum_to
 from ..launch import (WIDTHS, LaunchConfig, config_key, guarded, launch_config,
-                      on_device, recomputed_grads, split_tokens)
+                      on_device, probe_inputs, recomputed_grads, split_tokens)
 from .cpu import polarity_attention_cpu
 
 try:
@@ -701,14 +701,11 @@ def probe(key: tuple) -> None:
     """Forward and backward of the kernels once, on small inputs of the
     configuration ``key`` (:func:`config`'s) on its device: a failure of
     the configuration there raises (:func:`~pola_mm.ops.launch.usable`)."""
-    _, d, dtype, device = key[:4]
-    flags = dict(key[4:])
-    like = dict(device=device, dtype=getattr(torch, dtype.split('.')[-1]))
-    q, k, v = (torch.randn(1, 2, 80, d, **like).requires_grad_()
-               for _ in range(3))
+    q, k, v, flags = probe_inputs(key)
+    d, device = q.shape[-1], q.device
     params = [torch.zeros(1, 2, 1, d, device=device, requires_grad=True)
               for _ in range(2)]
-    kb = (torch.zeros(1, 2, 80, d, **like) if flags.get('k_bias') else None)
+    kb = torch.zeros_like(k) if flags.get('k_bias') else None
     out = polarity_attention_triton(q, k, v, *params, 4.0, k_bias=kb)
     out.float().sum().backward()
 
