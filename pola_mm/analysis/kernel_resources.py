@@ -496,9 +496,10 @@ def _inputs(config: Configuration, B: int, h: int, N: int,
     return out
 
 
-def _call_op(config: Configuration, inputs: Dict[str, Any]) -> None:
-    """The op's forward wrapper, then its backward wrapper on the
-    forward's outputs."""
+def _call_op(config: Configuration, inputs: Dict[str, Any],
+             between: Callable[[], None] = lambda: None) -> None:
+    """The op's forward wrapper, ``between()``, then its backward wrapper
+    on the forward's outputs."""
     i = inputs
     need_v = config.flag('need_v')
     if config.op == 'polarity':
@@ -506,6 +507,7 @@ def _call_op(config: Configuration, inputs: Dict[str, Any]) -> None:
                                                  polarity_forward)
         x, rz, R = polarity_forward(i['q'], i['k'], i['v'], i['scale'],
                                     i['power'], _ALPHA, i['k_bias'])
+        between()
         polarity_backward(i['dx'], i['q'], i['k'], i['v'], i['scale'],
                           i['power'], _ALPHA, i['k_bias'], rz, R,
                           need_v=need_v)
@@ -513,6 +515,7 @@ def _call_op(config: Configuration, inputs: Dict[str, Any]) -> None:
         from pola_mm.ops.pacs.triton import pacs_backward, pacs_forward
         x, M, k_mean, rz = pacs_forward(i['q'], i['k'], i['v'], i['t1'],
                                         i['t2'], i['sin'], i['cos'])
+        between()
         pacs_backward(i['dx'], i['q'], i['k'], i['v'], i['t1'], i['t2'],
                       i['sin'], i['cos'], x, M, k_mean, rz, need_v=need_v)
 
@@ -978,33 +981,15 @@ def _call_op_passes(config: Configuration, inputs: Dict[str, Any],
                     mode: _OpOutputs,
                     passes: Dict[str, Tuple[int, int]]) -> None:
     """:func:`_call_op` with the glue bytes of each pass kept apart."""
-    i = inputs
-    need_v = config.flag('need_v')
+    start = [len(mode.glue)]
 
-    def glue(name: str, start: int) -> None:
-        ops = mode.glue[start:]
+    def glue(name: str) -> None:
+        ops = mode.glue[start[0]:]
         passes[name] = (sum(r for _, r, _ in ops), sum(w for _, _, w in ops))
+        start[0] = len(mode.glue)
 
-    start = len(mode.glue)
-    if config.op == 'polarity':
-        from pola_mm.ops.polarity.triton import (polarity_backward,
-                                                 polarity_forward)
-        x, rz, R = polarity_forward(i['q'], i['k'], i['v'], i['scale'],
-                                    i['power'], _ALPHA, i['k_bias'])
-        glue('forward', start)
-        start = len(mode.glue)
-        polarity_backward(i['dx'], i['q'], i['k'], i['v'], i['scale'],
-                          i['power'], _ALPHA, i['k_bias'], rz, R,
-                          need_v=need_v)
-    else:
-        from pola_mm.ops.pacs.triton import pacs_backward, pacs_forward
-        x, M, k_mean, rz = pacs_forward(i['q'], i['k'], i['v'], i['t1'],
-                                        i['t2'], i['sin'], i['cos'])
-        glue('forward', start)
-        start = len(mode.glue)
-        pacs_backward(i['dx'], i['q'], i['k'], i['v'], i['t1'], i['t2'],
-                      i['sin'], i['cos'], x, M, k_mean, rz, need_v=need_v)
-    glue('backward', start)
+    _call_op(config, inputs, lambda: glue('forward'))
+    glue('backward')
 
 
 def format_traffic(reports: Sequence[Traffic], markdown: bool = False

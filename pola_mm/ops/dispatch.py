@@ -23,9 +23,10 @@ pola_mm.ops.use_implementation(name):`` (process-wide, not per thread):
 - ``cpu``: no Triton kernel (the other fast paths stay on);
 - ``graph``: every op runs its plain reference.
 
-While a graph is captured (``torch.export``, ONNX export, tracing,
-``torch.compile``, ``torch.fx``) every op runs its reference, written in
-standard operations.
+While a graph is exported (``torch.export``, ONNX export, tracing,
+``torch.fx``) every op runs its reference, written in standard operations;
+under ``torch.compile`` the attention ops keep their kernels (opaque custom
+ops of the graph) and the other ops run their references.
 """
 import contextlib
 import importlib.util

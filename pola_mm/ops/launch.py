@@ -191,11 +191,11 @@ _TILES: Dict[Tuple[str, str], Dict[int, Tuple[int, int]]] = {
 WIDTHS = (16, 32, 64)
 
 
-def launch_config(op: str, kernel: str, d: int, device: torch.device,
+def launch_config(op: str, kernel: str, d: int,
                   dtype: torch.dtype = torch.float32) -> LaunchConfig:
     """The launch configuration of ``op``'s ``kernel`` (one of
-    :data:`KERNELS`) at head width ``d`` (one of :data:`WIDTHS`) on
-    ``device``, for inputs of ``dtype``: tokens per tile and warps from
+    :data:`KERNELS`) at head width ``d`` (one of :data:`WIDTHS`) for
+    inputs of ``dtype``: tokens per tile and warps from
     :data:`_TILES`; two pipeline stages for the forward passes up to ``d =
     32`` (their tiles fit twice in every target's shared memory), one
     otherwise; the register cap per kernel (below). The rule is

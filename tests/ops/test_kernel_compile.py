@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import FailingKernel
+from helpers import FailingKernel, attention_training_losses
 
 from pola_mm.models.layers import PaCSAttention, PolarityAttention
 from pola_mm.ops import dispatch, launch
@@ -75,18 +75,7 @@ def _train(compiled: bool, steps: int = 3):
     backend, seen = _recording_backend()
     run = (torch.compile(layer, backend=backend, fullgraph=True)
            if compiled else layer)
-    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 30, 64, generator=g)
-    target = torch.randn(2, 30, 64, generator=g)
-    losses = []
-    for _ in range(steps):
-        loss = (run(x, (5, 6)) - target).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, seen
+    return attention_training_losses(layer, run, steps), seen
 
 
 def test_compiled_kernels_train_as_the_torch_path():

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import FailingKernel
+from helpers import FailingKernel, attention_training_losses
 
 from pola_mm.models.layers import PaCSAttention, PolarityAttention
 from pola_mm.ops import dispatch, launch
@@ -57,19 +57,7 @@ def _model(op: str) -> torch.nn.Module:
 def _train(op: str, steps: int = 3):
     """Losses of a few SGD steps of one attention layer fitting a fixed
     target (heads of width 32)."""
-    model = _model(op)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 30, 64, generator=g)
-    target = torch.randn(2, 30, 64, generator=g)
-    losses = []
-    for _ in range(steps):
-        loss = (model(x, (5, 6)) - target).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return attention_training_losses(_model(op), steps=steps)
 
 
 @pytest.mark.parametrize('op', sorted(KERNELS))

@@ -562,11 +562,11 @@ def _is_table(t: Optional[Tensor], N: int, width: int) -> bool:
 
 
 
-def _config(kernel: str, d: int, device: torch.device,
+def _config(kernel: str, d: int,
             dtype: torch.dtype = torch.float32) -> LaunchConfig:
     """The launch configuration of this op's ``kernel`` for inputs of
     ``dtype`` (:func:`~pola_mm.ops.launch.launch_config`)."""
-    return launch_config('pacs', kernel, d, device, dtype)
+    return launch_config('pacs', kernel, d, dtype)
 
 def fits(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor] = None,
          cos: Optional[Tensor] = None) -> bool:
@@ -608,13 +608,12 @@ def _check(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor],
                          f'fits()): q, k, v, sin, cos = {shapes}')
 
 
-def _block_size(block_n: Optional[int], kernel: str, d: int,
-                device: torch.device) -> int:
+def _block_size(block_n: Optional[int], kernel: str, d: int) -> int:
     """Tokens per block of ``kernel``: ``block_n`` (a power of two >= 16),
     by default the launch rule's
     (:func:`~pola_mm.ops.launch.launch_config`)."""
     if block_n is None:
-        return _config(kernel, d, device).block
+        return _config(kernel, d).block
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f'block_n must be a power of two >= 16, got '
                          f'{block_n}')
@@ -667,7 +666,7 @@ def key_pass(k: Tensor, v: Tensor, sin: Optional[Tensor],
             k, v, sin_t, cos_t, m_part, ks_part, H, n, per,
             *k.stride(), *v.stride(), s_tn, s_tc,
             D=d, BLOCK_N=block, HAS_ROT=sin is not None,
-            **_config('key_pass', d, k.device).options())
+            **_config('key_pass', d).options())
     return m_part, ks_part
 
 
@@ -693,7 +692,7 @@ def query_pass(q: Tensor, t1: Tensor, t2: Tensor, sin: Optional[Tensor],
             *q.stride(), *x.stride()[:3], s_tn, s_tc,
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
             HAS_ROT=sin is not None,
-            **_config('query_pass', d, q.device).options())
+            **_config('query_pass', d).options())
     return x.to(q.dtype), rz
 
 
@@ -731,7 +730,7 @@ def query_grad(dx: Tensor, q: Tensor, x: Tensor, t1: Tensor, t2: Tensor,
             *dx.stride(), *q.stride(), *x.stride(), s_tn, s_tc,
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
             HAS_ROT=sin is not None, USE_X=x.dtype == torch.float32,
-            **_config('query_grad', d, q.device, q.dtype).options())
+            **_config('query_grad', d, q.dtype).options())
     return dq.to(q.dtype), dm_part, dkm_part, dt_part
 
 
@@ -761,7 +760,7 @@ def key_grad(k: Tensor, v: Tensor, sin: Optional[Tensor],
             k, v, sin_t, cos_t, dM, dkm, dk, dv, H, n,
             *k.stride(), *v.stride(), s_tn, s_tc,
             D=d, BLOCK_N=block, HAS_ROT=sin is not None, NEED_V=need_v,
-            **_config('key_grad', d, k.device).options())
+            **_config('key_grad', d).options())
     return dk.to(k.dtype), dv.to(v.dtype) if need_v else v.new_empty(0)
 
 
@@ -810,7 +809,7 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
     _check(q, k, v, sin, cos)
     B, H, N, d = q.shape
     n = k.shape[2]
-    block = _block_size(block_n, 'key_pass', d, q.device)
+    block = _block_size(block_n, 'key_pass', d)
     t1c, t2c = _temps(t1, H, d), _temps(t2, H, d)
     sin, cos = _tables(sin, cos, N, d)
     nchunks, per = split_tokens(n, block, B * H, q.device, chunks)
@@ -818,7 +817,7 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
     M = m_part.sum(dim=1).div_(N)
     k_mean = ks_part.sum(dim=1).div_(n)
     x, rz = query_pass(q, t1c, t2c, sin, cos, M, k_mean, float(eps),
-                       _block_size(block_n, 'query_pass', d, q.device))
+                       _block_size(block_n, 'query_pass', d))
     return x, M.view(B, H, 2 * d, d), k_mean.view(B, H, 2 * d), rz
 
 
@@ -856,7 +855,7 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
     _check(q, k, v, sin, cos)
     B, H, N, d = q.shape
     n = k.shape[2]
-    block = _block_size(block_n, 'query_grad', d, q.device)
+    block = _block_size(block_n, 'query_grad', d)
     t1c, t2c = _temps(t1, H, d), _temps(t2, H, d)
     sin, cos = _tables(sin, cos, N, d)
     M = M.to(torch.float32).contiguous()
@@ -869,7 +868,7 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
     dkm = dkm_part.sum(dim=1).div_(n)  # k_mean = sum(k') / n
     dt = dt_part.view(B, H, nchunks, 2, 2 * d).sum(dim=(0, 2))
     dk, dv = key_grad(k, v, sin, cos, dM, dkm, need_v,
-                      _block_size(block_n, 'key_grad', d, q.device))
+                      _block_size(block_n, 'key_grad', d))
     return dq, dk, dv if need_v else None, dt[:, 0], dt[:, 1]
 
 

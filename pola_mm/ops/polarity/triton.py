@@ -72,11 +72,11 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 
-def _config(kernel: str, d: int, device: torch.device,
+def _config(kernel: str, d: int,
             dtype: torch.dtype = torch.float32) -> LaunchConfig:
     """The launch configuration of this op's ``kernel`` for inputs of
     ``dtype`` (:func:`~pola_mm.ops.launch.launch_config`)."""
-    return launch_config('polarity', kernel, d, device, dtype)
+    return launch_config('polarity', kernel, d, dtype)
 
 def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the kernels take these inputs: 4-D float32/fp16/bf16 heads
@@ -472,7 +472,7 @@ def key_pass(k: Tensor, v: Tensor, k_bias: Optional[Tensor], scale: Tensor,
             k, v, kb, *_param_args(scale, power, h, d), alpha, part, h, n,
             _span(n, chunks, block), *_strides(k), *_strides(v), *sb,
             HAS_BIAS=k_bias is not None, D=d, BLOCK=block,
-            **_config('key_pass', d, k.device).options())
+            **_config('key_pass', d).options())
     return part
 
 
@@ -493,7 +493,7 @@ def query_pass(q: Tensor, R: Tensor, scale: Tensor, power: Tensor,
         _query_pass[(B * h, triton.cdiv(N, block))](
             q, R, *_param_args(scale, power, h, d), alpha, x, rz, h, N,
             1.0 / n, eps, *_strides(q), *_strides(x), D=d, BLOCK=block,
-            **_config('query_pass', d, q.device).options())
+            **_config('query_pass', d).options())
     return x, rz
 
 
@@ -516,7 +516,7 @@ def query_grad(q: Tensor, dx: Tensor, rz: Tensor, R: Tensor, scale: Tensor,
             q, dx, rz, R, *_param_args(scale, power, h, d), alpha, dq, part,
             h, N, 1.0 / n, _span(N, chunks, block), *_strides(q),
             *_strides(dx), *_strides(dq), D=d, BLOCK=block,
-            **_config('query_grad', d, q.device, q.dtype).options())
+            **_config('query_grad', d, q.dtype).options())
     return dq, part
 
 
@@ -544,7 +544,7 @@ def key_grad(k: Tensor, v: Tensor, k_bias: Optional[Tensor], G: Tensor,
             w, h, n, 1.0 / n, _span(n, chunks, block), *_strides(k),
             *_strides(v), *sb, *_strides(dk), *_strides(dv_arg),
             HAS_BIAS=k_bias is not None, NEED_V=need_v, D=d, BLOCK=block,
-            **_config('key_grad', d, k.device).options())
+            **_config('key_grad', d).options())
     return dk, dv, w
 
 
@@ -593,12 +593,11 @@ def polarity_forward(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
     """
     B, h, N, d = q.shape
     n = k.shape[2]
-    kb_block = block_n or _config('key_pass', d, q.device).block
+    kb_block = block_n or _config('key_pass', d).block
     chunks, _ = split_tokens(n, kb_block, B * h, q.device, chunks)
     R = key_pass(k, v, k_bias, scale, power, alpha, chunks, kb_block).sum(1)
     x, rz = query_pass(q, R, scale, power, alpha, n, eps,
-                       block_n or _config('query_pass', d,
-                                                q.device).block)
+                       block_n or _config('query_pass', d).block)
     return x, rz, R
 
 
@@ -633,8 +632,8 @@ def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
     B, h, N, d = q.shape
     n = k.shape[2]
     bh = B * h
-    qb = block_n or _config('query_grad', d, q.device).block
-    kb = block_n or _config('key_grad', d, q.device).block
+    qb = block_n or _config('query_grad', d).block
+    kb = block_n or _config('key_grad', d).block
     cq, _ = split_tokens(N, qb, bh, q.device, chunks)
     ck, _ = split_tokens(n, kb, bh, q.device, chunks)
     dq, part = query_grad(q, dx, rz, R, scale, power, alpha, n, cq, qb)
