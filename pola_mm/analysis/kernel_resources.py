@@ -31,9 +31,11 @@ build's resources are read:
    build's metadata its dynamic shared memory.
 3. *Check* (:func:`failures`): a build fails on a compile error, on shared
    memory above the target's per-block limit
-   (:attr:`~pola_mm.ops.launch.Target.shared_memory`) and on any local
-   memory (STACK > 0). :func:`occupancy` gives the warps resident per
-   multiprocessor (registers and shared memory, :data:`SM_LIMITS`).
+   (:attr:`~pola_mm.ops.launch.Target.shared_memory`), on any local
+   memory (STACK > 0), and on registers that no multiprocessor can hold
+   for one block (occupancy 0: the driver refuses the launch).
+   :func:`occupancy` gives the warps resident per multiprocessor
+   (registers and shared memory, :data:`SM_LIMITS`).
 
 Integer arguments are specialised by their values (1, multiples of 16),
 so the builds are those of the capture's shape (:data:`CAPTURE_SHAPE`:
@@ -792,8 +794,11 @@ def _row(build: Build, res: Dict[str, Any]) -> Dict[str, Any]:
     shared = res['shared_dynamic'] + res['shared_static']
     warps, frac = occupancy(first.target, res['registers'], shared,
                             res['warps'])
+    # a block whose registers exceed the multiprocessor's file (occupancy
+    # 0) is refused at launch, like one over the shared-memory limit
     status = [s for s, bad in (('shared', shared > limit),
-                               ('spill', res['stack'] > 0 or res['local'] > 0))
+                               ('spill', res['stack'] > 0 or res['local'] > 0),
+                               ('registers', warps == 0))
               if bad]
     row.update(registers=res['registers'], stack=res['stack'],
                shared=shared, occupancy_warps=warps,
@@ -803,7 +808,8 @@ def _row(build: Build, res: Dict[str, Any]) -> Dict[str, Any]:
 
 def failures(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """The rows that fail the check: compile errors, shared memory over
-    the target's limit, local memory."""
+    the target's limit, local memory, a block's registers over the
+    multiprocessor's."""
     return [r for r in rows if r['status'] != 'ok']
 
 

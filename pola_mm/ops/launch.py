@@ -191,11 +191,10 @@ _TILES: Dict[Tuple[str, str], Dict[int, Tuple[int, int]]] = {
 WIDTHS = (16, 32, 64)
 
 
-def launch_config(op: str, kernel: str, d: int,
-                  dtype: torch.dtype = torch.float32) -> LaunchConfig:
+def launch_config(op: str, kernel: str, d: int) -> LaunchConfig:
     """The launch configuration of ``op``'s ``kernel`` (one of
-    :data:`KERNELS`) at head width ``d`` (one of :data:`WIDTHS`) for
-    inputs of ``dtype``: tokens per tile and warps from
+    :data:`KERNELS`) at head width ``d`` (one of :data:`WIDTHS`), for
+    inputs of every dtype: tokens per tile and warps from
     :data:`_TILES`; two pipeline stages for the forward passes up to ``d =
     32`` (their tiles fit twice in every target's shared memory), one
     otherwise; the register cap per kernel (below). The rule is
@@ -212,12 +211,9 @@ def launch_config(op: str, kernel: str, d: int,
     forward = kernel in ('key_pass', 'query_pass')
     stages = 2 if forward and d <= 32 else 1
     # ptxas stops at 128 registers a thread for 8 warps and spills a few
-    # bytes; 255 keeps these kernels in registers. The query backward
-    # spills less with ptxas's own choice, except PaCS's on float32 inputs.
-    maxnreg = 255
-    if kernel == 'query_grad' and (op == 'polarity'
-                                   or dtype != torch.float32):
-        maxnreg = None
+    # bytes; 255 keeps these kernels in registers. Polarity's query
+    # backward spills less with ptxas's own choice.
+    maxnreg = None if (op, kernel) == ('polarity', 'query_grad') else 255
     return LaunchConfig(block, warps, stages, maxnreg, DOT)
 
 

@@ -21,11 +21,10 @@ polar halves ``pos = relu(x)``, ``neg = relu(-x)``:
 the tables ``sin``, ``cos`` ``(N, 2d)`` are given (else the identity):
 ``R(f)[c] = f[c] cos[c] + sgn(c) f[c^1] sin[c]`` with ``sgn(c) = -1`` on
 even, ``+1`` on odd channels (``rotate_every_two``), and its adjoint
-``R^T(y)[c] = y[c] cos[c] - sgn(c) y[c^1] sin[c^1]``. The kernels need no
-shuffle for it: the partner values ``f[c^1]`` are the same feature formula
-on the input loaded a second time at channels ``c ^ 1`` (``d`` is even, so
-the partner stays in its half), the partner values of a product ``y = u
-M^T`` the product with the rows of ``M`` read at ``c ^ 1``.
+``R^T(y)[c] = y[c] cos[c] - sgn(c) y[c^1] sin[c^1]``. The partner values
+``f[c^1]`` are the tile's own channel pairs exchanged in registers
+(:func:`_swap_pairs`, a reshape; ``d`` is even, so the partner stays in its
+half): nothing is loaded twice.
 
 Four kernels, launched by :func:`pacs_forward` and :func:`pacs_backward`:
 
@@ -33,8 +32,9 @@ Four kernels, launched by :func:`pacs_forward` and :func:`pacs_backward`:
   and ``k'`` over chunks of keys, summed in torch (deterministic);
 - forward, query pass (grid ``(B h, blocks of queries)``): ``x`` and
   ``1 / (z + eps)``;
-- backward, query pass (grid ``(B h, chunks)``): ``dq`` and partial sums of
-  ``dM``, ``dk_mean`` and the temperatures' gradients;
+- backward, query pass (grid ``(B h, chunks, 2)``, one program per flow):
+  ``dq`` and partial sums of ``dM``, ``dk_mean`` and the temperatures'
+  gradients;
 - backward, key pass (grid ``(B h, blocks of keys)``): ``dk`` and ``dv``.
 
 Every product is a ``tl.dot`` in IEEE float32, on inputs of any float
@@ -106,17 +106,23 @@ if HAVE_TRITON:
         return tl.where(cols % 2 == 0, -1.0, 1.0)
 
     @triton.jit
-    def _rot(f, f_partner, sin, cos, sgn):
-        """``R(f) = f cos + rotate_every_two(f) sin`` on a ``(BLOCK_N, D)``
-        half, ``f_partner[:, c] = f[:, c ^ 1]``."""
-        return f * cos + sgn[None, :] * f_partner * sin
+    def _swap_pairs(x):
+        """``x[:, c ^ 1]`` of a ``(rows, D)`` tile: each channel pair's two
+        values exchanged (a reshape, no memory access)."""
+        even, odd = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))
+        return tl.reshape(tl.join(odd, even), (x.shape[0], x.shape[1]))
 
     @triton.jit
-    def _rot_t(y, y_partner, cos, sin_partner, sgn):
+    def _rot(f, sin, cos, sgn):
+        """``R(f) = f cos + rotate_every_two(f) sin`` on a ``(BLOCK_N, D)``
+        half: ``rotate_every_two(f)[c] = sgn(c) f[c ^ 1]``."""
+        return f * cos + sgn[None, :] * _swap_pairs(f) * sin
+
+    @triton.jit
+    def _rot_t(y, sin, cos, sgn):
         """Adjoint of :func:`_rot`: ``R^T(y)[c] = y[c] cos[c] - sgn(c)
-        y[c^1] sin[c^1]`` (``y_partner``, ``sin_partner`` read at
-        ``c ^ 1``)."""
-        return y * cos - sgn[None, :] * y_partner * sin_partner
+        y[c^1] sin[c^1]``."""
+        return y * cos - sgn[None, :] * _swap_pairs(y * sin)
 
     @triton.jit
     def _halves(ptr, rows, cols, s_row, s_col, mask, D: tl.constexpr):
@@ -168,7 +174,6 @@ if HAVE_TRITON:
         k_base = k_ptr + b * s_kb + hh * s_kh
         v_base = v_ptr + b * s_vb + hh * s_vh
         cols = tl.arange(0, D)
-        partner = cols ^ 1
         sgn = _pair_sign(cols)
         m_a = tl.zeros((D, D), dtype=tl.float32)  # rows 0..D-1 of R(k')^T v
         m_b = tl.zeros((D, D), dtype=tl.float32)  # rows D..2D-1
@@ -185,16 +190,13 @@ if HAVE_TRITON:
             fb = _expm1(tl.maximum(-kk, 0.0))  # e^relu(-k) - 1
             sum_a += tl.sum(fa, axis=0)
             sum_b += tl.sum(fb, axis=0)
-            if HAS_ROT:  # R(k'), partner features from k[:, c ^ 1]
-                kp = _tile(k_base, rows, partner, s_kn, s_kd, mask)
+            if HAS_ROT:  # R(k')
                 sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
                                        mask, D)
                 cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
                                        mask, D)
-                fa = _rot(fa, _expm1(tl.maximum(kp, 0.0)), sin_a, cos_a,
-                          sgn)
-                fb = _rot(fb, _expm1(tl.maximum(-kp, 0.0)), sin_b, cos_b,
-                          sgn)
+                fa = _rot(fa, sin_a, cos_a, sgn)
+                fb = _rot(fb, sin_b, cos_b, sgn)
             m_a = tl.dot(tl.trans(fa), vv, m_a, input_precision=DOT)
             m_b = tl.dot(tl.trans(fb), vv, m_b, input_precision=DOT)
         out = bh.to(tl.int64) * tl.num_programs(1) + chunk
@@ -237,23 +239,16 @@ if HAVE_TRITON:
         km_b = tl.load(km_base + D + cols)[None, :]
         rz_s = 1.0 / (tl.sum(sa * km_a + sb * km_b, axis=1) + eps)
         rz_o = 1.0 / (tl.sum(oa * km_a + ob * km_b, axis=1) + eps)
-        if HAS_ROT:  # R(q_j), partner features from q[:, c ^ 1]
-            partner = cols ^ 1
+        if HAS_ROT:  # R(q_j)
             sgn = _pair_sign(cols)
-            qp = _tile(q_base, rows, partner, s_qn, s_qd, rmask[:, None])
-            p1a, p1b = _temperatures(t1_ptr, hh, partner, D)
-            p2a, p2b = _temperatures(t2_ptr, hh, partner, D)
-            spa, spb, opa, opb = _query_features(tl.maximum(qp, 0.0),
-                                                 tl.maximum(-qp, 0.0),
-                                                 p1a, p1b, p2a, p2b)
             sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
                                    rmask[:, None], D)
             cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
                                    rmask[:, None], D)
-            sa = _rot(sa, spa, sin_a, cos_a, sgn)
-            sb = _rot(sb, spb, sin_b, cos_b, sgn)
-            oa = _rot(oa, opa, sin_a, cos_a, sgn)
-            ob = _rot(ob, opb, sin_b, cos_b, sgn)
+            sa = _rot(sa, sin_a, cos_a, sgn)
+            sb = _rot(sb, sin_b, cos_b, sgn)
+            oa = _rot(oa, sin_a, cos_a, sgn)
+            ob = _rot(ob, sin_b, cos_b, sgn)
         # x_j = R(q_j) M_j / (z_j + eps); M_sim = M[:, :HALF], M_opp =
         # M[:, HALF:], read W >= 16 columns wide (the extra ones zero)
         m_base = m_ptr + bh.to(tl.int64) * (2 * D * D)
@@ -281,8 +276,8 @@ if HAVE_TRITON:
     @triton.jit
     def _flow_backward(dx_base, x_base, rows, rmask, wcols, wmask,
                        s_dn, s_dd, s_xn, s_xd, rz, fa, fb, ra, rb, m_base,
-                       col0, cols, partner, sgn, km_a, km_b, cos_a, cos_b,
-                       sinp_a, sinp_b, D: tl.constexpr,
+                       col0, cols, sgn, km_a, km_b, sin_a, sin_b, cos_a,
+                       cos_b, D: tl.constexpr,
                        HAS_ROT: tl.constexpr, USE_X: tl.constexpr,
                        DOT: tl.constexpr):
         """One flow's backward through ``x_j = R(f) M_j rz`` with ``rz = 1
@@ -311,21 +306,15 @@ if HAVE_TRITON:
         # y = da M_j^T, the gradient of R(f), per half
         ya = tl.dot(da, tl.trans(ma), input_precision=DOT)
         yb = tl.dot(da, tl.trans(mb), input_precision=DOT)
-        if HAS_ROT:  # R^T(y), partner values from the rows of M at c ^ 1
-            ypa = tl.dot(da, tl.trans(_m_cols(m_base, partner, col0, wcols,
-                                              wmask, D)),
-                         input_precision=DOT)
-            ypb = tl.dot(da, tl.trans(_m_cols(m_base, D + partner, col0,
-                                              wcols, wmask, D)),
-                         input_precision=DOT)
-            ya = _rot_t(ya, ypa, cos_a, sinp_a, sgn)
-            yb = _rot_t(yb, ypb, cos_b, sinp_b, sgn)
+        if HAS_ROT:  # R^T(y)
+            ya = _rot_t(ya, sin_a, cos_a, sgn)
+            yb = _rot_t(yb, sin_b, cos_b, sgn)
         dpre_a = (ya + dz[:, None] * km_a) * (fa + 1.0)
         dpre_b = (yb + dz[:, None] * km_b) * (fb + 1.0)
         return da, dz, dpre_a, dpre_b
 
     @triton.jit
-    def _bwd_queries_kernel(dx_ptr, q_ptr, x_ptr, t1_ptr, t2_ptr, sin_ptr,
+    def _bwd_queries_kernel(dx_ptr, q_ptr, x_ptr, t_ptr, sin_ptr,
                             cos_ptr, m_ptr, km_ptr, rz_ptr, dq_ptr,
                             dm_part_ptr, dkm_part_ptr, dt_part_ptr,
                             H, N, per_chunk,
@@ -335,20 +324,29 @@ if HAVE_TRITON:
                             W: tl.constexpr, BLOCK_N: tl.constexpr,
                             HAS_ROT: tl.constexpr, USE_X: tl.constexpr,
                             DOT: tl.constexpr):
-        """Backward, query pass: program ``(bh, chunk)`` walks its chunk of
-        ``per_chunk`` blocks of queries, writes ``dq`` (contiguous ``(B h,
-        N, D)``, the dtype of ``dq_ptr``) and its partial sums: ``dM =
-        [R(q_sim)^T da_sim, R(q_opp)^T da_opp]`` ``(2D, D)`` to
-        ``dm_part[bh, chunk]``, ``dk_mean = sum_j q_j^T dz_j`` ``(2D)`` to
-        ``dkm_part[bh, chunk]``, the temperatures' gradients ``(2, 2D)``
-        to ``dt_part[bh, chunk]``."""
+        """Backward, query pass: program ``(bh, chunk, flow)`` walks its
+        chunk of ``per_chunk`` blocks of queries for one flow (0: the
+        same-signed, 1: the opposite-signed; the flows share no state, so
+        a program holds half of it). It adds its flow's part of ``dq`` to
+        the float32 ``dq`` (zeros, contiguous ``(B h, N, D)``: two addends,
+        an exact and order-free sum) and writes its partial sums: its
+        columns of ``dM = [R(q_sim)^T da_sim, R(q_opp)^T da_opp]`` ``(2D,
+        D)`` to ``dm_part[bh, chunk]``, ``q_j^T dz_j`` ``(2D)`` to
+        ``dkm_part[bh, chunk, flow]``, the gradient of its temperatures
+        ``(2D)`` to ``dt_part[bh, chunk, flow]``.
+
+        With ``u = q`` (same-signed) or ``-q`` (opposite-signed) and the
+        flow's temperatures ``t``, the feature halves are ``[e^(relu(u)
+        t_a) - 1, e^(relu(-u) t_b) - 1]``."""
         bh = tl.program_id(0)
         chunk = tl.program_id(1)
+        flow = tl.program_id(2)
         b = (bh // H).to(tl.int64)
         hh = (bh % H).to(tl.int64)
         bh64 = bh.to(tl.int64)
+        sign = 1.0 - 2.0 * flow.to(tl.float32)  # u = sign q
+        col0 = flow * HALF  # the flow's columns of M and x
         cols = tl.arange(0, D)
-        partner = cols ^ 1
         sgn = _pair_sign(cols)
         wcols = tl.arange(0, W)
         wmask = wcols < HALF
@@ -359,102 +357,69 @@ if HAVE_TRITON:
         km_base = km_ptr + bh64 * (2 * D)
         km_a = tl.load(km_base + cols)[None, :]
         km_b = tl.load(km_base + D + cols)[None, :]
-        rz_base = rz_ptr + bh64 * N * 2
+        rz_base = rz_ptr + bh64 * N * 2 + flow
         dq_base = dq_ptr + bh64 * N * D
-        t1a, t1b = _temperatures(t1_ptr, hh, cols, D)
-        t2a, t2b = _temperatures(t2_ptr, hh, cols, D)
-        p1a, p1b = _temperatures(t1_ptr, hh, partner, D)  # at c ^ 1
-        p2a, p2b = _temperatures(t2_ptr, hh, partner, D)
-        # partial sums of the chunk: dM per flow and half (D, W),
-        # dk_mean (2 x D), dt1, dt2 (2 x D)
-        dm_sa = tl.zeros((D, W), dtype=tl.float32)
-        dm_sb = tl.zeros((D, W), dtype=tl.float32)
-        dm_oa = tl.zeros((D, W), dtype=tl.float32)
-        dm_ob = tl.zeros((D, W), dtype=tl.float32)
+        t_base = t_ptr + flow * (H * 2 * D)  # t: (2, H, 2D), t1 then t2
+        ta, tb = _temperatures(t_base, hh, cols, D)
+        dm_a = tl.zeros((D, W), dtype=tl.float32)  # rows 0..D-1 of dM
+        dm_b = tl.zeros((D, W), dtype=tl.float32)  # rows D..2D-1
         dkm_a = tl.zeros((D, ), dtype=tl.float32)
         dkm_b = tl.zeros((D, ), dtype=tl.float32)
-        dt1a = tl.zeros((D, ), dtype=tl.float32)
-        dt1b = tl.zeros((D, ), dtype=tl.float32)
-        dt2a = tl.zeros((D, ), dtype=tl.float32)
-        dt2b = tl.zeros((D, ), dtype=tl.float32)
+        dt_a = tl.zeros((D, ), dtype=tl.float32)
+        dt_b = tl.zeros((D, ), dtype=tl.float32)
         first = chunk * per_chunk
         last = tl.minimum(first + per_chunk, tl.cdiv(N, BLOCK_N))
         for blk in range(first, last):
             rows = blk * BLOCK_N + tl.arange(0, BLOCK_N)
             rmask = rows < N  # queries past N: q = dx = 0, no contribution
-            q = _tile(q_base, rows, cols, s_qn, s_qd, rmask[:, None])
-            pos = tl.maximum(q, 0.0)
-            neg = tl.maximum(-q, 0.0)
-            sa, sb, oa, ob = _query_features(pos, neg, t1a, t1b, t2a, t2b)
-            rz_s = tl.load(rz_base + rows * 2, mask=rmask, other=0.0)
-            rz_o = tl.load(rz_base + rows * 2 + 1, mask=rmask, other=0.0)
-            if HAS_ROT:  # R(q_j), partner features from q[:, c ^ 1]
+            u = sign * _tile(q_base, rows, cols, s_qn, s_qd, rmask[:, None])
+            ua = tl.maximum(u, 0.0)
+            ub = tl.maximum(-u, 0.0)
+            fa = _expm1(ua * ta)
+            fb = _expm1(ub * tb)
+            rz = tl.load(rz_base + rows * 2, mask=rmask, other=0.0)
+            if HAS_ROT:  # R(f)
                 sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
                                        rmask[:, None], D)
                 cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
                                        rmask[:, None], D)
-                sinp_a, sinp_b = _halves(sin_ptr, rows, partner, s_tn, s_tc,
-                                         rmask[:, None], D)
-                qp = _tile(q_base, rows, partner, s_qn, s_qd,
-                           rmask[:, None])
-                spa, spb, opa, opb = _query_features(
-                    tl.maximum(qp, 0.0), tl.maximum(-qp, 0.0),
-                    p1a, p1b, p2a, p2b)
-                rsa = _rot(sa, spa, sin_a, cos_a, sgn)
-                rsb = _rot(sb, spb, sin_b, cos_b, sgn)
-                roa = _rot(oa, opa, sin_a, cos_a, sgn)
-                rob = _rot(ob, opb, sin_b, cos_b, sgn)
+                ra = _rot(fa, sin_a, cos_a, sgn)
+                rb = _rot(fb, sin_b, cos_b, sgn)
             else:  # (the tables unused)
-                sin_a, sin_b, cos_a, cos_b, sinp_a, sinp_b = q, q, q, q, q, q
-                rsa, rsb, roa, rob = sa, sb, oa, ob
-            da_s, dz_s, dpa_s, dpb_s = _flow_backward(
+                sin_a, sin_b, cos_a, cos_b = u, u, u, u
+                ra, rb = fa, fb
+            da, dz, dpa, dpb = _flow_backward(
                 dx_base, x_base, rows, rmask, wcols, wmask, s_dn, s_dd,
-                s_xn, s_xd, rz_s, sa, sb, rsa, rsb, m_base, 0, cols, partner,
-                sgn, km_a, km_b, cos_a, cos_b, sinp_a, sinp_b, D, HAS_ROT,
-                USE_X, DOT)
-            da_o, dz_o, dpa_o, dpb_o = _flow_backward(
-                dx_base, x_base, rows, rmask, wcols, wmask, s_dn, s_dd,
-                s_xn, s_xd, rz_o, oa, ob, roa, rob, m_base, HALF, cols,
-                partner, sgn, km_a, km_b, cos_a, cos_b, sinp_a, sinp_b, D,
-                HAS_ROT, USE_X, DOT)
+                s_xn, s_xd, rz, fa, fb, ra, rb, m_base, col0, cols, sgn,
+                km_a, km_b, sin_a, sin_b, cos_a, cos_b, D, HAS_ROT, USE_X,
+                DOT)
             # temperatures: d(c t)/dt = c, the pre-temperature halves
-            # (same-signed [pos, neg], opposite-signed [neg, pos])
-            dt1a += tl.sum(dpa_s * pos, axis=0)
-            dt1b += tl.sum(dpb_s * neg, axis=0)
-            dt2a += tl.sum(dpa_o * neg, axis=0)
-            dt2b += tl.sum(dpb_o * pos, axis=0)
-            # dq: d(c t)/dc = t, gathered on pos = relu(q) and neg =
-            # relu(-q); then dq = dpos [q > 0] - dneg [q < 0]
-            dpos = dpa_s * t1a + dpb_o * t2b
-            dneg = dpb_s * t1b + dpa_o * t2a
-            dq = tl.where(q > 0, dpos, 0.0) - tl.where(q < 0, dneg, 0.0)
-            tl.store(dq_base + rows[:, None] * D + cols[None, :],
-                     dq.to(dq_ptr.dtype.element_ty), mask=rmask[:, None])
-            # normalisers: dk_mean = sum_j q_j^T dz_j (un-rotated)
-            dkm_a += tl.sum(sa * dz_s[:, None] + oa * dz_o[:, None], axis=0)
-            dkm_b += tl.sum(sb * dz_s[:, None] + ob * dz_o[:, None], axis=0)
-            # products: dM_j = R(q_j)^T da_j
-            dm_sa = tl.dot(tl.trans(rsa), da_s, dm_sa, input_precision=DOT)
-            dm_sb = tl.dot(tl.trans(rsb), da_s, dm_sb, input_precision=DOT)
-            dm_oa = tl.dot(tl.trans(roa), da_o, dm_oa, input_precision=DOT)
-            dm_ob = tl.dot(tl.trans(rob), da_o, dm_ob, input_precision=DOT)
+            dt_a += tl.sum(dpa * ua, axis=0)
+            dt_b += tl.sum(dpb * ub, axis=0)
+            # dq: d(c t)/dc = t, on relu(u) and relu(-u), u = sign q
+            du = tl.where(u > 0, dpa * ta, 0.0) - tl.where(u < 0, dpb * tb,
+                                                            0.0)
+            tl.atomic_add(dq_base + rows[:, None] * D + cols[None, :],
+                          sign * du, mask=rmask[:, None], sem='relaxed')
+            # normalisers: dk_mean = sum_j f_j^T dz_j (un-rotated)
+            dkm_a += tl.sum(fa * dz[:, None], axis=0)
+            dkm_b += tl.sum(fb * dz[:, None], axis=0)
+            # products: dM_j = R(f_j)^T da_j
+            dm_a = tl.dot(tl.trans(ra), da, dm_a, input_precision=DOT)
+            dm_b = tl.dot(tl.trans(rb), da, dm_b, input_precision=DOT)
         out = bh64 * tl.num_programs(1) + chunk
-        dm_base = dm_part_ptr + out * (2 * D * D)
         dm_mask = wmask[None, :]
-        ptrs_a = dm_base + cols[:, None] * D + wcols[None, :]
-        ptrs_b = ptrs_a + D * D
-        tl.store(ptrs_a, dm_sa, mask=dm_mask)
-        tl.store(ptrs_b, dm_sb, mask=dm_mask)
-        tl.store(ptrs_a + HALF, dm_oa, mask=dm_mask)
-        tl.store(ptrs_b + HALF, dm_ob, mask=dm_mask)
-        dkm_base = dkm_part_ptr + out * (2 * D)
+        ptrs_a = (dm_part_ptr + out * (2 * D * D) + cols[:, None] * D +
+                  col0 + wcols[None, :])
+        tl.store(ptrs_a, dm_a, mask=dm_mask)
+        tl.store(ptrs_a + D * D, dm_b, mask=dm_mask)
+        part = out * 2 + flow
+        dkm_base = dkm_part_ptr + part * (2 * D)
         tl.store(dkm_base + cols, dkm_a)
         tl.store(dkm_base + D + cols, dkm_b)
-        dt_base = dt_part_ptr + out * (4 * D)
-        tl.store(dt_base + cols, dt1a)
-        tl.store(dt_base + D + cols, dt1b)
-        tl.store(dt_base + 2 * D + cols, dt2a)
-        tl.store(dt_base + 3 * D + cols, dt2b)
+        dt_base = dt_part_ptr + part * (2 * D)
+        tl.store(dt_base + cols, dt_a)
+        tl.store(dt_base + D + cols, dt_b)
 
     @triton.jit
     def _bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, dm_ptr, dkm_ptr,
@@ -490,27 +455,17 @@ if HAVE_TRITON:
                                 + cols[:, None]), input_precision=DOT)
         ra = fa
         rb = fb
-        if HAS_ROT:  # R^T(y) (rows of dM at c ^ 1), R(k') (k at c ^ 1)
-            partner = cols ^ 1
+        if HAS_ROT:  # R^T(y), R(k')
             sgn = _pair_sign(cols)
-            ypa = tl.dot(vv, tl.load(dm_base + partner[None, :] * D
-                                     + cols[:, None]), input_precision=DOT)
-            ypb = tl.dot(vv, tl.load(dm_base + (D + partner)[None, :] * D
-                                     + cols[:, None]), input_precision=DOT)
+            sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
+                                   rmask[:, None], D)
             cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
                                    rmask[:, None], D)
-            sinp_a, sinp_b = _halves(sin_ptr, rows, partner, s_tn, s_tc,
-                                     rmask[:, None], D)
-            ya = _rot_t(ya, ypa, cos_a, sinp_a, sgn)
-            yb = _rot_t(yb, ypb, cos_b, sinp_b, sgn)
+            ya = _rot_t(ya, sin_a, cos_a, sgn)
+            yb = _rot_t(yb, sin_b, cos_b, sgn)
             if NEED_V:
-                kp = _tile(k_base, rows, partner, s_kn, s_kd, rmask[:, None])
-                sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
-                                       rmask[:, None], D)
-                ra = _rot(fa, _expm1(tl.maximum(kp, 0.0)), sin_a, cos_a,
-                          sgn)
-                rb = _rot(fb, _expm1(tl.maximum(-kp, 0.0)), sin_b, cos_b,
-                          sgn)
+                ra = _rot(fa, sin_a, cos_a, sgn)
+                rb = _rot(fb, sin_b, cos_b, sgn)
         dkm_base = dkm_ptr + bh64 * (2 * D)
         dkm_a = tl.load(dkm_base + cols)[None, :]
         dkm_b = tl.load(dkm_base + D + cols)[None, :]
@@ -561,12 +516,11 @@ def _is_table(t: Optional[Tensor], N: int, width: int) -> bool:
         return False
 
 
+def _config(kernel: str, d: int) -> LaunchConfig:
+    """The launch configuration of this op's ``kernel`` at head width ``d``
+    (:func:`~pola_mm.ops.launch.launch_config`)."""
+    return launch_config('pacs', kernel, d)
 
-def _config(kernel: str, d: int,
-            dtype: torch.dtype = torch.float32) -> LaunchConfig:
-    """The launch configuration of this op's ``kernel`` for inputs of
-    ``dtype`` (:func:`~pola_mm.ops.launch.launch_config`)."""
-    return launch_config('pacs', kernel, d, dtype)
 
 def fits(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor] = None,
          cos: Optional[Tensor] = None) -> bool:
@@ -710,37 +664,37 @@ def _token_major(B: int, h: int, N: int, d: int, like: Tensor,
     return like.new_empty(B, N, h, d, dtype=dtype).transpose(1, 2)
 
 
-def query_grad(dx: Tensor, q: Tensor, x: Tensor, t1: Tensor, t2: Tensor,
+def query_grad(dx: Tensor, q: Tensor, x: Tensor, t: Tensor,
                sin: Optional[Tensor], cos: Optional[Tensor], M: Tensor,
                k_mean: Tensor, rz: Tensor, chunks: int, per: int,
                block: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The backward's query pass: ``dq`` and the partial ``dM`` ``(B h,
-    chunks, 2d, d)``, ``dk_mean`` ``(B h, chunks, 2d)`` and temperature
-    gradients ``(B h, chunks, 2, 2d)``, float32."""
+    """The backward's query pass (one program per chunk and flow, ``t``
+    the temperatures of both flows ``(2, h, 2d)``): ``dq`` and the partial
+    ``dM`` ``(B h, chunks, 2d, d)``, ``dk_mean`` ``(B h, chunks, 2, 2d)``
+    and temperature gradients ``(B h, chunks, 2, 2d)``, float32."""
     B, H, N, d = q.shape
-    dq = torch.empty((B, H, N, d), dtype=_store_dtype(q.dtype),
-                     device=q.device)
+    dq = torch.zeros((B, H, N, d), dtype=torch.float32, device=q.device)
     _, dm_part, dkm_part, dt_part = _query_grad_fake(
-        dx, q, x, t1, t2, sin, cos, M, k_mean, rz, chunks, per, block)
-    sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, t1)
+        dx, q, x, t, sin, cos, M, k_mean, rz, chunks, per, block)
+    sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, t)
     with on_device(q):
-        _bwd_queries_kernel[(B * H, chunks)](
-            dx, q, x, t1, t2, sin_t, cos_t, M, k_mean, rz, dq,
+        _bwd_queries_kernel[(B * H, chunks, 2)](
+            dx, q, x, t, sin_t, cos_t, M, k_mean, rz, dq,
             dm_part, dkm_part, dt_part, H, N, per,
             *dx.stride(), *q.stride(), *x.stride(), s_tn, s_tc,
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
             HAS_ROT=sin is not None, USE_X=x.dtype == torch.float32,
-            **_config('query_grad', d, q.dtype).options())
+            **_config('query_grad', d).options())
     return dq.to(q.dtype), dm_part, dkm_part, dt_part
 
 
-def _query_grad_fake(dx, q, x, t1, t2, sin, cos, M, k_mean, rz, chunks, per,
+def _query_grad_fake(dx, q, x, t, sin, cos, M, k_mean, rz, chunks, per,
                      block):
     B, H, N, d = q.shape
     f32 = dict(dtype=torch.float32, device=q.device)
     return (torch.empty((B, H, N, d), dtype=q.dtype, device=q.device),
             torch.empty((B * H, chunks, 2 * d, d), **f32),
-            torch.empty((B * H, chunks, 2 * d), **f32),
+            torch.empty((B * H, chunks, 2, 2 * d), **f32),
             torch.empty((B * H, chunks, 2, 2 * d), **f32))
 
 
@@ -863,9 +817,10 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
     rz = rz.to(torch.float32).contiguous()
     nchunks, per = split_tokens(N, block, B * H, q.device, chunks)
     dq, dm_part, dkm_part, dt_part = query_grad(
-        dx, q, x, t1c, t2c, sin, cos, M, k_mean, rz, nchunks, per, block)
+        dx, q, x, torch.stack((t1c, t2c)), sin, cos, M, k_mean, rz, nchunks,
+        per, block)
     dM = dm_part.sum(dim=1).div_(N)  # M = R(k')^T v / N
-    dkm = dkm_part.sum(dim=1).div_(n)  # k_mean = sum(k') / n
+    dkm = dkm_part.sum(dim=(1, 2)).div_(n)  # k_mean = sum(k') / n
     dt = dt_part.view(B, H, nchunks, 2, 2 * d).sum(dim=(0, 2))
     dk, dv = key_grad(k, v, sin, cos, dM, dkm, need_v,
                       _block_size(block_n, 'key_grad', d))

@@ -71,12 +71,11 @@ __all__ = ['HAVE_TRITON', 'fits', 'polarity_attention_triton',
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def _config(kernel: str, d: int) -> LaunchConfig:
+    """The launch configuration of this op's ``kernel`` at head width ``d``
+    (:func:`~pola_mm.ops.launch.launch_config`)."""
+    return launch_config('polarity', kernel, d)
 
-def _config(kernel: str, d: int,
-            dtype: torch.dtype = torch.float32) -> LaunchConfig:
-    """The launch configuration of this op's ``kernel`` for inputs of
-    ``dtype`` (:func:`~pola_mm.ops.launch.launch_config`)."""
-    return launch_config('polarity', kernel, d, dtype)
 
 def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the kernels take these inputs: 4-D float32/fp16/bf16 heads
@@ -516,7 +515,7 @@ def query_grad(q: Tensor, dx: Tensor, rz: Tensor, R: Tensor, scale: Tensor,
             q, dx, rz, R, *_param_args(scale, power, h, d), alpha, dq, part,
             h, N, 1.0 / n, _span(N, chunks, block), *_strides(q),
             *_strides(dx), *_strides(dq), D=d, BLOCK=block,
-            **_config('query_grad', d, q.dtype).options())
+            **_config('query_grad', d).options())
     return dq, part
 
 
