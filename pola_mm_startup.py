@@ -34,7 +34,7 @@ and the finder then completes (:data:`PATCHES`):
 ``POLA_MM_STARTUP_HOOK=0`` (or ``false``, ``off``, ``no``) turns the hook
 off; ``pip uninstall pola_mm`` removes it. ``import pola_mm`` does the same
 registration itself, and waits for modules through :func:`after_import`.
-docs/install.md, "The start-up hook", says what it changes and why.
+docs/install.md ("the start-up hook") says what it changes and why.
 """
 from __future__ import annotations
 import os

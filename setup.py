@@ -5,7 +5,7 @@ to the root of what is installed (site-packages), for a regular wheel and
 for an editable install (``pip install -e .``) alike. Its one line runs
 :func:`pola_mm_startup.install` at interpreter start, which lets
 mmengine's config reader read ``pola_mm::`` entries in programs that never
-import pola_mm. What it changes: docs/install.md, "The start-up hook".
+import pola_mm. What it changes: docs/install.md ("the start-up hook").
 """
 import os
 from setuptools import setup
