@@ -1,47 +1,40 @@
-"""pola_mm's startup hook: ``pola_mm::`` config bases and the transformers 5
-fix in every program, whatever it imports first.
+"""pola_mm's start-up hook: the two things a config file cannot do for
+itself, done in programs that never import pola_mm.
 
 Installing pola_mm (a wheel or ``pip install -e``) puts
-``pola_mm_startup.pth`` into site-packages (``setup.py`` writes it). Python
-runs its one line, ``import pola_mm_startup; pola_mm_startup.install()``, at
+``pola_mm_startup.pth`` into site-packages (``setup.py`` writes it); Python
+runs its line, ``import pola_mm_startup; pola_mm_startup.install()``, at
 every start. :func:`install` imports nothing (this module uses ``sys`` and
-``os`` only, both loaded by then) and puts :class:`PostImportFinder` first on
-``sys.meta_path``. The finder finds no module itself: for every import it
-answers ``None`` after one dictionary look-up, except for the modules of
-:data:`PATCHES`, whose loading it lets the other finders do and then
-completes:
+``os`` only, both loaded by then) and puts :class:`PostImportFinder` first
+on ``sys.meta_path``. The finder answers ``None`` to every import after one
+dictionary look-up, except for three modules, which the other finders load
+and the finder then completes (:data:`PATCHES`):
 
-* ``mmengine.config.config`` (mmengine's config reader): ``'pola_mm'``
-  joins ``mmengine.config.utils.MODULE2PACKAGE``, the module's
-  ``get_installed_path`` answers pola_mm's package folder for
-  ``'pola_mm'``, and ``pola_mm::<config>.py`` names a complete config of
-  ``configs/`` (every one but the ``_base_/`` snippets), folder or not
-  (:func:`register_config_scope`). mmdet's, mmseg's and mmpretrain's own
-  ``tools/train.py`` / ``tools/test.py``, ``mim train`` and any script then
-  read a config whose ``_base_`` names ``pola_mm::_base_/...`` or
-  ``pola_mm::mask_rcnn_pola_swin_t.py``, with no edit and no ``import
-  pola_mm``; the base's ``custom_imports`` imports pola_mm (the models) as
-  the config is read.
-* ``mim.utils`` (openmim): its ``get_installed_path`` answers the same
-  folder, so ``mim search pola_mm`` finds ``pola_mm/.mim/model-index.yml``
-  after an editable install, where mim's guess
-  (``<site-packages>/pola_mm``) does not exist.
-* ``mmpretrain.utils.dependency``: where mmpretrain 1.2.0's multimodal
-  models would break ``import mmpretrain.models`` (and ``mmdet.models``,
-  ``mmseg.models``) beside transformers 5, they become placeholders
-  (:func:`fix_mmpretrain_multimodal`, the fix ``'mmpretrain_multimodal'``
-  of :mod:`pola_mm.compat`, implemented here so that it needs no ``import
-  pola_mm`` first); nothing happens on any other stack.
+* ``mmengine.config.config``: ``Config._get_cfg_path`` (how mmengine
+  turns a ``_base_`` entry into a file) hands every entry to mmengine
+  unchanged, except the ``pola_mm::`` ones (:func:`wrap_get_cfg_path`).
+  The first of those registers the scope (:func:`register_config_scope`:
+  ``'pola_mm'`` joins ``MODULE2PACKAGE``, and the reader's
+  ``get_installed_path`` answers pola_mm's folder for it). So mmdet's,
+  mmseg's and mmpretrain's own ``tools/train.py``, ``mim train`` and any
+  script read a config whose ``_base_`` names ``pola_mm::...``: the
+  upstream tools resolve ``_base_`` before they import the config's
+  ``custom_imports``. A program that reads no such entry sees
+  ``MODULE2PACKAGE`` and ``get_installed_path`` as mmengine made them.
+* ``mim.utils`` (openmim), only where mim's own
+  ``get_installed_path('pola_mm')`` is not pola_mm's folder (an editable
+  install): it answers the folder for ``'pola_mm'``, so ``mim search
+  pola_mm`` finds the model index; every other package is mim's answer.
+* ``mmpretrain.utils.dependency``, only where transformers >= 5 is
+  installed beside mmpretrain and lacks a name that mmpretrain 1.2.0's
+  multimodal models import (their import would break ``import
+  mmpretrain.models``, ``mmdet.models`` and ``mmseg.models``): those models
+  become placeholders (:func:`fix_mmpretrain_multimodal`).
 
-The finder is pola_mm's one post-import mechanism: ``import pola_mm``
-adds its own completions through :func:`after_import` (the MMDeploy fixes
-wait for ``mmdeploy.core`` there, :mod:`pola_mm.deployment.mmdeploy_fixes`),
-which puts the finder on ``sys.meta_path`` only if it is not there yet.
-
-Neither torch nor mmengine nor pola_mm is imported at start-up; a program
-that never imports mmengine pays for reading this file and one dictionary
-look-up per import. ``POLA_MM_STARTUP_HOOK=0`` in the environment turns the
-hook off. Why a startup hook: docs/install.md.
+``POLA_MM_STARTUP_HOOK=0`` (or ``false``, ``off``, ``no``) turns the hook
+off; ``pip uninstall pola_mm`` removes it. ``import pola_mm`` does the same
+registration itself, and waits for modules through :func:`after_import`.
+docs/install.md ("the start-up hook") says what it changes and why.
 """
 from __future__ import annotations
 import os
@@ -52,8 +45,8 @@ if TYPE_CHECKING:  # annotations only: nothing is imported at start-up
     from types import ModuleType
     from typing import Callable
 
-__all__ = ['MULTIMODAL_IMPORTS', 'PATCHES', 'PostImportFinder',
-           'after_import', 'complete_config_path',
+__all__ = ['MULTIMODAL_IMPORTS', 'PATCHES', 'PostImportFinder', 'SWITCH',
+           'after_import', 'complete_config_path', 'env_flag',
            'fix_mmpretrain_multimodal', 'install', 'missing_names',
            'mmpretrain_would_fail', 'package_dir',
            'patch_dependency_module', 'register_config_scope', 'state',
@@ -63,6 +56,31 @@ __all__ = ['MULTIMODAL_IMPORTS', 'PATCHES', 'PostImportFinder',
 SCOPE = 'pola_mm'
 #: the folder of ``configs/`` whose files are snippets, not complete configs
 SNIPPETS = '_base_/'
+#: the environment variable that turns the hook off
+SWITCH = 'POLA_MM_STARTUP_HOOK'
+#: the values of a boolean setting, compared in lower case
+FALSE_VALUES = ('0', 'false', 'off', 'no')
+TRUE_VALUES = ('1', 'true', 'on', 'yes')
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """The boolean setting ``name`` of the environment: ``default`` where it
+    is unset or empty, False for ``0``, ``false``, ``off``, ``no`` and True
+    for ``1``, ``true``, ``on``, ``yes`` (any case, spaces ignored).
+
+    Raises:
+        ValueError: any other value, named with the ones accepted.
+    """
+    raw = os.environ.get(name, '')
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in FALSE_VALUES:
+        return False
+    if value in TRUE_VALUES:
+        return True
+    raise ValueError(f'{name}={raw!r}: use one of '
+                     f'{", ".join(FALSE_VALUES + TRUE_VALUES)}')
 
 
 def package_dir() -> str:
@@ -120,23 +138,24 @@ def wrap_get_cfg_path(
     get_cfg_path: Callable[[str, str], tuple[str, str | None]]
 ) -> Callable[[str, str], tuple[str, str | None]]:
     """mmengine's ``Config._get_cfg_path`` (how a ``_base_`` entry becomes
-    a file and a scope) that also reads ``pola_mm::<complete config>``
-    (:func:`complete_config_path`); every other entry goes to the original,
-    unchanged. Wrapping twice returns the first wrapper.
+    a file and a scope) that reads ``pola_mm::`` entries; every other entry
+    goes to the original, unchanged. Wrapping twice returns the first
+    wrapper.
 
-    Why: mmengine 0.10.7 reads ``<scope>::<path>`` only where ``<path>``
-    has a folder (``_get_package_and_cfg_path`` matches
-    ``\\w*::\\w*/\\w*``), so ``pola_mm::mask_rcnn_pola_swin_t.py`` raised
-    ``ValueError``. And it stamps the scope as ``_scope_`` on every
-    unscoped typed dict of the base: a complete config's pipelines,
-    schedulers and loops are mmdet's, mmseg's, mmpretrain's or mmengine's
-    (pola_mm's scope has a model registry only), and under ``_scope_=
-    'pola_mm'`` mmengine builds them from the root registries (mmcv's
-    ``LoadAnnotations`` for mmdet's). So a complete config is returned
-    with no scope, read as if it were a local file: its types resolve as
-    when the config itself is run (its ``default_scope``, and the scopes
-    its own ``mmdet::`` / ``mmseg::`` bases gave them). The ``_base_/``
-    snippets keep mmengine's reading.
+    A ``pola_mm::`` entry first registers the scope
+    (:func:`register_config_scope`), so that mmengine reads
+    ``pola_mm::_base_/...`` as it reads ``mmdet::...``. A complete config
+    (:func:`complete_config_path`) is read here: mmengine 0.10.7 reads
+    ``<scope>::<path>`` only where ``<path>`` has a folder
+    (``_get_package_and_cfg_path`` matches ``\\w*::\\w*/\\w*``), so
+    ``pola_mm::mask_rcnn_pola_swin_t.py`` raised ``ValueError``; and it
+    stamps the scope as ``_scope_`` on every unscoped typed dict of the
+    base, but a complete config's pipelines, schedulers and loops are
+    mmdet's, mmseg's, mmpretrain's or mmengine's (pola_mm's scope has a
+    model registry only: under ``_scope_='pola_mm'`` mmengine would build
+    mmcv's ``LoadAnnotations`` for mmdet's). So a complete config is
+    returned with no scope, read as if it were a local file: its types
+    resolve as when the config itself is run.
 
     Raises:
         FileNotFoundError: ``pola_mm::<config>`` names no file, as
@@ -147,6 +166,10 @@ def wrap_get_cfg_path(
 
     def cfg_path_and_scope(cfg_path: str,
                            filename: str) -> tuple[str, str | None]:
+        if not (isinstance(cfg_path, str)
+                and cfg_path.startswith(SCOPE + '::')):
+            return get_cfg_path(cfg_path, filename)
+        register_config_scope()
         path = complete_config_path(cfg_path)
         if path is None:
             return get_cfg_path(cfg_path, filename)
@@ -160,36 +183,65 @@ def wrap_get_cfg_path(
     return cfg_path_and_scope
 
 
+def _config_module() -> ModuleType:
+    module = sys.modules.get('mmengine.config.config')
+    if module is None:
+        from mmengine.config import config as module
+    return module
+
+
+def read_pola_mm_entries(config_module: ModuleType | None = None) -> None:
+    """What the start-up hook does to mmengine's config reader:
+    ``Config._get_cfg_path`` reads ``pola_mm::`` entries
+    (:func:`wrap_get_cfg_path`), and nothing else changes until it meets
+    one. Idempotent.
+
+    Args:
+        config_module: ``mmengine.config.config`` (imported if not given).
+    """
+    config = (config_module or _config_module()).Config
+    config._get_cfg_path = staticmethod(
+        wrap_get_cfg_path(config._get_cfg_path))
+
+
 def register_config_scope(config_module: ModuleType | None = None) -> None:
-    """Let mmengine configs use ``pola_mm::`` bases. Idempotent.
+    """Let mmengine configs use ``pola_mm::`` bases now. Idempotent.
 
     Touches only mmengine's config reader, and only for the ``pola_mm``
     scope: ``MODULE2PACKAGE`` gains ``'pola_mm'``,
     ``mmengine.config.config.get_installed_path`` answers the package
     folder for ``'pola_mm'`` (correct for regular, editable and
-    ``PYTHONPATH`` use alike) and ``Config._get_cfg_path`` reads
-    ``pola_mm::<complete config>`` (:func:`wrap_get_cfg_path`); every other
-    package and scope is read as before.
+    ``PYTHONPATH`` use alike: mmengine's own guess after ``pip install
+    -e`` is ``<site-packages>/pola_mm``, which does not exist) and
+    ``Config._get_cfg_path`` reads ``pola_mm::<complete config>``
+    (:func:`read_pola_mm_entries`); every other package and scope is read
+    as before. ``import pola_mm`` calls it; the start-up hook calls it at
+    the first ``pola_mm::`` entry.
 
     Args:
         config_module: ``mmengine.config.config`` (imported if not given).
     """
-    if config_module is None:
-        from mmengine.config import config as config_module
+    config_module = config_module or _config_module()
     utils = sys.modules.get('mmengine.config.utils')
     if utils is None:
         from mmengine.config import utils
     utils.MODULE2PACKAGE.setdefault(SCOPE, SCOPE)
     config_module.get_installed_path = wrap_installed_path(
         config_module.get_installed_path)
-    config = config_module.Config
-    config._get_cfg_path = staticmethod(
-        wrap_get_cfg_path(config._get_cfg_path))
+    read_pola_mm_entries(config_module)
 
 
 def _patch_mim_utils(module: ModuleType) -> None:
-    """openmim's ``mim.utils`` (and ``mim.utils.utils``): the package folder
-    for ``'pola_mm'``."""
+    """openmim's ``get_installed_path`` (``mim.utils`` and
+    ``mim.utils.utils``) answers pola_mm's folder for ``'pola_mm'``, where
+    its own answer is another folder or an error (an editable install:
+    mim guesses ``<site-packages>/pola_mm``); elsewhere mim is left as it
+    is."""
+    try:
+        if os.path.samefile(module.get_installed_path(SCOPE), package_dir()):
+            return
+    except Exception:  # mim cannot answer (or a missing folder): complete
+        pass
     for mod in (module, sys.modules.get('mim.utils.utils')):
         if mod is not None and hasattr(mod, 'get_installed_path'):
             mod.get_installed_path = wrap_installed_path(
@@ -338,7 +390,7 @@ def fix_mmpretrain_multimodal(dependency: ModuleType) -> bool:
 
 #: module name -> what completes it, run right after the module's body
 PATCHES: dict[str, Callable[[ModuleType], object]] = {
-    'mmengine.config.config': register_config_scope,
+    'mmengine.config.config': read_pola_mm_entries,
     'mim.utils': _patch_mim_utils,
     # before any reader of WITH_MULTIMODAL (mmpretrain.models, .datasets)
     # copies it: the first import of mmpretrain loads this module
@@ -418,9 +470,15 @@ def after_import(name: str, patch: Callable[[ModuleType], object]) -> str:
 def install() -> None:
     """Put :class:`PostImportFinder` first on ``sys.meta_path`` (once) and
     complete the modules of :data:`PATCHES` that are already imported.
-    Nothing happens if ``POLA_MM_STARTUP_HOOK=0``."""
-    if os.environ.get('POLA_MM_STARTUP_HOOK', '1') == '0':
-        return
+    Nothing happens where :data:`SWITCH` is ``0``, ``false``, ``off`` or
+    ``no``; another value it does not know is warned about, and the hook
+    stays on."""
+    try:
+        if not env_flag(SWITCH, True):
+            return
+    except ValueError as exc:
+        import warnings
+        warnings.warn(f'pola_mm_startup: {exc}; the hook stays on')
     if PostImportFinder not in sys.meta_path:
         sys.meta_path.insert(0, PostImportFinder)
     for name in PATCHES:

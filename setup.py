@@ -3,9 +3,9 @@
 The metadata is in setup.cfg. This file only adds ``pola_mm_startup.pth``
 to the root of what is installed (site-packages), for a regular wheel and
 for an editable install (``pip install -e .``) alike. Its one line runs
-:func:`pola_mm_startup.install` at interpreter start, which registers the
-``pola_mm::`` config scope when (and only when) a program imports
-mmengine's config reader. Why: docs/install.md, "The start-up hook".
+:func:`pola_mm_startup.install` at interpreter start, which lets
+mmengine's config reader read ``pola_mm::`` entries in programs that never
+import pola_mm. What it changes: docs/install.md ("the start-up hook").
 """
 import os
 from setuptools import setup

@@ -27,10 +27,10 @@ The package ships ``.mim/configs`` as a link to the repository's
 Who calls it:
 
 * every installed pola_mm's start-up hook (:mod:`pola_mm_startup`,
-  ``pola_mm_startup.pth`` in site-packages), the moment any program imports
-  mmengine's config reader: the upstream tools (mmdet's, mmseg's and
-  mmpretrain's ``tools/train.py``, ``mim train``) read ``pola_mm::`` bases
-  without importing pola_mm first;
+  ``pola_mm_startup.pth`` in site-packages), the moment mmengine's config
+  reader meets a ``pola_mm::`` entry: the upstream tools (mmdet's, mmseg's
+  and mmpretrain's ``tools/train.py``, ``mim train``) read ``pola_mm::``
+  bases without importing pola_mm first;
 * ``import pola_mm`` (this module), for a checkout used through
   ``PYTHONPATH`` without installing, where no start-up hook exists.
 

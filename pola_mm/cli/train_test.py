@@ -15,11 +15,10 @@ from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
+from ..config_errors import build_error_line
 from ..engine import NonFiniteLossError, TrainingInterrupted, stop_on_sigterm
 from ..fileio import CheckpointFileError, install_checked_loader
-from ..models import RemovedOptionError
 from ..models.from_config import ConfigFileError, load_config
-from .config_check import config_error_line, first_config_mistake
 from .data_paths import first_missing
 from .distributed import finish_distributed, setup_cpu_distributed
 from .quiet import quiet_tool_warnings
@@ -149,16 +148,6 @@ def prepare_train_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def _raise_if_mistaken(cfg: Config) -> None:
-    """One line (:class:`ToolError`) for the first unknown ``type`` or
-    removed option in the config's model
-    (:func:`pola_mm.cli.config_check.first_config_mistake`), before a Runner
-    logs the config."""
-    mistake = first_config_mistake(cfg)
-    if mistake:
-        raise ToolError(mistake)
-
-
 def _raise_if_missing(cfg: Config, mode: str) -> None:
     """One line (:class:`ToolError`) for the first dataset, annotation file
     or pretrained checkpoint the config needs that is not on disk
@@ -277,7 +266,6 @@ def train_main(argv: Optional[Sequence[str]] = None) -> None:
     install_checked_loader(allow_inert=False)
     stop_on_sigterm()
     cfg = prepare_train_config(args)
-    _raise_if_mistaken(cfg)
     _raise_if_missing(cfg, 'train')
     runner = build_runner(cfg)
     runner.train()
@@ -289,7 +277,6 @@ def test_main(argv: Optional[Sequence[str]] = None) -> dict:
     args = test_parser().parse_args(argv)
     install_checked_loader(allow_inert=False)
     cfg = prepare_test_config(args)
-    _raise_if_mistaken(cfg)
     _raise_if_missing(cfg, 'test')
     runner = build_runner(cfg)
     metrics = runner.test()
@@ -302,8 +289,9 @@ def run_tool(main, argv: Optional[List[str]] = None) -> int:
 
     Exit codes: 0 done; 2 bad input (:class:`ToolError`, a checkpoint
     file that cannot be read: :class:`CheckpointFileError`, or a config
-    mistake met while building: an unknown ``type``, a removed option, see
-    :func:`~pola_mm.cli.config_check.config_error_line`); 3 training
+    mistake that mmengine met while building: an unknown ``type`` or a key
+    its class does not take, :func:`~pola_mm.config_errors.build_error_line`;
+    any other ``KeyError`` or ``TypeError`` keeps its traceback); 3 training
     diverged (:class:`NonFiniteLossError`); 143 stopped by SIGTERM
     (:class:`TrainingInterrupted`; checkpoints on disk are complete).
     """
@@ -314,8 +302,8 @@ def run_tool(main, argv: Optional[List[str]] = None) -> int:
     except (ToolError, CheckpointFileError) as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 2
-    except (KeyError, RemovedOptionError) as exc:
-        line = config_error_line(exc)
+    except (KeyError, TypeError) as exc:
+        line = build_error_line(exc)
         if line is None:  # not a config mistake: a bug, keep its traceback
             raise
         print(f'error: {line}', file=sys.stderr)

@@ -430,33 +430,3 @@ def test_blocks_choose_attention_by_one_rule():
         with pytest.raises(ValueError,
                            match=r"'L' \(polarity.*'S' \(softmax.*'M'"):
             build('M')
-
-
-@pytest.mark.parametrize('type_,option', [
-    ('PolaSwinTransformer', dict(mask_padding=True)),
-    ('PolaPVT', dict(pad_input=True)),
-    ('PolaPVT', dict(interpolate_mode='bicubic'))])
-def test_removed_options_give_one_clear_error(type_, option):
-    """Options of unreleased versions (removed before 0.1.0) name the fix
-    and what remains in one line (a RemovedOptionError, a TypeError), from
-    a config as from Python; any other unknown option, and a removed one
-    given to a family that never had it, keep Python's own message."""
-    from mmengine.registry import MODELS as ROOT
-
-    import pola_mm  # noqa: F401
-    from pola_mm.models import RemovedOptionError
-    name = next(iter(option))
-    with pytest.raises(RemovedOptionError) as err:
-        ROOT.build(dict(type=type_, arch='tiny', **option))
-    assert isinstance(err.value, TypeError)
-    msg = str(err.value)
-    assert f"the option '{name}' was removed in pola_mm 0.1.0" in msg
-    assert f'delete {name}=... from the config: nothing replaces it' in msg
-    assert '\n' not in msg
-    other = 'PolaPVT' if type_ == 'PolaSwinTransformer' else \
-        'PolaSwinTransformer'
-    with pytest.raises(TypeError, match=f"unexpected keyword argument "
-                       f"'{name}'"):
-        ROOT.build(dict(type=other, arch='tiny', **option))
-    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
-        ROOT.build(dict(type=type_, arch='tiny', nope=1))

@@ -1,12 +1,17 @@
-"""Config mistakes under pola_mm's tools: one line on stderr, exit code 2,
-no traceback, no config dump (pola_mm.cli.config_check).
+"""Config mistakes that mmengine meets while building: one line on stderr
+with the closest names, no traceback (pola_mm.config_errors).
 
-A misspelled ``type`` names the registry it was looked up in and the
-closest registered names; a removed option of a backbone names the fix.
-The tools run as subprocesses on shipped configs with ``--cfg-options``
-(the mistakes are found before the data is looked for); the boundary of
-``run_tool`` (a mistake met while mmengine builds) runs in process.
+A misspelled ``type`` and a key its class does not take, given with
+``--cfg-options`` to the demo config (its shapes data made here, a few
+images), under pola_mm's ``tools/train.py`` and ``tools/test.py`` (exit
+code 2) and under mmdet's own ``tools/train.py`` (exit code 1: the
+excepthook that ``import pola_mm``, the config's ``custom_imports``,
+chains). The Runner logs the config on stdout before it builds the model,
+as in any run. The boundary of ``run_tool`` and the excepthook also run in
+process: any other ``KeyError`` or ``TypeError`` keeps its traceback.
 """
+import functools
+import importlib.util
 import os.path as osp
 import subprocess
 import sys
@@ -18,125 +23,141 @@ from helpers import REPO, subprocess_env
 pytest.importorskip('mmdet')
 
 CONFIGS = osp.join(REPO, 'configs')
+DEMO = osp.join(CONFIGS, 'demo', 'mask_rcnn_pola_swin_shapes.py')
+
+#: (option, the line's start, the suggestion)
+MISTAKES = {
+    'type': ('model.backbone.type=PolaSwinTransformr',
+             "error: unknown type 'PolaSwinTransformr' (the backbone of "
+             "MaskRCNN): not in the mmdet::model registry or its parents",
+             "did you mean 'PolaSwinTransformer'"),
+    'key': ('model.backbone.windo_size=8',
+            'error: PolaSwinTransformer (the backbone of MaskRCNN) takes '
+            "no argument 'windo_size'", "did you mean 'window_size'?"),
+}
 
 
-def run_tool(tool: str, args: List[str], cwd) -> subprocess.CompletedProcess:
-    """``python tools/<tool> ARGS`` as a user runs it."""
-    return subprocess.run([sys.executable, osp.join(REPO, 'tools', tool),
-                           *args], cwd=str(cwd), env=subprocess_env(),
-                          capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope='module')
+def project(tmp_path_factory):
+    """A folder with the demo's data (``data/shapes``, 2 + 2 images) and an
+    (unreadable) checkpoint file for tools/test.py."""
+    from pola_mm.demo.shapes import make_shapes_dataset
+    root = tmp_path_factory.mktemp('project')
+    make_shapes_dataset(str(root / 'data' / 'shapes'), num_train=2,
+                        num_val=2, seed=1)
+    (root / 'model.pth').write_bytes(b'')
+    return root
 
 
-def one_line(proc: subprocess.CompletedProcess) -> str:
-    """The only line on stderr; nothing on stdout (no config dump)."""
-    lines = proc.stderr.splitlines()
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert len(lines) == 1, proc.stderr[-3000:]
-    assert proc.stdout == '', proc.stdout[-3000:]
-    assert lines[0].startswith('error: ')
-    return lines[0]
+def mmdet_train_py() -> str:
+    """mmdet's own ``tools/train.py`` as installed (``.mim/tools``)."""
+    root = list(importlib.util.find_spec('mmdet')
+                .submodule_search_locations)[0]
+    return osp.join(root, '.mim', 'tools', 'train.py')
 
 
-def test_misspelled_type_is_one_line_with_suggestions(tmp_path):
-    """tools/train.py on a Mask R-CNN config (mmdet:: bases: the config
-    read imports pkg_resources, whose warning the tools silence)."""
-    proc = run_tool('train.py', [
-        osp.join(CONFIGS, 'mask_rcnn_pola_swin_t.py'), '--work-dir',
-        str(tmp_path / 'work'), '--cfg-options',
-        'model.backbone.type=PolaSwinTransformr'], tmp_path)
-    line = one_line(proc)
-    assert line.startswith("error: model.backbone: unknown type "
-                           "'PolaSwinTransformr': not in the mmdet::model "
-                           "registry"), line
-    assert "did you mean 'PolaSwinTransformer'" in line
-    assert 'pkg_resources' not in proc.stderr
-    assert not (tmp_path / 'work').exists()
+def run(args: List[str], cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=str(cwd),
+                          env=subprocess_env(), capture_output=True,
+                          text=True, timeout=300)
 
 
-def test_removed_option_is_one_line_naming_the_fix(tmp_path):
-    """tools/test.py on an mmseg config: the option is refused before the
-    checkpoint is read."""
-    ckpt = tmp_path / 'model.pth'
-    ckpt.write_bytes(b'')
-    proc = run_tool('test.py', [
-        osp.join(CONFIGS, 'upernet_pola_swin_t_ade20k.py'), str(ckpt),
-        '--cfg-options', 'model.backbone.mask_padding=True'], tmp_path)
-    line = one_line(proc)
-    assert line.startswith("error: model.backbone: PolaSwinTransformer: the "
-                           "option 'mask_padding' was removed in pola_mm "
-                           "0.1.0; delete mask_padding=... from the config"), \
-        line
-    assert 'pkg_resources' not in proc.stderr
+def error_line(proc: subprocess.CompletedProcess, code: int) -> str:
+    """The last line on stderr, which is the only ``error:`` line, with no
+    traceback before it."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+    assert [line for line in lines if line.startswith('error:')] == \
+        lines[-1:], proc.stderr[-3000:]
+    return lines[-1]
 
 
-@pytest.mark.parametrize('name', [
-    'mask_rcnn_pola_swin_t.py', 'cascade_mask_rcnn_polapp_b3.py',
-    'upernet_pola_swin_t_ade20k.py', 'pola_swin_t_in1k.py'])
-def test_shipped_configs_have_no_mistake(name):
-    """Every type of the shipped models resolves (assigners, initialisers,
-    RoI layers, NMS, mmpretrain's batch augments), in its scope."""
-    from pola_mm.cli.config_check import first_config_mistake
-    from pola_mm.models.from_config import load_config
-    assert first_config_mistake(load_config(osp.join(CONFIGS, name))) is None
-
-
-def test_scoped_types_and_removed_options_in_process():
-    """``_scope_`` and ``scope.Name`` are looked up as mmengine builds them;
-    a removed option is found without building."""
-    from mmengine.config import Config
-
-    from pola_mm.cli.config_check import first_config_mistake
-    model = dict(type='mmdet.RetinaNet',
-                 backbone=dict(type='PolaPVT', arch='tiny'),
-                 bbox_head=dict(_scope_='mmdet', type='RetinaHead'))
-
-    def config():  # (a scope of its own: none left over by other tests)
-        return Config(dict(model=model, default_scope='mmdet'))
-
-    assert first_config_mistake(config()) is None
-    model['backbone']['pad_input'] = True
-    line = first_config_mistake(config())
-    assert line.startswith("model.backbone: PolaPVT: the option 'pad_input' "
-                           'was removed'), line
-    model['backbone'] = dict(type='PolaPVT', arch='tiny')
-    model['bbox_head']['type'] = 'RetinaHed'
-    line = first_config_mistake(config())
-    assert line.startswith("model.bbox_head: unknown type 'RetinaHed': not "
-                           'in the mmdet::model registry'), line
-    assert "'RetinaHead'" in line
+@pytest.mark.parametrize('mistake', sorted(MISTAKES))
+@pytest.mark.parametrize('tool', ['train.py', 'test.py', 'mmdet train.py'])
+def test_a_mistake_is_one_line_with_a_suggestion(project, tool, mistake):
+    option, start, hint = MISTAKES[mistake]
+    if tool == 'mmdet train.py':
+        args, code = [mmdet_train_py(), DEMO], 1
+    else:
+        args, code = [osp.join(REPO, 'tools', tool), DEMO], 2
+        if tool == 'test.py':
+            args.append(str(project / 'model.pth'))
+    proc = run(args + ['--work-dir', f'work_{mistake}', '--cfg-options',
+                       option], project)
+    line = error_line(proc, code)
+    assert line.startswith(start), line
+    assert hint in line, line
+    if tool != 'mmdet train.py':  # the tools' warnings are quiet
+        assert proc.stderr.strip() == line
 
 
 def test_run_tool_turns_build_errors_into_one_line(capsys):
-    """A mistake met inside mmengine's build (past the check) is one line
-    too; any other KeyError keeps its traceback."""
+    """The boundary in process: any other KeyError or TypeError keeps its
+    traceback."""
     from mmengine.registry import MODELS
 
-    from pola_mm.cli.train_test import run_tool as run
+    from pola_mm.cli.train_test import run_tool
 
     def misspelled(argv):
         MODELS.build(dict(type='PolaPVTT'))
 
-    def removed(argv):
-        MODELS.build(dict(type='PolaSwinTransformer', arch='tiny',
-                          mask_padding=False))
+    def mistyped(argv):
+        MODELS.build(dict(type='PolaPVT', arch='tiny', sr_ratio=(8, 4)))
 
-    def bug(argv):
+    def key_bug(argv):
         raise KeyError('not in a config')
 
-    assert run(misspelled) == 2
+    def type_bug(argv):
+        len(1)
+
+    assert run_tool(misspelled) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1
-    # (the registry named is the current default scope's: mmengine's, or
-    # one an earlier test left)
+    assert len(err) == 1, err
+    # (the registry is the current default scope's: mmengine's, or one an
+    # earlier test left)
     assert err[0].startswith("error: unknown type 'PolaPVTT': not in "), err
-    assert '::model registry or its parents; ' in err[0], err
-    assert "did you mean 'PolaPVT'" in err[0], err
-    assert run(removed) == 2
+    assert "did you mean 'PolaPVT'?" in err[0], err
+    assert run_tool(mistyped) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1
-    assert "'mask_padding' was removed" in err[0]
+    assert len(err) == 1, err
+    assert err[0].startswith("error: PolaPVT takes no argument 'sr_ratio'; "
+                             "did you mean 'sr_ratios'"), err
     with pytest.raises(KeyError, match='not in a config'):
-        run(bug)
+        run_tool(key_bug)
+    with pytest.raises(TypeError, match='has no len'):
+        run_tool(type_bug)
+
+
+def test_import_chains_one_excepthook(capsys):
+    """``import pola_mm`` chains :func:`excepthook` once; it prints a build
+    mistake as one line and hands anything else to the previous hook."""
+    from mmengine.registry import MODELS
+
+    import pola_mm  # noqa: F401
+    from pola_mm.config_errors import excepthook, install_excepthook
+    assert isinstance(sys.excepthook, functools.partial)
+    assert sys.excepthook.func is excepthook
+    hook = sys.excepthook
+    install_excepthook()
+    assert sys.excepthook is hook
+    seen = []
+
+    def previous(*args):
+        seen.append(args)
+
+    try:
+        MODELS.build(dict(type='PolaSwinTransformer', arch='tiny',
+                          windo_size=7))
+    except TypeError as exc:
+        excepthook(type(exc), exc, exc.__traceback__, previous=previous)
+    assert capsys.readouterr().err == (
+        "error: PolaSwinTransformer takes no argument 'windo_size'; did you "
+        "mean 'window_size'?\n")
+    error = KeyError('a bug')
+    excepthook(KeyError, error, None, previous=previous)
+    assert seen == [(KeyError, error, None)]
+    assert capsys.readouterr().err == ''
 
 
 def test_cfg_options_that_do_not_fit_are_one_line(capsys):

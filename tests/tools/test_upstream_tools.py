@@ -78,13 +78,14 @@ before = sorted(m for m in ('torch', 'mmengine', 'pola_mm', 'numpy')
 hooked = 'pola_mm_startup' in sys.modules
 from mmengine.config import Config
 from mmengine.config.utils import MODULE2PACKAGE
-registered = 'pola_mm' in MODULE2PACKAGE
+early = 'pola_mm' in MODULE2PACKAGE
 try:
     cfg = Config.fromfile('my_config.py', import_custom_modules=False)
     result = cfg.model.backbone.type
 except Exception as exc:
     result = f'{type(exc).__name__}: {exc}'
-print(json.dumps(dict(before=before, hooked=hooked, registered=registered,
+print(json.dumps(dict(before=before, hooked=hooked, early=early,
+                      registered='pola_mm' in MODULE2PACKAGE,
                       pola_mm_imported='pola_mm' in sys.modules,
                       result=result)))
 '''
@@ -92,9 +93,9 @@ print(json.dumps(dict(before=before, hooked=hooked, registered=registered,
 
 def test_start_up_hook_registers_the_scope_lazily(tmp_path):
     """At start-up only the hook module is loaded (no torch, mmengine or
-    pola_mm); mmengine's config reader then knows ``pola_mm::`` before
-    pola_mm is imported. With the hook off, mmengine refuses the config
-    exactly as the issue reports."""
+    pola_mm); mmengine's config reader registers ``pola_mm::`` at the
+    first such entry (not before), with pola_mm not imported. With the
+    hook off, mmengine refuses the config."""
     write(tmp_path / 'my_config.py', '''
         _base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
                   'pola_mm::_base_/models/pola_pvt_t_fpn.py']
@@ -103,7 +104,7 @@ def test_start_up_hook_registers_the_scope_lazily(tmp_path):
     write(tmp_path / 'probe.py', PROBE)
     on = json.loads(run([sys.executable, 'probe.py'], tmp_path)
                     .stdout.strip().splitlines()[-1])
-    assert on == dict(before=[], hooked=True, registered=True,
+    assert on == dict(before=[], hooked=True, early=False, registered=True,
                       pola_mm_imported=False, result='PolaPVT')
     off = json.loads(run([sys.executable, 'probe.py'], tmp_path,
                          POLA_MM_STARTUP_HOOK='0')
@@ -123,7 +124,7 @@ def test_start_up_hook_reads_a_complete_config_by_scope(tmp_path, name):
     write(tmp_path / 'probe.py', PROBE)
     on = json.loads(run([sys.executable, 'probe.py'], tmp_path)
                     .stdout.strip().splitlines()[-1])
-    assert on == dict(before=[], hooked=True, registered=True,
+    assert on == dict(before=[], hooked=True, early=False, registered=True,
                       pola_mm_imported=False, result='PolaSwinTransformer')
     off = json.loads(run([sys.executable, 'probe.py'], tmp_path,
                          POLA_MM_STARTUP_HOOK='0')
@@ -385,8 +386,8 @@ print(pola_mm.__file__)
 ''')
     out = run([python, 'probe.py'], tmp_path).stdout.strip().splitlines()
     assert json.loads(out[-2]) == dict(
-        before=[], hooked=True, registered=True, pola_mm_imported=False,
-        result='PolaPVT')
+        before=[], hooked=True, early=False, registered=True,
+        pola_mm_imported=False, result='PolaPVT')
     assert out[-1] == osp.join(package, '__init__.py')
 
     run([python, '-m', 'mim', 'search', 'pola_mm', '--json', 'search.json'],

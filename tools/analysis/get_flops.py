@@ -84,18 +84,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     from pola_mm.cli import quiet_tool_warnings
     quiet_tool_warnings()
     from pola_mm.analysis.flops import format_report, model_complexity
-    from pola_mm.cli.config_check import first_config_mistake
+    from pola_mm.config_errors import build_error_line
     from pola_mm.models.from_config import load_config
     try:
         cfg = load_config(resolve_config(args.config), args.cfg_options)
-        mistake = first_config_mistake(cfg)  # unknown type, removed option
-        if mistake:
-            print(f'error: {mistake}', file=sys.stderr)
-            return 2
         _, report, kind = model_complexity(cfg, shape,
                                            compute=not args.shapes_only)
     except (FileNotFoundError, ValueError) as exc:  # ConfigFileError too
         print(f'error: {exc}', file=sys.stderr)
+        return 2
+    except (KeyError, TypeError) as exc:  # an unknown type, a wrong key
+        line = build_error_line(exc)
+        if line is None:
+            raise
+        print(f'error: {line}', file=sys.stderr)
         return 2
     print(format_report(report, kind, shape))
     if args.json:

@@ -1,7 +1,7 @@
 """What the Pola backbones share: arch resolution (with drop path),
 freezing, init, the stage contract with its one stage loop, the pre-norm
 block."""
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
 import torch.utils.checkpoint as cp
@@ -18,57 +18,6 @@ from ..layers.token_map import to_map
 
 #: Drop path of an arch dict that names none (mmdet's Swin default).
 DEFAULT_DROP_PATH = 0.1
-
-
-#: Options of unreleased pola_mm versions, removed before 0.1.0 (one
-#: behaviour: the authors'), with the behaviour that remains. A backbone
-#: lists the ones it rejects in ``removed_options``.
-REMOVED_OPTIONS: Dict[str, str] = {
-    'mask_padding': 'softmax stages always compute what mmdet\'s '
-    'SwinTransformer computes on maps that are not a multiple of the window '
-    '(zero padding, window and shift kept, no key mask)',
-    'pad_input': 'Pola-PVT\'s patch embeddings and spatial reductions always '
-    'drop the bottom/right remainder, as the authors\' PVT',
-    'interpolate_mode': 'Pola-PVT always resizes its position tables '
-    'bilinearly, as the authors\' PVT',
-}
-
-
-class RemovedOptionError(TypeError):
-    """A config names an option of :data:`REMOVED_OPTIONS`.
-
-    A ``TypeError``, as any unknown keyword; its message is one line that
-    names the fix (delete the option: nothing replaces it) and the behaviour
-    that remains. pola_mm's tools print it as their one-line error; under
-    the upstream tools it ends their traceback.
-    """
-
-
-def check_removed_options(cls: type, options: Iterable[str]) -> None:
-    """Raise :class:`RemovedOptionError` for the first of ``options`` (the
-    keys of a config dict) that ``cls`` lists in its ``removed_options``.
-
-    Needs no instance: the tools check a config with it before they build
-    anything. Classes without ``removed_options`` reject nothing here.
-    """
-    removed = getattr(cls, 'removed_options', ())
-    for name in options:
-        if name in removed:
-            raise RemovedOptionError(
-                f'{cls.__name__}: the option {name!r} was removed in pola_mm '
-                f'0.1.0; delete {name}=... from the config: nothing replaces '
-                f'it, {REMOVED_OPTIONS[name]}')
-
-
-def reject_removed_options(cls: type, options: Dict[str, Any]) -> None:
-    """The keywords a backbone's ``__init__`` did not take: a
-    :class:`RemovedOptionError` for one of its ``removed_options``
-    (:func:`check_removed_options`), and Python's own message for any other
-    unknown keyword."""
-    check_removed_options(cls, options)
-    if options:
-        raise TypeError(f'{cls.__name__}.__init__() got an unexpected '
-                        f'keyword argument {next(iter(options))!r}')
 
 
 def pair(x: Union[int, Sequence[int]]) -> Size2:
@@ -201,9 +150,6 @@ class PolaBackbone(BaseModule):
     """
 
     family: str = 'Pola'
-    #: Options of unreleased versions this family rejects with a
-    #: :class:`RemovedOptionError` (keys of :data:`REMOVED_OPTIONS`).
-    removed_options: Tuple[str, ...] = ()
 
     def _init_layer(self, m: nn.Module) -> None:
         """The family's init of one plain layer (Linear, norm, conv),

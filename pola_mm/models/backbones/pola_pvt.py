@@ -14,8 +14,7 @@ from ..layers import (PatchEmbed, PolarityAttention, SpatialReductionAttention,
                       to_map)
 from ..layers.bricks import build_attention
 from .base import (PolaBackbone, PreNormBlock, arch_drop_path,
-                   check_out_indices, freeze, linspace, pair,
-                   reject_removed_options, resolve_arch)
+                   check_out_indices, freeze, linspace, pair, resolve_arch)
 
 # torch.fx: the table resize (it branches on the grid) is one node of a
 # traced graph; PolaPVT.embed, which calls it, is traced through
@@ -151,7 +150,6 @@ class PolaPVT(PolaBackbone):
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
     family = 'Pola-PVT'
-    removed_options = ('pad_input', 'interpolate_mode')
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -173,9 +171,7 @@ class PolaPVT(PolaBackbone):
                  act_cfg: Optional[dict] = None,
                  feature_map: str = 'power',
                  la_sr_ratios: Sequence[int] = (1, 1, 1, 1),
-                 init_cfg: Optional[dict] = None,
-                 **removed) -> None:
-        reject_removed_options(type(self), removed)
+                 init_cfg: Optional[dict] = None) -> None:
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         super().__init__(init_cfg=init_cfg)

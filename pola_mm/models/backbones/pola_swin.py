@@ -11,8 +11,7 @@ from ...type_aliases import Size2
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, WindowMSA
 from ..layers.bricks import build_attention, build_norm_layer
 from .base import (PolaBackbone, PreNormBlock, arch_drop_path,
-                   check_out_indices, freeze, linspace, pair,
-                   reject_removed_options, resolve_arch)
+                   check_out_indices, freeze, linspace, pair, resolve_arch)
 
 
 class PolaSwinBlock(PreNormBlock):
@@ -219,7 +218,6 @@ class PolaSwinTransformer(PolaBackbone):
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     family = 'Pola-Swin'
-    removed_options = ('mask_padding', )
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -242,9 +240,7 @@ class PolaSwinTransformer(PolaBackbone):
                  norm_cfg: Optional[dict] = None,
                  act_cfg: Optional[dict] = None,
                  feature_map: str = 'power',
-                 init_cfg: Optional[dict] = None,
-                 **removed) -> None:
-        reject_removed_options(type(self), removed)
+                 init_cfg: Optional[dict] = None) -> None:
         norm_cfg = dict(type='LN') if norm_cfg is None else norm_cfg
         act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         super().__init__(init_cfg=init_cfg)
