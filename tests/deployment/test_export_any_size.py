@@ -1,4 +1,4 @@
-"""One exported file, any input size (issue 38, item 1): each backbone
+"""One exported file, any input size: each backbone
 exported by torch's own exporters (no MMDeploy) with a dynamic height and
 width either computes what PyTorch computes at three other sizes (not
 multiples of 32, one larger than the export size) in ONNX Runtime and

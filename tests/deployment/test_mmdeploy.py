@@ -457,7 +457,7 @@ def test_mask_rcnn_static_matches_pytorch(tmp_path, shapes_image, photo):
 
 
 def test_untrained_retinanet_on_a_photo_verifies(tmp_path, photo):
-    """Untrained weights on a real photo (issue 47): 20 confident
+    """Untrained weights on a real photo: 20 confident
     detections with near-equal scores at the per-image cap, and boxes
     clipped flat at the border, which mmdet drops (``min_bbox_size=0``) and
     MMDeploy's own dense-head rewrite kept (pola_mm's ONNX Runtime rewriter

@@ -1,4 +1,4 @@
-"""The supported graph paths (issue 32): ``torch.export.export`` and
+"""The supported graph paths: ``torch.export.export`` and
 ``torch.compile(fullgraph=True)`` of every family equal eager, at a
 non-square size that is not a multiple of 32 (padded patches, resized
 tables, shifted and padded softmax windows). While a graph is captured the
