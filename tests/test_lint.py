@@ -4,7 +4,10 @@ default arguments, closures over loop variables) finds nothing, and isort
 finds every import in order, over the Python files git tracks. Files a user
 saves in the checkout (e.g. the small-data configs of docs/small_data.md)
 are not the project's and are not linted; outside a git checkout (an
-sdist) the package, the tests and the tools are."""
+sdist) the package, the tests and the tools are. No test module imports
+another test module or a conftest.py: shared code lives in helper modules
+(tests/helpers.py, tests/deployment/deploy_helpers.py)."""
+import ast
 import os
 import os.path as osp
 import subprocess
@@ -104,3 +107,26 @@ def test_only_tracked_files_are_linted(tmp_path):
     (tmp_path / 'my_shapes.py').write_text('import os,sys\n')
     assert python_files(str(tmp_path)) == ['pola_mm/a.py']
     assert 'tests/test_lint.py' in python_files()
+
+
+def test_no_test_module_imports_another():
+    """A test module imports helpers, never a test module (``test_*``) or
+    a ``conftest``: importing one runs its module-level code and collects
+    its fixtures twice."""
+    found = []
+    for rel in python_files():
+        if not rel.startswith('tests/'):
+            continue
+        with open(osp.join(REPO, rel), encoding='utf-8') as f:
+            tree = ast.parse(f.read(), rel)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [f'{rel}:{node.lineno}: {name}' for name in names
+                      if name.split('.')[-1].startswith(('test_',
+                                                         'conftest'))]
+    assert not found, 'test modules imported:\n' + '\n'.join(found)

@@ -4,8 +4,7 @@ import os.path as osp
 
 import pytest
 import torch
-from conftest import reference_root
-from helpers import REPO
+from helpers import REPO, reference_root
 
 from pola_mm.models.backbones import PolaPP
 from pola_mm.models.layers import PaCSAttention, to_map

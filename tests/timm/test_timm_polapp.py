@@ -7,8 +7,7 @@ import os.path as osp
 import pytest
 import timm
 import torch
-from conftest import reference_root
-from helpers import REPO, randomise
+from helpers import REPO, randomise, reference_root
 
 import pola_mm.timm as pola_timm
 from pola_mm.models import PolaPP
