@@ -6,10 +6,13 @@ saves in the checkout (e.g. the small-data configs of docs/small_data.md)
 are not the project's and are not linted; outside a git checkout (an
 sdist) the package, the tests and the tools are. No test module imports
 another test module or a conftest.py: shared code lives in helper modules
-(tests/helpers.py, tests/deployment/deploy_helpers.py)."""
+(tests/helpers.py, tests/deployment/deploy_helpers.py). No tracked file
+names an issue tracker's number: a comment says what a thing is, not which
+ticket asked for it."""
 import ast
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 from typing import List
@@ -130,3 +133,31 @@ def test_no_test_module_imports_another():
                       if name.split('.')[-1].startswith(('test_',
                                                          'conftest'))]
     assert not found, 'test modules imported:\n' + '\n'.join(found)
+
+
+#: the word issue or ticket followed by a number (``#`` allowed), also
+#: across a line break
+TRACKER_NUMBER = re.compile(r'\b(?:issues?|tickets?)[\s(#]*\d+',
+                            flags=re.I)
+
+
+def test_no_tracker_numbers():
+    proc = subprocess.run(['git', 'ls-files', '-z'], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        import pytest
+        pytest.skip('not a git checkout')
+    found = []
+    for rel in filter(None, proc.stdout.split('\0')):
+        path = osp.join(REPO, rel)
+        if not osp.isfile(path):
+            continue
+        with open(path, 'rb') as f:
+            data = f.read()
+        if b'\0' in data[:8192]:
+            continue  # binary (checkpoints, images)
+        text = data.decode('utf-8', errors='replace')
+        found += [f'{rel}:{text.count(chr(10), 0, m.start()) + 1}: '
+                  f'{" ".join(m.group(0).split())}'
+                  for m in TRACKER_NUMBER.finditer(text)]
+    assert not found, 'tracker numbers:\n' + '\n'.join(found)
