@@ -1,6 +1,6 @@
 """Shared pytest set-up: headless plotting, the Triton interpreter without a
-GPU, tests/ importable, mmengine's checkpoint loaders restored after each
-test, the ``reference_dir`` fixture."""
+GPU, tests/ importable, the tiers' rule, mmengine's checkpoint loaders
+restored after each test, the ``reference_dir`` fixture."""
 import os
 import sys
 
@@ -26,6 +26,22 @@ if TESTS_DIR not in sys.path:  # helper modules such as compat_tiny
     sys.path.insert(0, TESTS_DIR)
 
 from helpers import reference_root  # noqa: E402
+
+#: markers whose tests are outside the quick tier, hence also ``slow``
+SLOW_KINDS = ('e2e', 'export', 'gpu')
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tiers' one rule (setup.cfg, docs/testing.md): a test marked
+    e2e, export or gpu is marked slow too, so ``-m "not slow"`` leaves it
+    out."""
+    wrong = [item.nodeid for item in items
+             if not item.get_closest_marker('slow') and any(
+                 item.get_closest_marker(kind) for kind in SLOW_KINDS)]
+    if wrong:
+        raise pytest.UsageError(
+            f'marked {" / ".join(SLOW_KINDS)} but not slow '
+            '(docs/testing.md, "Tiers"):\n' + '\n'.join(wrong[:20]))
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,8 @@ from pola_mm.deployment.mmdeploy_verify import (DeployError,
                                                 NothingComparedError,
                                                 deploy_and_verify)
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 INSTANCE_SEG_16 = ('pola_mm_deploy::mmdet/instance-seg/'
                    'instance-seg_onnxruntime_dynamic-opset16.py')
 FLAGSHIP = osp.join(CONFIGS, 'mask_rcnn_pola_swin_t.py')

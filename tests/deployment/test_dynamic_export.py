@@ -17,6 +17,8 @@ import pola_mm  # noqa: E402,F401
 from pola_mm.deployment.mmdeploy_verify import (  # noqa: E402
     deploy_and_verify, is_dynamic_hw, resolve_deploy_config)
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 #: (H, W) of the images: the first is the export size; then three other
 #: sizes, none a multiple of 32, the last larger than the export size.
 SIZES = [(150, 190), (118, 230), (174, 146), (214, 262)]

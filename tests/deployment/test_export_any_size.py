@@ -32,6 +32,8 @@ from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
 onnx = pytest.importorskip('onnx')
 pytest.importorskip('onnxruntime')
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 #: PolaPP with one block a stage (PaCS stages 1-2, rotary softmax 3-4).
 POLAPP_TINY1 = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
                     num_heads=(1, 2, 2, 4))

@@ -28,6 +28,8 @@ from pola_mm.deployment.mmdeploy_verify import (DeployError, DeployInputError,
                                                 stock_configs_dir,
                                                 stock_deploy_configs)
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 ROOT = osp.dirname(osp.dirname(HERE))
 
 PVT_TINY = dict(_delete_=True, embed_dims=[16, 32, 64, 64],

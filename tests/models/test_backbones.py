@@ -11,6 +11,8 @@ from helpers import PVT_TINY, SWIN_TINY_DEPTH2, reference_root, stage_grids
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import convert_official_checkpoint
 
+pytestmark = pytest.mark.slow
+
 BACKBONES = [(PolaSwinTransformer, SWIN_TINY_DEPTH2), (PolaPVT, PVT_TINY)]
 IDS = ['swin', 'pvt']
 SIZES = [(224, 224), (250, 333), (112, 137), (64, 64), (33, 47), (511, 511)]

@@ -14,6 +14,8 @@ from helpers import (POLAPP_TINY, PVT_TINY, SWIN_TINY_DEPTH1, SWIN_TINY_DEPTH2,
 
 from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 #: name -> (class, constructor arguments). Swin with softmax windows of 3:
 #: its 'S' stages shift and pad at this size.
 EXPORTED = {

@@ -10,6 +10,8 @@ from pola_mm.models.backbones import PolaPP
 from pola_mm.models.layers import PaCSAttention, to_map
 from pola_mm.ops import use_implementation
 
+pytestmark = pytest.mark.slow
+
 #: A tiny arch (two blocks in stage 1, layer scale on stages 3-4).
 TINY = dict(embed_dims=(16, 32, 32, 64), depths=(2, 1, 1, 1),
             num_heads=(2, 2, 2, 4), layer_scale_init=(None, None, 1., 1.))

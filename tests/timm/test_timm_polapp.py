@@ -12,6 +12,8 @@ from helpers import REPO, randomise, reference_root
 import pola_mm.timm as pola_timm
 from pola_mm.models import PolaPP
 
+pytestmark = pytest.mark.slow
+
 #: timm's and the mm models must agree to this (float32, same weights).
 EQUAL = 1e-5
 

@@ -17,6 +17,8 @@ from helpers import REPO, subprocess_env
 
 pytest.importorskip('mmdet')
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 CONFIGS = osp.join(REPO, 'configs')
 
 

@@ -25,6 +25,8 @@ from helpers import clean_env, get_started_config, upstream_tool
 
 pytest.importorskip('mmdet')
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 
 TINY = '''
 _base_ = ['./my_config.py']

@@ -23,6 +23,8 @@ from helpers import REPO, clean_env, get_started_config, upstream_tool
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 #: the page's upstream checkouts -> the installed package holding the tool
 CHECKOUTS = {'mmdetection': 'mmdet', 'mmsegmentation': 'mmseg'}
 

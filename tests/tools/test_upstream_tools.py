@@ -26,6 +26,8 @@ from helpers import REPO, clean_env, copy_source_tree, upstream_tool
 
 pytest.importorskip('mmdet')
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 #: the snippet families: (snippet, backbone type, channels)
 SNIPPETS = {
     'Pola-Swin': ('pola_swin_t_fpn.py', 'PolaSwinTransformer',
