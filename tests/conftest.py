@@ -1,5 +1,6 @@
-"""Shared pytest set-up: headless plotting, quiet thread pools, tests/
-importable."""
+"""Shared pytest set-up: headless plotting, the Triton interpreter without a
+GPU, tests/ importable, the tiers' rule, mmengine's checkpoint loaders
+restored after each test, the ``reference_dir`` fixture."""
 import os
 import sys
 
@@ -24,7 +25,23 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:  # helper modules such as compat_tiny
     sys.path.insert(0, TESTS_DIR)
 
-REPO_ROOT = os.path.dirname(TESTS_DIR)
+from helpers import reference_root  # noqa: E402
+
+#: markers whose tests are outside the quick tier, hence also ``slow``
+SLOW_KINDS = ('e2e', 'export', 'gpu')
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tiers' one rule (setup.cfg, docs/testing.md): a test marked
+    e2e, export or gpu is marked slow too, so ``-m "not slow"`` leaves it
+    out."""
+    wrong = [item.nodeid for item in items
+             if not item.get_closest_marker('slow') and any(
+                 item.get_closest_marker(kind) for kind in SLOW_KINDS)]
+    if wrong:
+        raise pytest.UsageError(
+            f'marked {" / ".join(SLOW_KINDS)} but not slow '
+            '(docs/testing.md, "Tiers"):\n' + '\n'.join(wrong[:20]))
 
 
 @pytest.fixture(autouse=True)
@@ -51,24 +68,3 @@ def _restore_checkpoint_loaders():
 def reference_dir() -> str:
     """The authors' reference folder (see :func:`reference_root`)."""
     return reference_root('official_pola_swin_mini_io.pth')
-
-
-def reference_root(required_file: str) -> str:
-    """The authors' reference folder (``../shared/reference`` or
-    ``$POLA_MM_REFERENCE``) if it holds ``required_file``.
-
-    Outside CI a missing folder skips the test with the reason; under CI
-    (``CI`` set, where the folder is always laid beside the clone) it fails,
-    so the equivalence tests can never be silently skipped there.
-    """
-    import pytest
-    root = os.environ.get('POLA_MM_REFERENCE') or os.path.join(
-        REPO_ROOT, '..', 'shared', 'reference')
-    path = os.path.join(root, required_file)
-    if not os.path.isfile(path):
-        msg = (f'reference file {path} not found (set POLA_MM_REFERENCE to '
-               'the folder holding the authors\' reference files)')
-        if os.environ.get('CI'):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return root

@@ -1,7 +1,8 @@
 """Helpers shared by the tests: the repository root, tiny architectures,
 the reference minis, a free port, the environment of a subprocess, the
-tools as modules, randomisers and call counters (import as ``helpers``; the
-``reference_dir`` fixture lives in conftest.py)."""
+tools as modules, randomisers and call counters, the upstream tools' runs
+(import as ``helpers``; the ``reference_dir`` fixture lives in
+conftest.py)."""
 import os
 import os.path as osp
 import shutil
@@ -36,6 +37,27 @@ POLAPP_TINY = dict(embed_dims=(16, 32, 32, 64), depths=(2, 1, 1, 1),
 SWIN_MINI = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
 PVT_MINI = dict(embed_dims=(32, 64, 160, 256), depths=(1, 1, 1, 1),
                 num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4))
+
+
+def reference_root(required_file: str) -> str:
+    """The authors' reference folder (``../shared/reference`` or
+    ``$POLA_MM_REFERENCE``) if it holds ``required_file``.
+
+    Outside CI a missing folder skips the test with the reason; under CI
+    (``CI`` set, where the folder is always laid beside the clone) it fails,
+    so the equivalence tests can never be silently skipped there.
+    """
+    import pytest
+    root = os.environ.get('POLA_MM_REFERENCE') or osp.join(
+        REPO, '..', 'shared', 'reference')
+    path = osp.join(root, required_file)
+    if not osp.isfile(path):
+        msg = (f'reference file {path} not found (set POLA_MM_REFERENCE to '
+               'the folder holding the authors\' reference files)')
+        if os.environ.get('CI'):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return root
 
 
 def reference_file(root: str, name: str, io: bool = False) -> dict:
@@ -330,3 +352,70 @@ def attention_training_losses(layer: torch.nn.Module, run=None,
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def fast_path_families() -> Dict[str, tuple]:
+    """name -> (backbone class, constructor arguments, the fast code that
+    must run with the switch on in float64, forward and a training step).
+    Swin's 'LLSS' has polarity and (with windows of 3) shifted, padded
+    softmax windows; PVT's 'LLLS' polarity and spatial-reduction softmax;
+    PolaPP PaCS and rotary softmax (tests/ops/test_fast_paths.py, also in
+    the fresh process of its environment-switch test)."""
+    from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
+    kernels = {'GateLinearFunction', 'GeluLinearFunction'}
+    polarity = {'polarity_cpu', 'PolarityAttentionFunction'} | kernels
+    pacs = {'pacs_cpu', 'PaCSAttentionFunction'} | kernels
+    return {
+        'swin': (PolaSwinTransformer,
+                 dict(arch=SWIN_TINY_DEPTH2, softmax_window_size=3),
+                 polarity | {'sdpa'}),
+        'swin_pacs': (PolaSwinTransformer,
+                      dict(arch=SWIN_TINY_DEPTH2, softmax_window_size=3,
+                           feature_map='pacs'), pacs | {'sdpa'}),
+        'pvt': (PolaPVT, dict(arch=PVT_TINY, attn_layout='LLLS'),
+                polarity | {'sdpa'}),
+        'pvt_la_sr': (PolaPVT, dict(arch=PVT_TINY, la_sr_ratios='8421'),
+                      polarity),
+        'pvt_pacs': (PolaPVT, dict(arch=PVT_TINY, feature_map='pacs'), pacs),
+        'polapp': (PolaPP, dict(arch=POLAPP_TINY),
+                   {'pacs_cpu', 'PaCSAttentionFunction', 'sdpa',
+                    'GateLinearFunction'}),
+    }
+
+
+# -- the upstream packages' tools in a fresh process -------------------------
+
+def clean_env(**extra: str) -> Dict[str, str]:
+    """This process's environment without the variables that could make
+    the child import pola_mm (or anything) other than as installed, with
+    one OpenMP thread; ``extra`` set last."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('PYTHONPATH', 'PYTHONSTARTUP', 'PYTHONHOME',
+                        'POLA_MM_STARTUP_HOOK')}
+    env.update(OMP_NUM_THREADS='1', MKL_NUM_THREADS='1', **extra)
+    return env
+
+
+def upstream_tool(module: str, *path: str) -> str:
+    """``<installed module>/.mim/tools/<path>``: the package's own tool,
+    e.g. ``upstream_tool('mmdet', 'train.py')``."""
+    import importlib.util
+    spec = importlib.util.find_spec(module)
+    root = list(spec.submodule_search_locations)[0]
+    tool = osp.join(root, '.mim', 'tools', *path)
+    assert osp.isfile(tool), tool
+    return tool
+
+
+def get_started_config() -> str:
+    """The README's block of "Get started" that starts from a snippet (a
+    user's ``my_config.py``)."""
+    import re
+    with open(osp.join(REPO, 'README.md'), encoding='utf-8') as f:
+        readme = f.read()
+    section = readme.split('### Get started', 1)[1].split('\n### ', 1)[0]
+    blocks = re.findall(r'```python\n(.*?)```', section, re.S)
+    snippet_blocks = [b for b in blocks if "'pola_mm::_base_/models/" in b
+                      and "'mmdet::" in b]
+    assert len(snippet_blocks) == 1, blocks
+    return snippet_blocks[0]

@@ -19,6 +19,8 @@ from helpers import free_port, subprocess_env
 
 import pola_mm  # noqa: F401  (applies pola_mm.compat, as the tools do)
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 CFG = REPO / 'tests' / 'compat_tiny_cfg.py'
 TORCH_2_6 = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')
                   [:2]) >= (2, 6)

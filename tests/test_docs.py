@@ -282,6 +282,7 @@ def test_page_commands_are_covered():
             'small options in SMALL_OPTIONS: add them so that it is run')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('command', [c for _, c in _small_commands()],
                          ids=[i for i, _ in _small_commands()])
 def test_page_command_runs_with_small_sizes(tmp_path, monkeypatch, command):

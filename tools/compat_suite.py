@@ -10,9 +10,10 @@
    installs it with ``pip install --no-deps --force-reinstall`` into
    ``.venv-compat/STACK`` (a regular, non-editable install: the package,
    its configs and its start-up hook come from site-packages);
-2. lays out a run folder outside the checkout with ``tests/``, ``tools/``
-   and ``configs/`` only (no ``pola_mm/``, no ``pola_mm_startup.py``), and
-   checks that ``import pola_mm`` there is the installed wheel;
+2. lays out a run folder outside the checkout with ``tests/``, ``tools/``,
+   ``configs/`` and ``setup.cfg`` (pytest's configuration) only (no
+   ``pola_mm/``, no ``pola_mm_startup.py``), and checks that ``import
+   pola_mm`` there is the installed wheel;
 3. runs pytest with that environment's interpreter on the selection of
    ``tests/compat/suite.txt`` (plus ``PYTEST_ARGS``), with ``CI=1`` so that
    a missing reference folder fails instead of skipping, and prints one
@@ -40,6 +41,8 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SUITE = osp.join(REPO, 'tests', 'compat', 'suite.txt')
 #: what the run folder holds: the tests and what they run or read
 RUN_FOLDERS = ('tests', 'tools', 'configs')
+#: pytest's configuration (the markers of the tiers, --strict-markers)
+RUN_FILES = ('setup.cfg',)
 
 
 def say(msg: str) -> None:
@@ -152,7 +155,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             f'{time.time() - start:.0f} s')
         rundir = osp.join(work, 'run')
         os.makedirs(rundir)
-        for name in RUN_FOLDERS:
+        for name in RUN_FOLDERS + RUN_FILES:
             os.rename(osp.join(src, name), osp.join(rundir, name))
         env = dict(os.environ)
         for name in ('PYTHONPATH', 'PYTHONHOME', 'VIRTUAL_ENV'):

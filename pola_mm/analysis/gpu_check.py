@@ -116,7 +116,7 @@ def measure_whole_train(spec: Any, batch: int = 2,
                 losses=losses)
 
 
-#: The rows of the GPU table and their goals (Pola / softmax), issue 46:
+#: The rows of the GPU table and their goals (Pola / softmax as a ratio):
 #: (label, benchmark mode, dtype, batch, quantity, Swin goal, PVT goal).
 GOALS: Sequence[Tuple[str, str, str, int, str, float, float]] = (
     ('backbone train step, batch 2, float32', 'train', 'float32', 2,

@@ -12,6 +12,8 @@ from pola_mm.analysis.benchmark import (SeqLenResult, fit_slopes,
                                         naive_bytes, plot_seqlen, run_seqlen,
                                         seq_grid)
 
+pytestmark = pytest.mark.slow
+
 
 def test_seq_grid_and_naive_bytes():
     assert seq_grid(4096) == (64, 64)

@@ -16,6 +16,8 @@ from pola_mm.analysis.attention import (backbone_for_analysis, capture_blocks,
                                         image_to_tensor, load_image,
                                         plot_attention_map)
 
+pytestmark = pytest.mark.slow
+
 
 def _tool(name: str):
     path = osp.join(REPO, 'tools', 'analysis', f'{name}.py')

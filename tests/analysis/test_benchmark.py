@@ -16,6 +16,8 @@ from pola_mm.analysis.benchmark import (BenchmarkCase, BenchmarkResult,
                                         run_benchmarks)
 from pola_mm.analysis.zoo import build, zoo
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 CONV = dict(type='torch.nn:Conv2d', in_channels=3, out_channels=4,
             kernel_size=3)
 SWIN_CFG = dict(type='PolaSwinTransformer', arch=SWIN_TINY_DEPTH1)

@@ -17,6 +17,8 @@ from pola_mm.analysis.benchmark import whole  # noqa: E402
 from pola_mm.analysis.benchmark import compute_ratios, format_table
 from pola_mm.analysis.benchmark.ortprofile import ratio_floor  # noqa: E402
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 ASSETS = osp.join(REPO, 'tests', 'deployment', 'assets')
 #: mmdet's softmax PVT with the channels of the tiny Pola-PVT of the asset
 #: (embed_dims x num_heads = 16, 32, 64, 64).

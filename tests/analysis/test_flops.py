@@ -25,6 +25,8 @@ from pola_mm.models.backbones import PolaPVT, PolaSwinTransformer
 from pola_mm.models.layers import PolarityAttention, WindowMSA
 from pola_mm.ops import use_implementation
 
+pytestmark = pytest.mark.slow
+
 
 def _attention(C: int, h: int, hw, fused: bool, kernel: int = 5):
     attn = PolarityAttention(C, h, hw, fused_qkvg=fused, kernel_size=kernel)

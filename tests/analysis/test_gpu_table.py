@@ -6,6 +6,8 @@ import pytest
 
 from pola_mm.analysis.gpu_check import GOALS, ratio_table
 
+pytestmark = pytest.mark.slow
+
 
 def _result(name, mode, dtype, batch, t, mem):
     return dict(name=name, mode=mode, dtype=dtype, batch=batch,

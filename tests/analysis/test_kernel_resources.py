@@ -43,6 +43,8 @@ from pola_mm.ops.launch import TARGETS
 
 triton = pytest.importorskip('triton')
 
+pytestmark = [pytest.mark.slow, pytest.mark.kernels]
+
 TOOL = osp.join(REPO, 'tools', 'analysis', 'kernel_resources.py')
 
 

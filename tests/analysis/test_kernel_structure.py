@@ -19,6 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from pola_mm.analysis.zoo import build
 from pola_mm.ops import dispatch, observe_calls
 
+pytestmark = pytest.mark.kernels
+
 #: Ops that write nothing: allocations and aliases without a view tag.
 _NO_KERNEL = {'empty', 'empty_like', 'new_empty', 'empty_strided',
               'new_empty_strided', 'detach', 'lift_fresh', 'alias',

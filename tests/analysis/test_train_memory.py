@@ -15,6 +15,8 @@ from pola_mm.analysis.train_memory import (MemoryReport, measure,
                                            measure_saved, stage_of)
 from pola_mm.analysis.zoo import build, counterpart
 
+pytestmark = pytest.mark.slow
+
 TINY_SWIN = dict(type='PolaSwinTransformer', arch=helpers.SWIN_TINY_DEPTH2,
                  drop_path_rate=0.0)
 TINY_PVT = dict(type='PolaPVT', arch=helpers.PVT_TINY, drop_path_rate=0.0)

@@ -18,6 +18,8 @@ import torch
 
 import pola_mm  # noqa: F401
 
+pytestmark = pytest.mark.slow
+
 HERE = osp.dirname(osp.abspath(__file__))
 SUITE = osp.join(HERE, 'suite.txt')
 TESTS = osp.dirname(HERE)

@@ -22,6 +22,8 @@ import pytest
 
 from pola_mm.compat_mmpretrain import MULTIMODAL_IMPORTS
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 #: what transformers 5 removed from transformers.modeling_utils
 REMOVED = {'apply_chunking_to_forward', 'find_pruneable_heads_and_indices',

@@ -21,6 +21,8 @@ from mmengine.config import Config
 import pola_mm  # noqa: F401  (as tools/train.py: registers the pola_mm scope)
 from pola_mm.deployment.deploy import resolve_model_config
 
+pytestmark = pytest.mark.slow
+
 CONFIGS = osp.join(REPO, 'configs')
 #: every complete config: all but the _base_/ snippets
 COMPLETE = sorted(

@@ -86,6 +86,7 @@ def _pretrained_name(cfg: Config) -> str:
     return f'checkpoints/pola_{fam}_{arch[bb.arch]}_in1k.pth'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(DET))
 def test_detection_recipe(name):
     cfg = _load(name)
@@ -180,6 +181,7 @@ def _check_cascade_heads(heads):
         assert head.bbox_coder.target_stds == std
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(SEG))
 def test_segmentation_recipe(name):
     cfg = _load(name)
@@ -301,6 +303,7 @@ def _decay_of_each_parameter(cfg: Config):
     return {n: decay[id(p)] for n, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', [
     'retinanet_pola_pvt_t.py', 'mask_rcnn_pola_pvt_s.py',
     'sem_fpn_pola_pvt_m_ade20k.py', 'mask_rcnn_pola_swin_t.py',
@@ -378,6 +381,7 @@ def test_upernet_lr_is_mmcv_1x_poly_with_warmup():
     assert lrs[80000] == pytest.approx(mid, rel=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', [
     'retinanet_pola_pvt_t.py', 'mask_rcnn_pola_swin_t.py',
     'mask_rcnn_pola_swin_t_3x.py', 'cascade_mask_rcnn_pola_swin_t.py',

@@ -27,6 +27,8 @@ import torch
 from helpers import REPO
 from mmengine.config import Config
 
+pytestmark = pytest.mark.slow
+
 CONFIGS = osp.join(REPO, 'configs')
 
 # The yaml / config.py values, per model:

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from helpers import REPO, load_tool
 
+pytestmark = pytest.mark.slow
+
 gen = load_tool('misc', 'make_metafiles.py')
 
 CONFIGS = osp.join(REPO, 'configs')

@@ -604,6 +604,7 @@ def _train(cfg: Config) -> List[float]:
     return losses
 
 
+@pytest.mark.slow
 def test_detection_config_trains(tmp_path):
     """mask_rcnn_polapp_b3.py (its detector, heads, losses, optimiser groups
     and schedule types) on synthetic COCO data, tiny PolaPP."""
@@ -616,6 +617,7 @@ def test_detection_config_trains(tmp_path):
     _train(cfg)
 
 
+@pytest.mark.slow
 def test_classification_config_trains(tmp_path):
     """polapp_b3_in1k.py (its EMA hook, optimiser groups, label smoothing)
     on a synthetic image folder, tiny PolaPP."""
@@ -629,6 +631,7 @@ def test_classification_config_trains(tmp_path):
     _train(cfg)
 
 
+@pytest.mark.slow
 def test_segmentation_config_trains(tmp_path):
     """ham_polapp_b3_ade20k.py (LightHamHead, lr x10 on the head) on
     synthetic ADE20K data, tiny PolaPP."""

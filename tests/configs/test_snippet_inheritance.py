@@ -18,6 +18,8 @@ import shutil
 import pytest
 from helpers import REPO
 
+pytestmark = pytest.mark.slow
+
 CONFIGS = osp.join(REPO, 'configs')
 #: the recipe's variable of the snippet a downstream config takes
 RECIPE = (('upernet_', 'pola_seg_drop_path'),

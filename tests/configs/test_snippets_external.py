@@ -14,6 +14,8 @@ from mmengine.config import Config
 
 import pola_mm  # noqa: F401  (as tools/train.py: registers the pola_mm scope)
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 SWIN_T_CH = [96, 192, 384, 768]
 SNIPPETS = {
     'pola_swin_t_fpn.py': ('PolaSwinTransformer', 'tiny', SWIN_T_CH),

@@ -13,7 +13,7 @@ import torch
 mmdeploy = pytest.importorskip('mmdeploy')
 # ruff: noqa: E402  (the imports below need MMDeploy)
 
-from test_mmdeploy import CONFIGS, DATA, photo, stock
+from deploy_helpers import CONFIGS, DATA, stock
 
 import pola_mm  # noqa: F401
 from pola_mm.deployment.mmdeploy_export import (pola_mm_deploy_configs,
@@ -23,7 +23,7 @@ from pola_mm.deployment.mmdeploy_verify import (DeployError,
                                                 NothingComparedError,
                                                 deploy_and_verify)
 
-__all__ = ['photo']  # fixtures used here
+pytestmark = [pytest.mark.slow, pytest.mark.export]
 
 INSTANCE_SEG_16 = ('pola_mm_deploy::mmdet/instance-seg/'
                    'instance-seg_onnxruntime_dynamic-opset16.py')

@@ -26,6 +26,8 @@ from helpers import REPO, copy_source_tree
 
 pytest.importorskip('mmdeploy')
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 SHIPPED = 'pola_mm/.mim/mmdeploy_configs'
 DETECTION = 'mmdet/detection/detection_onnxruntime_dynamic.py'
 ASSETS = osp.join(REPO, 'tests', 'deployment', 'assets')

@@ -11,14 +11,13 @@ import torch
 
 mmdeploy = pytest.importorskip('mmdeploy')
 
-from test_mmdeploy import (CONFIGS, DATA, _upernet_options,  # noqa: E402
-                           photo, shapes_images, stock)
+from deploy_helpers import CONFIGS, DATA, stock, upernet_options  # noqa: E402
 
 import pola_mm  # noqa: E402,F401
 from pola_mm.deployment.mmdeploy_verify import (  # noqa: E402
     deploy_and_verify, is_dynamic_hw, resolve_deploy_config)
 
-__all__ = ['photo', 'shapes_images']  # fixtures used here
+pytestmark = [pytest.mark.slow, pytest.mark.export]
 
 #: (H, W) of the images: the first is the export size; then three other
 #: sizes, none a multiple of 32, the last larger than the export size.
@@ -125,7 +124,7 @@ def test_upernet_pola_swin_dynamic(tmp_path, photo):
     deploy.codebase_config.with_argmax = False
     cfg = _at_image_size(
         _config(osp.join(CONFIGS, 'upernet_pola_swin_t_ade20k.py'),
-                _upernet_options()))
+                upernet_options()))
     report = deploy_and_verify(deploy, cfg, _perturbed_weights(
         cfg, deploy, tmp_path), _images(photo, tmp_path),
         str(tmp_path / 'out'))

@@ -1,4 +1,4 @@
-"""One exported file, any input size (issue 38, item 1): each backbone
+"""One exported file, any input size: each backbone
 exported by torch's own exporters (no MMDeploy) with a dynamic height and
 width either computes what PyTorch computes at three other sizes (not
 multiples of 32, one larger than the export size) in ONNX Runtime and
@@ -31,6 +31,8 @@ from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
 
 onnx = pytest.importorskip('onnx')
 pytest.importorskip('onnxruntime')
+
+pytestmark = [pytest.mark.slow, pytest.mark.export]
 
 #: PolaPP with one block a stage (PaCS stages 1-2, rotary softmax 3-4).
 POLAPP_TINY1 = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),

@@ -15,6 +15,8 @@ from pola_mm.deployment import (ExportError, ExportInputError,
 
 pytest.importorskip('onnxruntime')
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 CONFIGS = osp.join(REPO, 'configs')
 #: the shipped demo detector: a small Pola-Swin, tested at 128x128
 DEMO = osp.join(CONFIGS, 'demo', 'mask_rcnn_pola_swin_shapes.py')

@@ -3,7 +3,6 @@ ONNX Runtime deploy configs, unchanged (the copy that ships with pola_mm,
 pola_mm/.mim/mmdeploy_configs, or a checkout named by
 $POLA_MM_MMDEPLOY_ROOT), compared with PyTorch on a shapes image and a real
 photo."""
-import glob
 import hashlib
 import inspect
 import os
@@ -18,6 +17,8 @@ import torch
 mmdeploy = pytest.importorskip('mmdeploy')
 # ruff: noqa: E402  (the imports below need MMDeploy)
 
+from deploy_helpers import CONFIGS, DATA, HERE, SHIPPED, stock, upernet_options
+
 import pola_mm  # noqa: F401
 from pola_mm.deployment import mmdeploy_fixes, mmdeploy_rewriters
 from pola_mm.deployment.mmdeploy_verify import (DeployError, DeployInputError,
@@ -27,42 +28,14 @@ from pola_mm.deployment.mmdeploy_verify import (DeployError, DeployInputError,
                                                 stock_configs_dir,
                                                 stock_deploy_configs)
 
-HERE = osp.dirname(osp.abspath(__file__))
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 ROOT = osp.dirname(osp.dirname(HERE))
-CONFIGS = osp.join(ROOT, 'configs')
-#: MMDeploy's stock deploy configs as pola_mm ships them (the one copy:
-#: package data of pola_mm, in the wheel and the sdist), where the imported
-#: pola_mm is (the checkout, or an installed wheel in the compat suite)
-SHIPPED = osp.join(osp.dirname(pola_mm.__file__), '.mim', 'mmdeploy_configs')
-STOCK = osp.join(os.environ.get('POLA_MM_MMDEPLOY_ROOT', SHIPPED), 'configs')
-DATA = osp.join(HERE, 'assets')
 
 PVT_TINY = dict(_delete_=True, embed_dims=[16, 32, 64, 64],
                 depths=[1, 1, 1, 1],
                 num_heads=[1, 2, 2, 4], mlp_ratios=[2, 2, 2, 2],
                 sr_ratios=[8, 4, 2, 1])
-
-
-def stock(rel: str) -> str:
-    return osp.join(STOCK, rel)
-
-
-@pytest.fixture(scope='module')
-def photo(tmp_path_factory) -> str:
-    import mmcv
-    import skimage.data
-    path = str(tmp_path_factory.mktemp('img') / 'astronaut.png')
-    mmcv.imwrite(skimage.data.astronaut()[..., ::-1].copy(), path)
-    return path
-
-
-@pytest.fixture(scope='module')
-def shapes_images(tmp_path_factory) -> list:
-    from pola_mm.demo.shapes import make_shapes_dataset
-    out = tmp_path_factory.mktemp('shapes')
-    make_shapes_dataset(str(out), num_train=1, num_val=4, img_size=128,
-                        seed=0)
-    return sorted(glob.glob(str(out / 'val' / '*')))
 
 
 @pytest.fixture(scope='module')
@@ -313,19 +286,6 @@ def test_semantic_fpn_static_matches_pytorch(tmp_path, photo, with_argmax):
     assert any(key in n for n in names), names
 
 
-def _upernet_options() -> dict:
-    return {
-        'model.backbone.init_cfg': None,
-        'model.backbone.arch': dict(_delete_=True, embed_dims=16,
-                                    depths=[1, 1, 1, 1],
-                                    num_heads=[1, 1, 2, 2]),
-        'model.decode_head.in_channels': [16, 32, 64, 128],
-        'model.decode_head.channels': 32,
-        'model.auxiliary_head.in_channels': 64,
-        'model.auxiliary_head.channels': 16,
-    }
-
-
 def test_exact_adaptive_pooling_matrices():
     """The ONNX Runtime rewriter's averaging matrices are PyTorch's
     adaptive bins, also where the map is not divisible (16 -> 3, 6)."""
@@ -346,7 +306,7 @@ def test_upernet_static_matches_pytorch(tmp_path, photo):
     pola_mm's exact rewriter for ONNX Runtime the logits are within 1e-4
     of their scale."""
     report = _segmentation_report('upernet_pola_swin_t_ade20k.py',
-                                  _upernet_options(), False, photo, tmp_path)
+                                  upernet_options(), False, photo, tmp_path)
     assert report.ok, report
     assert report.input_shapes == [(1, 3, 512, 512)]
     assert any('logit max' in c.name for c in report.checks)
@@ -457,7 +417,7 @@ def test_mask_rcnn_static_matches_pytorch(tmp_path, shapes_image, photo):
 
 
 def test_untrained_retinanet_on_a_photo_verifies(tmp_path, photo):
-    """Untrained weights on a real photo (issue 47): 20 confident
+    """Untrained weights on a real photo: 20 confident
     detections with near-equal scores at the per-image cap, and boxes
     clipped flat at the border, which mmdet drops (``min_bbox_size=0``) and
     MMDeploy's own dense-head rewrite kept (pola_mm's ONNX Runtime rewriter

@@ -33,6 +33,8 @@ from pola_mm.ops.polarity import cpu as polarity_fast
 
 pytest.importorskip('onnxruntime')
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 #: The module of the polarity attention op (``pola_mm.ops`` exports the op
 #: function under the same name).
 polarity_op_module = importlib.import_module('pola_mm.ops.polarity.op')

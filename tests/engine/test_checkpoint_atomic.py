@@ -21,6 +21,8 @@ from mmengine.config import Config
 import pola_mm  # noqa: F401
 from pola_mm.engine import atomic_write, stale_temporary_files
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 
 def tiny_config(root: Path, hooks=(), **checkpoint) -> str:
     cfg = Config.fromfile(str(REPO / 'tests' / 'compat_tiny_cfg.py'))

@@ -40,6 +40,8 @@ from mmengine.runner import Runner
 import pola_mm  # noqa: F401  (applies pola_mm.compat)
 from pola_mm import compat
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.export]
+
 TINY_CFG = osp.join(REPO, 'tests', 'compat_tiny_cfg.py')
 
 

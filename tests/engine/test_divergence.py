@@ -28,6 +28,8 @@ from pola_mm.cli.train_test import (build_runner, prepare_train_config,
                                     train_parser)
 from pola_mm.engine import InvalidLossHook, NonFiniteLossError
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 
 def test_invalid_loss_hook_names_iteration_and_terms(tmp_path):
     from types import SimpleNamespace

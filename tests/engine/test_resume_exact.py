@@ -32,6 +32,8 @@ import pola_mm  # noqa: F401  (allow-list for Runner checkpoints)
 
 pytest.importorskip('mmseg.models')
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 
 def _command(cfg: str, procs: int, *extra: str) -> list:
     if procs == 1:

@@ -20,6 +20,8 @@ import pola_mm  # noqa: F401
 from pola_mm.cli import train_test as runner
 from pola_mm.cli.train_test import run_tool
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 CFG = str(REPO / 'tests' / 'compat_tiny_cfg.py')
 
 

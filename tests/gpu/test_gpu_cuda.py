@@ -17,9 +17,11 @@ import helpers
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason='needs a CUDA GPU (torch.cuda.is_available() is False)')
+pytestmark = [
+    pytest.mark.gpu, pytest.mark.slow,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason='needs a CUDA GPU (torch.cuda.is_available() is False)')]
 
 BACKBONES = {
     'pola_swin': dict(type='PolaSwinTransformer',

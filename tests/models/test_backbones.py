@@ -6,11 +6,12 @@ import os.path as osp
 
 import pytest
 import torch
-from conftest import reference_root
-from helpers import PVT_TINY, SWIN_TINY_DEPTH2, stage_grids
+from helpers import PVT_TINY, SWIN_TINY_DEPTH2, reference_root, stage_grids
 
 from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import convert_official_checkpoint
+
+pytestmark = pytest.mark.slow
 
 BACKBONES = [(PolaSwinTransformer, SWIN_TINY_DEPTH2), (PolaPVT, PVT_TINY)]
 IDS = ['swin', 'pvt']

@@ -19,6 +19,8 @@ from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint,
                                        extract_state_dict, official_family)
 
+pytestmark = pytest.mark.slow
+
 CLI = osp.join(REPO, 'tools', 'model_converters', 'pola_official_to_mm.py')
 
 

@@ -1,4 +1,4 @@
-"""The supported graph paths (issue 32): ``torch.export.export`` and
+"""The supported graph paths: ``torch.export.export`` and
 ``torch.compile(fullgraph=True)`` of every family equal eager, at a
 non-square size that is not a multiple of 32 (padded patches, resized
 tables, shifted and padded softmax windows). While a graph is captured the
@@ -13,6 +13,8 @@ from helpers import (POLAPP_TINY, PVT_TINY, SWIN_TINY_DEPTH1, SWIN_TINY_DEPTH2,
                      randomise)
 
 from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
+
+pytestmark = [pytest.mark.slow, pytest.mark.export]
 
 #: name -> (class, constructor arguments). Swin with softmax windows of 3:
 #: its 'S' stages shift and pad at this size.

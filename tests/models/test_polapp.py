@@ -4,12 +4,13 @@ import os.path as osp
 
 import pytest
 import torch
-from conftest import reference_root
-from helpers import REPO
+from helpers import REPO, reference_root
 
 from pola_mm.models.backbones import PolaPP
 from pola_mm.models.layers import PaCSAttention, to_map
 from pola_mm.ops import use_implementation
+
+pytestmark = pytest.mark.slow
 
 #: A tiny arch (two blocks in stage 1, layer scale on stages 3-4).
 TINY = dict(embed_dims=(16, 32, 32, 64), depths=(2, 1, 1, 1),

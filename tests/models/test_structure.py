@@ -1,4 +1,4 @@
-"""The shape of ``pola_mm/models`` a researcher reads (issue 32): one
+"""The shape of ``pola_mm/models`` a researcher reads: one
 ``forward`` per attention module, block and backbone, a short
 ``PolarityAttention``, and in the model files no TorchScript, no
 ``hasattr(self, ...)`` as configuration and no fast-path selection (the
@@ -77,7 +77,7 @@ def _code(path: Path) -> str:
     return ' '.join(out)
 
 
-#: pattern -> what it stands for (the issue's done-when)
+#: pattern -> what it stands for (none may appear in the model files)
 FORBIDDEN = {
     r'\btorch \. jit\b|\bjit \.': 'TorchScript',
     r'\bhasattr \( self\b': 'hasattr(self, ...) as configuration',

@@ -8,6 +8,8 @@ from helpers import randomise
 
 from pola_mm.models import PolaSwinTransformer
 
+pytestmark = pytest.mark.slow
+
 ARCH = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
 
 

@@ -1,6 +1,6 @@
 """Shifted-window attention in eager mode keeps its masks broadcast over the
 batch and skips a pad of zeros; a captured graph keeps both, branch-free,
-and computes the same at every size (issue 38, item 4)."""
+and computes the same at every size."""
 import importlib
 import warnings
 

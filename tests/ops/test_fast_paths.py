@@ -4,52 +4,25 @@
 PolaPP) computes the same outputs and gradients with and without them,
 and with them off no fast code runs (``helpers.spy_fast_code``)."""
 import importlib
-import os
 import subprocess
 import sys
 from typing import List, Tuple
 
 import pytest
 import torch
-from helpers import (POLAPP_TINY, PVT_MINI, PVT_TINY, SWIN_MINI,
-                     SWIN_TINY_DEPTH2, ran, randomise, reference_file, reset,
-                     spy_fast_code, subprocess_env)
+from helpers import (PVT_MINI, SWIN_MINI, SWIN_TINY_DEPTH2, fast_path_families,
+                     ran, randomise, reference_file, reset, spy_fast_code,
+                     subprocess_env)
 
 import pola_mm.ops as ops
-from pola_mm.models import PolaPP, PolaPVT, PolaSwinTransformer
+from pola_mm.models import PolaPVT, PolaSwinTransformer
 from pola_mm.models.checkpoint import (backbone_state_dict,
                                        convert_official_checkpoint)
 from pola_mm.models.layers import PolarityAttention
 from pola_mm.ops import dispatch
 
-#: name -> (class, constructor arguments, the fast code that must run with
-#: the switch on in float64, forward and a training step). Swin's 'LLSS'
-#: has polarity and (with windows of 3) shifted, padded softmax windows;
-#: PVT's 'LLLS' polarity and spatial-reduction softmax; PolaPP PaCS and
-#: rotary softmax.
-FAMILIES = {
-    'swin': (PolaSwinTransformer,
-             dict(arch=SWIN_TINY_DEPTH2, softmax_window_size=3),
-             {'polarity_cpu', 'PolarityAttentionFunction', 'sdpa',
-              'GateLinearFunction', 'GeluLinearFunction'}),
-    'swin_pacs': (PolaSwinTransformer,
-                  dict(arch=SWIN_TINY_DEPTH2, softmax_window_size=3,
-                       feature_map='pacs'),
-                  {'pacs_cpu', 'PaCSAttentionFunction', 'sdpa',
-                   'GateLinearFunction', 'GeluLinearFunction'}),
-    'pvt': (PolaPVT, dict(arch=PVT_TINY, attn_layout='LLLS'),
-            {'polarity_cpu', 'PolarityAttentionFunction', 'sdpa',
-             'GateLinearFunction', 'GeluLinearFunction'}),
-    'pvt_la_sr': (PolaPVT, dict(arch=PVT_TINY, la_sr_ratios='8421'),
-                  {'polarity_cpu', 'PolarityAttentionFunction',
-                   'GateLinearFunction', 'GeluLinearFunction'}),
-    'pvt_pacs': (PolaPVT, dict(arch=PVT_TINY, feature_map='pacs'),
-                 {'pacs_cpu', 'PaCSAttentionFunction',
-                  'GateLinearFunction', 'GeluLinearFunction'}),
-    'polapp': (PolaPP, dict(arch=POLAPP_TINY),
-               {'pacs_cpu', 'PaCSAttentionFunction', 'sdpa',
-                'GateLinearFunction'}),
-}
+#: name -> (class, constructor arguments, fast code that must run)
+FAMILIES = fast_path_families()
 
 
 def _build(name: str) -> torch.nn.Module:
@@ -214,13 +187,13 @@ def test_environment_switch_runs_the_plain_models(tmp_path):
 import pytest
 import torch
 from helpers import ran, spy_fast_code
-from test_fast_paths import FAMILIES
+from helpers import fast_path_families
 import pola_mm.ops as ops
 mp = pytest.MonkeyPatch()
 calls = spy_fast_code(mp)
 x = torch.load({str(tmp_path / 'x.pth')!r}, weights_only=True)
 for name in {names!r}:
-    cls, kwargs, _ = FAMILIES[name]
+    cls, kwargs, _ = fast_path_families()[name]
     m = cls(drop_path_rate=0., **kwargs)
     m.load_state_dict(torch.load({str(tmp_path)!r} + f'/{{name}}.pth',
                                  weights_only=True))
@@ -231,8 +204,6 @@ for name in {names!r}:
 print(ops.get_implementation(), sorted(ran(calls)))
 '''
     env = subprocess_env(POLA_MM_OPS='graph')
-    env['PYTHONPATH'] = os.pathsep.join([os.path.dirname(__file__),
-                                         env['PYTHONPATH']])
     out = subprocess.run([sys.executable, '-c', code], env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -18,6 +18,8 @@ pytest.importorskip('triton')
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
+pytestmark = pytest.mark.kernels
+
 KERNEL_OPS = {
     'polarity': ({'polarity_key_pass', 'polarity_query_pass'},
                  {'polarity_query_grad', 'polarity_key_grad'}),

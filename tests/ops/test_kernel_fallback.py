@@ -23,6 +23,8 @@ triton = pytest.importorskip('triton')
 from triton.compiler.errors import CompilationError  # noqa: E402
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
+pytestmark = pytest.mark.kernels
+
 ERRORS = {
     'out_of_resources':
     lambda: OutOfResources(232448, 101376, 'shared memory'),

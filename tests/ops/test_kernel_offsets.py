@@ -15,8 +15,10 @@ from pola_mm.ops import pacs_attention_pytorch, polarity_attention_naive
 from pola_mm.ops.pacs import triton as pacs_kernels
 from pola_mm.ops.polarity import triton as polarity_kernels
 
-pytestmark = pytest.mark.skipif(not polarity_kernels.HAVE_TRITON,
-                                reason='Triton is not installed')
+pytestmark = [
+    pytest.mark.kernels,
+    pytest.mark.skipif(not polarity_kernels.HAVE_TRITON,
+                       reason='Triton is not installed')]
 
 STRIDE = 2**30 + 2048  # images' stride: an int32, as a GPU passes it
 FAR = 2 * STRIDE  # the third image's offset, past 2^31 elements

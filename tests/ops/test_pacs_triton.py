@@ -24,6 +24,8 @@ import pola_mm.ops.pacs.triton as pacs_triton
 from pola_mm.ops import pacs_attention, pacs_attention_pytorch
 from pola_mm.ops.rotary import rotary_tables
 
+pytestmark = pytest.mark.kernels
+
 DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 needs_triton = pytest.mark.skipif(not pacs_triton.HAVE_TRITON,
                                   reason='triton is not installed')

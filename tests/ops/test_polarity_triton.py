@@ -14,8 +14,10 @@ from pola_mm.ops import dispatch, polarity_attention, polarity_attention_naive
 from pola_mm.ops.polarity import triton as kernels
 from pola_mm.ops.polarity.cpu import polarity_attention_cpu
 
-pytestmark = pytest.mark.skipif(not kernels.HAVE_TRITON,
-                                reason='Triton is not installed')
+pytestmark = [
+    pytest.mark.kernels,
+    pytest.mark.skipif(not kernels.HAVE_TRITON,
+                       reason='Triton is not installed')]
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 ALPHA = 4.0

@@ -10,6 +10,8 @@ import pytest
 from e2e_data import load, make_coco, tiny_det
 from mmengine.runner import Runner
 
+pytestmark = pytest.mark.slow
+
 #: image ids of the edited set (make_coco numbers images from 1)
 EMPTY, ZERO_BOX, DEGENERATE, NORMAL = 1, 2, 3, 4
 

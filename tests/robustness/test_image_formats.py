@@ -13,6 +13,8 @@ from e2e_data import load
 from mmengine.dataset import Compose
 from mmengine.registry import init_default_scope
 
+pytestmark = pytest.mark.slow
+
 #: config -> the OpenMMLab scope of its pipeline
 CONFIGS = {
     'pola_swin_t_in1k.py': 'mmpretrain',

@@ -12,6 +12,8 @@ from pola_mm.models.backbones.pola_pvt import PolaPVT
 from pola_mm.models.backbones.pola_swin import PolaSwinTransformer
 from pola_mm.ops import dispatch
 
+pytestmark = pytest.mark.slow
+
 SIZES = [(1, 1), (2, 2), (3, 3), (7, 7), (31, 31), (16, 2000), (2000, 16),
          (5, 33)]
 STRIDES = (4, 8, 16, 32)

@@ -18,6 +18,8 @@ from helpers import REPO, stage_grids
 
 from pola_mm.ops.position import CACHED_GRIDS
 
+pytestmark = pytest.mark.slow
+
 CHILD = textwrap.dedent('''
     import gc, json, random, resource, sys
     import torch

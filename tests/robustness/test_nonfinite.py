@@ -10,6 +10,8 @@ from pola_mm.models.backbones.pola_pvt import PolaPVT
 from pola_mm.models.backbones.pola_swin import PolaSwinTransformer
 from pola_mm.ops import dispatch, polarity_attention
 
+pytestmark = pytest.mark.slow
+
 NAN, INF = float('nan'), float('inf')
 
 

@@ -13,6 +13,8 @@ from helpers import PVT_TINY, SWIN_TINY_DEPTH2, randomise
 import pola_mm.ops
 import pola_mm.timm  # noqa: F401  (registers the models)
 
+pytestmark = [pytest.mark.slow, pytest.mark.export]
+
 #: One model a family, tiny widths (PolaPP: PaCS stages 1-2, rotary
 #: softmax 3-4, layer scale in the last two).
 CASES = {

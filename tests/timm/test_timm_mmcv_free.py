@@ -14,6 +14,8 @@ from helpers import REPO
 from pola_mm.models.layers.bricks import (DropPath, build_activation_layer,
                                           build_norm_layer)
 
+pytestmark = pytest.mark.slow
+
 NORM_CFGS = [dict(type='LN'), dict(type='LN', eps=1e-6),
              dict(type='GN', num_groups=4), dict(type='BN'),
              dict(type='BN1d'), dict(type='LN', requires_grad=False)]

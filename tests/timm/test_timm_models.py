@@ -19,6 +19,8 @@ from pola_mm.models.backbones.base import PreNormBlock
 from pola_mm.models.checkpoint import convert_official_checkpoint
 from pola_mm.models.layers import PolaPPBlock
 
+pytestmark = pytest.mark.slow
+
 TOL = 1e-4
 #: Every registered name with its own pretrained config (no short names).
 NAMES = timm.list_models('pola*', name_matches_cfg=True)

@@ -7,11 +7,12 @@ import os.path as osp
 import pytest
 import timm
 import torch
-from conftest import reference_root
-from helpers import REPO, randomise
+from helpers import REPO, randomise, reference_root
 
 import pola_mm.timm as pola_timm
 from pola_mm.models import PolaPP
+
+pytestmark = pytest.mark.slow
 
 #: timm's and the mm models must agree to this (float32, same weights).
 EQUAL = 1e-5

@@ -41,6 +41,8 @@ from timm_suite import load_suite
 
 import pola_mm.timm as pola_timm
 
+pytestmark = pytest.mark.slow
+
 
 def _suite():
     """timm's test module; outside CI a missing copy (no index reachable)

@@ -125,7 +125,8 @@ def load_suite(path: Optional[str] = None) -> types.ModuleType:
     try:
         with warnings.catch_warnings():
             # its marks (base, cfg, features, ...) are registered in timm's
-            # own pytest configuration, not here
+            # own pytest configuration; tests/timm/conftest.py registers
+            # them here (a run without that conftest only warns)
             warnings.simplefilter('ignore', pytest.PytestUnknownMarkWarning)
             exec(code, module.__dict__)
     except BaseException:

@@ -22,6 +22,8 @@ from helpers import REPO, subprocess_env
 
 pytest.importorskip('mmdet')
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 CONFIGS = osp.join(REPO, 'configs')
 DEMO = osp.join(CONFIGS, 'demo', 'mask_rcnn_pola_swin_shapes.py')
 

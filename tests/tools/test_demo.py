@@ -18,6 +18,8 @@ from mmengine.registry import init_default_scope  # noqa: E402
 
 from pola_mm.demo.shapes import SHAPES_CLASSES, make_shapes_dataset  # noqa
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 CONFIG = osp.join(REPO, 'configs', 'demo', 'mask_rcnn_pola_swin_shapes.py')
 
 

@@ -19,6 +19,8 @@ from helpers import REPO, subprocess_env
 
 pytest.importorskip('mmdet.models')
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 
 def _run(cmd, cwd, timeout=300, **env):
     proc = subprocess.run(cmd, cwd=cwd,

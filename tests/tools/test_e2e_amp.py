@@ -15,6 +15,8 @@ from helpers import PVT_TINY, SWIN_TINY_DEPTH1
 import pola_mm  # noqa: F401
 from pola_mm.registry import MODELS
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 BACKBONES = [
     dict(type='PolaSwinTransformer', arch=SWIN_TINY_DEPTH1),
     dict(type='PolaPVT', arch=PVT_TINY),

@@ -21,6 +21,8 @@ from mmengine.runner import Runner  # noqa: E402
 
 import pola_mm  # noqa: F401,E402  (registers the backbones)
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 
 class LossRecorder(Hook):
     """Collects the total training loss of every iteration."""

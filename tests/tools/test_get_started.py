@@ -13,7 +13,6 @@ names are a randomly initialised Pola-Swin-T saved where the snippet looks
 which is where mmdet's R50 optimiser (SGD lr 0.02) diverged.
 """
 import math
-import os.path as osp
 import re
 import subprocess
 import sys
@@ -22,23 +21,11 @@ import textwrap
 import e2e_data
 import pytest
 import torch
-from helpers import REPO
+from helpers import clean_env, get_started_config, upstream_tool
 
 pytest.importorskip('mmdet')
 
-from test_upstream_tools import clean_env, upstream_tool  # noqa: E402
-
-
-def get_started_config() -> str:
-    """The README block of "Get started" that starts from a snippet."""
-    with open(osp.join(REPO, 'README.md')) as f:
-        readme = f.read()
-    section = readme.split('### Get started', 1)[1].split('\n### ', 1)[0]
-    blocks = re.findall(r'```python\n(.*?)```', section, re.S)
-    snippet_blocks = [b for b in blocks if "'pola_mm::_base_/models/" in b
-                      and "'mmdet::" in b]
-    assert len(snippet_blocks) == 1, blocks
-    return snippet_blocks[0]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 TINY = '''

@@ -9,6 +9,8 @@ from pola_mm.cli import data_paths
 from pola_mm.cli import train_test as runner
 from pola_mm.cli.train_test import run_tool
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 CONFIGS = osp.join(osp.dirname(osp.dirname(osp.dirname(
     osp.abspath(__file__)))), 'configs')
 

@@ -10,6 +10,8 @@ import pytest
 import torch
 from helpers import REPO_PATH as REPO
 
+pytestmark = pytest.mark.slow
+
 
 def _load_install_mmcv():
     spec = importlib.util.spec_from_file_location(

@@ -18,13 +18,12 @@ import sys
 from typing import Dict, List, NamedTuple
 
 import pytest
-from helpers import REPO
+from helpers import REPO, clean_env, get_started_config, upstream_tool
 
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
 
-from test_get_started import get_started_config  # noqa: E402
-from test_upstream_tools import clean_env, upstream_tool  # noqa: E402
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 #: the page's upstream checkouts -> the installed package holding the tool
 CHECKOUTS = {'mmdetection': 'mmdet', 'mmsegmentation': 'mmseg'}

@@ -22,9 +22,11 @@ from typing import List
 
 import e2e_data
 import pytest
-from helpers import REPO, copy_source_tree
+from helpers import REPO, clean_env, copy_source_tree, upstream_tool
 
 pytest.importorskip('mmdet')
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 #: the snippet families: (snippet, backbone type, channels)
 SNIPPETS = {
@@ -33,26 +35,6 @@ SNIPPETS = {
     'Pola-PVT': ('pola_pvt_t_fpn.py', 'PolaPVT', [64, 128, 320, 512]),
     'PolaPP': ('polapp_b1_fpn.py', 'PolaPP', [32, 64, 192, 384]),
 }
-
-
-def clean_env(**extra: str) -> dict:
-    """This process's environment without the variables that could make
-    the child import pola_mm (or anything) other than as installed."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ('PYTHONPATH', 'PYTHONSTARTUP', 'PYTHONHOME',
-                        'POLA_MM_STARTUP_HOOK')}
-    env.update(OMP_NUM_THREADS='1', MKL_NUM_THREADS='1', **extra)
-    return env
-
-
-def upstream_tool(module: str, *path: str) -> str:
-    """``<installed module>/.mim/tools/<path>``: the package's own tool."""
-    import importlib.util
-    spec = importlib.util.find_spec(module)
-    root = list(spec.submodule_search_locations)[0]
-    tool = osp.join(root, '.mim', 'tools', *path)
-    assert osp.isfile(tool), tool
-    return tool
 
 
 def run(args: List[str], cwd, timeout: int = 300,
