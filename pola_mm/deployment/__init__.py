@@ -1,7 +1,9 @@
 """Deployment: ONNX export of the backbones and whole models, verified by
-ONNX Runtime and OpenVINO (used by ``tools/deployment/pytorch2onnx.py``),
-and whole models through MMDeploy, verified against PyTorch (used by
-``tools/deployment/deploy.py``).
+ONNX Runtime and OpenVINO (the tool ``python -m
+pola_mm.deployment.pytorch2onnx``, :mod:`~pola_mm.deployment.pytorch2onnx`),
+and whole models through MMDeploy, verified against PyTorch (``python -m
+pola_mm.deployment.deploy``, :mod:`~pola_mm.deployment.deploy`). In a
+checkout ``tools/deployment/`` runs the two tools too.
 
 torch's own exporters, one module per job:
 
@@ -62,6 +64,7 @@ _LAZY = {
     'deploy_and_verify': 'mmdeploy_verify',
     'NothingComparedError': 'mmdeploy_verify',
     'seeded': 'onnx_build', 'save_state_dict': 'onnx_build',
+    'weights_line': 'onnx_build',
     'config_test_size': 'onnx_defaults', 'default_onnx_path': 'onnx_defaults',
 }
 

@@ -1,10 +1,10 @@
 """Deploy a whole pola_mm model with MMDeploy to ONNX Runtime, verified.
 
     python -m pola_mm.deployment.deploy DEPLOY_CFG MODEL_CFG CKPT IMG \\
-        --work-dir DIR [--device cpu] [--show] [--cfg-options K=V ...] \\
-        [--score-thr 0.3] [--top-k 20] [--box-rtol 1e-3] \\
-        [--score-atol 1e-4] [--mask-iou 0.99] [--logit-rtol 1e-4] \\
-        [--seed 0] [--save-weights]
+        [IMG ...] --work-dir DIR [--device cpu] [--show] \\
+        [--cfg-options K=V ...] [--score-thr 0.3] [--top-k 20] \\
+        [--box-rtol 1e-3] [--score-atol 1e-4] [--mask-iou 0.99] \\
+        [--logit-rtol 1e-4] [--seed 0] [--save-weights]
 
 (``tools/deployment/deploy.py`` in a checkout runs the same.)
 
@@ -23,15 +23,20 @@ segmentor / classifier config: a file, or a name as a config's ``_base_``
 list takes it (:func:`resolve_model_config`): ``pola_mm::<path>`` for the
 package's own configs (``pola_mm::retinanet_pola_pvt_t.py``), likewise
 ``mmdet::<folder>/<file>`` and the other installed OpenMMLab packages.
-CKPT is its weights (``none``: the initialised model) and IMG the image to
-export and compare on. The model is exported with MMDeploy's ``torch2onnx``,
-MMDeploy's ONNX Runtime backend model and PyTorch both run on IMG, and
-every difference (boxes, scores, labels, masks, segmentation labels or
-logits, class scores) is printed (after the file a ``mmdeploy::`` name
-resolved to); ``end2end.onnx`` reaches DIR only when
-all agree (:func:`pola_mm.deployment.deploy_and_verify`). ``--show`` also
-draws both models' results into DIR (``output_pytorch.jpg``,
-``output_onnxruntime.jpg``).
+CKPT is its weights (``none``: the initialised model, random weights
+drawn from ``--seed``) and IMG the image to export and compare on (any
+photo, e.g. matplotlib's sample ``grace_hopper.jpg``; with several, the
+file is exported on the first and compared on each). The model is
+exported with MMDeploy's ``torch2onnx``, MMDeploy's ONNX Runtime backend
+model and PyTorch both run on each IMG, and every difference (boxes,
+scores, labels, masks, segmentation labels or logits, class scores) is
+printed (after the file a ``mmdeploy::`` name resolved to);
+``end2end.onnx`` reaches DIR only when all agree
+(:func:`pola_mm.deployment.deploy_and_verify`). Every run that gets to
+build the model prints one line on its weights, verified or refused
+(``weights: checkpoint CKPT`` or ``weights: random, seeded (--seed
+0)...``). ``--show`` also draws both models' results on the first IMG
+into DIR (``output_pytorch.jpg``, ``output_onnxruntime.jpg``).
 
 Exit codes: 0 verified, 1 export failed or the models differ, 2 bad
 arguments (one line: a missing file, an unknown ``mmdeploy::`` name with
@@ -64,7 +69,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         'pola_mm::PATH')
     parser.add_argument('checkpoint', help="model weights ('none': the "
                         'initialised model, random weights from --seed)')
-    parser.add_argument('img', help='image to export and compare on')
+    parser.add_argument('img', nargs='+', help='image(s) to compare on; '
+                        'the file is exported on the first')
     parser.add_argument('--work-dir', required=True,
                         help='where end2end.onnx is written')
     parser.add_argument('--device', default='cpu', choices=['cpu'],
@@ -132,15 +138,6 @@ def resolve_model_config(path: str) -> str:
         raise ValueError(f'{path}: {exc}') from exc
 
 
-def _weights_line(report: Any, seed: int) -> str:
-    """The one line about random weights (CKPT ``none``)."""
-    if report.weights_file:
-        return (f'weights: random, seeded (--seed {seed}); saved to '
-                f'{report.weights_file}')
-    return (f'weights: random, seeded (--seed {seed}); --save-weights keeps '
-            'them next to the file (end2end.pth)')
-
-
 def _verified_line(report: Any) -> str:
     """The last line of a verified run: the file, the task, the input
     sizes and, for detectors, how many detections were compared."""
@@ -178,8 +175,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for what, path, given in (
             ('deploy config', deploy_cfg, args.deploy_cfg),
             ('model config', model_cfg, args.model_cfg),
-            ('checkpoint', checkpoint, checkpoint), ('image', args.img,
-                                                     args.img)):
+            ('checkpoint', checkpoint, checkpoint),
+            *(('image', img, img) for img in args.img)):
         if path is not None and not osp.isfile(path):
             print(f'error: {what} not found: {given}', file=sys.stderr)
             return 2
@@ -188,6 +185,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr)
         return 2
     advice = _advice(deploy_cfg, model_cfg, args.cfg_options)
+    from pola_mm.deployment.onnx_build import weights_line
+    hint = '--save-weights keeps them next to the file (end2end.pth)'
     try:
         report = deploy_and_verify(
             deploy_cfg, model_cfg, checkpoint, args.img, args.work_dir,
@@ -197,12 +196,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             logit_rtol=args.logit_rtol, top_k=args.top_k, seed=args.seed,
             save_weights=args.save_weights)
     except DeployError as exc:
+        if not isinstance(exc, DeployInputError):
+            # a refused run says what it ran, as a verified one does
+            print(weights_line(checkpoint, args.seed), flush=True)
         print(f'error: {exc}', file=sys.stderr)
         return 2 if isinstance(exc, DeployInputError) else 1
     for check in report.checks:
         print(check)
-    if checkpoint is None:
-        print(_weights_line(report, args.seed))
+    print(weights_line(checkpoint, args.seed, report.weights_file, hint))
     print(_verified_line(report))
     if advice:  # a failure says it in its message
         print(f'note: {advice}')
@@ -210,7 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         # random weights are drawn by PyTorch only where they were saved
         weights = checkpoint or report.weights_file
         for path in draw_results(deploy_cfg, model_cfg, weights,
-                                 report.onnx_file, args.img, args.work_dir,
+                                 report.onnx_file, args.img[0], args.work_dir,
                                  args.device, args.cfg_options):
             print(f'drawn: {path}')
     return 0

@@ -14,11 +14,14 @@ What is compared, per image (MMDeploy task):
   any score (one side's detection may rank just outside the compared ones),
   a score within ``score_atol`` and, with masks, a mask IoU >= ``mask_iou``
   (pixels at a near-tie of the binary threshold, in PyTorch's soft mask,
-  may flip). The order of tied scores does not matter: unmatched
-  detections of the two sides with equal scores are a swap (NMS and the
-  per-image cap break ties by order), and a detection the other side cut
-  at its full cap with a tie is excused; both are counted in the check's
-  detail, with how many detections each side had compared. The tail below
+  may flip). The order of near-equal scores does not matter: unmatched
+  detections of the two sides with scores within ``score_atol`` and boxes
+  that would suppress each other are a swap (NMS and the per-image cap
+  break ties by order), also where the swap pushed one of them just below
+  its side's cut (a detection within ``score_atol`` of the lowest compared
+  score: :func:`near_cut`), and a detection the other side cut at its
+  full cap with a tie is excused; both are counted in the check's detail,
+  with how many detections each side had compared. The tail below
   both is not compared one to one: MMDeploy's post-processing keeps up to
   ``pre_top_k`` = 5000 candidates per image before NMS where mmdet's
   test_cfg keeps ``nms_pre``, so far down the ranking the two may
@@ -39,14 +42,15 @@ With a deploy config that frees the height/width (MMDeploy's stock
 every image at its own size.
 """
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = [
-    'DEFAULT_TOP_K', 'Check', 'compared_indices', 'compare_detections',
+    'DEFAULT_TOP_K', 'Check', 'compared_indices', 'near_cut',
+    'compare_detections',
     'compare_segmentation', 'compare_classification'
 ]
 
@@ -144,35 +148,71 @@ def _counterparts(src: Any, dst: Any, keep: Tensor,
     return pairs
 
 
-def _tied_swaps(a: Any, a_lost: List[int], b: Any, b_lost: List[int],
-                score_atol: float, nms_iou: float
-                ) -> Tuple[int, List[int], List[int]]:
-    """Pair the unmatched detections of two sides that NMS may have swapped
-    by the order of a tie: the same label, equal scores (within
-    ``score_atol``) and boxes that overlap by more than NMS's IoU threshold
-    ``nms_iou`` (each would suppress the other): one side kept a box where
-    the other kept its tied partner.
+def near_cut(dets: Any, compared: Tensor, score_atol: float) -> Tensor:
+    """The detections of one side ranked below its compared ones
+    (``compared``, :func:`compared_indices`) whose score is within
+    ``score_atol`` of the cut's (the lowest compared score): those that
+    near-equal scores may have swapped across the cut.
 
     Returns:
-        The number of pairs and the indices left unpaired on each side.
+        ``(n,)`` indices into ``dets``.
     """
-    free = list(b_lost)
+    if not len(compared) or len(compared) == len(dets):
+        return compared[:0]
+    cut = float(dets.scores[compared].float().min())
+    beyond = torch.ones(len(dets), dtype=torch.bool)
+    beyond[compared] = False
+    near = beyond & (dets.scores.float() >= cut - score_atol)
+    return torch.nonzero(near).flatten()
+
+
+def _is_swap(a: Any, i: int, b: Any, j: int, score_atol: float,
+             nms_iou: float) -> bool:
+    """Whether ``a[i]`` and ``b[j]`` are a pair NMS may have swapped by the
+    order of a tie: one label, scores within ``score_atol``, boxes that
+    overlap by more than ``nms_iou`` (each would suppress the other)."""
+    return (int(a.labels[i]) == int(b.labels[j])
+            and abs(float(a.scores[i] - b.scores[j])) <= score_atol
+            and float(_iou_matrix(a.bboxes[i:i + 1].float(),
+                                  b.bboxes[j:j + 1].float())) > nms_iou)
+
+
+def _tied_swaps(a: Any, a_lost: List[int], b: Any, b_lost: List[int],
+                score_atol: float, nms_iou: float,
+                a_near: Sequence[int] = (), b_near: Sequence[int] = ()
+                ) -> Tuple[int, List[int], List[int]]:
+    """Pair the unmatched compared detections of two sides (``a_lost``,
+    ``b_lost``) that NMS may have swapped by the order of a tie
+    (:func:`_is_swap`): one side kept a box where the other kept its tied
+    partner. A partner may also be one of the other side's unmatched
+    detections just below its cut (``a_near``, ``b_near``:
+    :func:`near_cut`), which the swap pushed out of the compared ones;
+    those are never counted as lost themselves.
+
+    Returns:
+        How many compared detections were paired (both sides), and the
+        compared indices left unpaired on each side.
+    """
+    free_b = list(b_lost) + list(b_near)
+    free_a = list(a_near)
     left_a = []
     for i in a_lost:
-        partner = None
-        for j in free:
-            if (int(a.labels[i]) == int(b.labels[j])
-                    and abs(float(a.scores[i] - b.scores[j])) <= score_atol
-                    and float(_iou_matrix(a.bboxes[i:i + 1].float(),
-                                          b.bboxes[j:j + 1].float()))
-                    > nms_iou):
-                partner = j
-                break
+        partner = next((j for j in free_b
+                        if _is_swap(a, i, b, j, score_atol, nms_iou)), None)
         if partner is None:
             left_a.append(i)
         else:
-            free.remove(partner)
-    return len(a_lost) - len(left_a), left_a, free
+            free_b.remove(partner)
+    left_b = []
+    for j in (j for j in b_lost if j in free_b):
+        partner = next((i for i in free_a
+                        if _is_swap(a, i, b, j, score_atol, nms_iou)), None)
+        if partner is None:
+            left_b.append(j)
+        else:
+            free_a.remove(partner)
+    excused = len(a_lost) + len(b_lost) - len(left_a) - len(left_b)
+    return excused, left_a, left_b
 
 
 def _cut_at_cap(score: float, other: Any, cap: Optional[int],
@@ -199,8 +239,10 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
     need a counterpart on the other side: the same label and a box within
     ``box_rtol`` of ``scale``, at any score (:func:`_counterparts`).
     Unmatched ones are excused only where ties explain them: pairs of
-    unmatched detections of one label with equal scores that overlap by
-    more than ``nms_iou`` (NMS swapped them, :func:`_tied_swaps`), and
+    unmatched detections of one label with scores within ``score_atol``
+    that overlap by more than ``nms_iou`` (NMS swapped them,
+    :func:`_tied_swaps`; one of the pair may be an uncompared detection
+    just below its side's cut, :func:`near_cut`), and
     detections that the other side, full at the per-image cap ``cap`` (the
     model's ``max_per_img``), cut with a tie. Matched pairs must agree in
     score (``score_atol``) and, with masks, mask IoU; ``soft_masks``,
@@ -210,7 +252,8 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
     The first check's ``data`` holds the counts: ``torch`` / ``backend``
     (detections with score >= ``score_thr``), ``compared_torch`` /
     ``compared_backend`` (detections compared), ``matched`` (pairs whose
-    boxes, scores and masks were measured), ``tied_swaps`` and ``capped``.
+    boxes, scores and masks were measured), ``tied_swaps`` (compared
+    detections excused as swaps) and ``capped``.
     """
     ref = ref.cpu()
     got = got.cpu()
@@ -236,8 +279,14 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
                 worst_iou = min(worst_iou, _mask_iou(
                     ref.masks[r], got.masks[g],
                     None if soft_masks is None else soft_masks[r]))
-    swaps, left_ref, left_got = _tied_swaps(ref, lost[True], got,
-                                            lost[False], score_atol, nms_iou)
+    # just below each side's cut: the unmatched ones a tie may have swapped
+    # with a compared one of the other side
+    near = {forward: [i for i, j in _counterparts(
+        a, b, near_cut(a, compared[forward], score_atol), tol) if j < 0]
+        for a, b, forward in ((ref, got, True), (got, ref, False))}
+    swaps, left_ref, left_got = _tied_swaps(
+        ref, lost[True], got, lost[False], score_atol, nms_iou,
+        near[True], near[False])
     capped = (sum(_cut_at_cap(float(ref.scores[i]), got, cap, score_atol)
                   for i in left_ref) +
               sum(_cut_at_cap(float(got.scores[i]), ref, cap, score_atol)
@@ -248,7 +297,7 @@ def compare_detections(ref: Any, got: Any, scale: float, score_thr: float,
         backend=int((got.scores >= score_thr).sum()),
         compared_torch=len(compared[True]),
         compared_backend=len(compared[False]), matched=matched,
-        score_thr=score_thr, top_k=int(top_k), tied_swaps=2 * swaps,
+        score_thr=score_thr, top_k=int(top_k), tied_swaps=swaps,
         capped=capped)
     checks = [
         Check('compared detections without a counterpart', unmatched, 0,

@@ -13,7 +13,7 @@ included, for two reasons, both fixed here and nowhere else:
    ``FUNCTION_REWRITER``, adds ``dynamo=False`` unless the caller chose.
    MMDeploy applies its rewriters only inside its ``RewriterContext``, that
    is, while its ``export`` runs: ``torch.onnx.export`` everywhere else
-   (pola_mm's own ``tools/deployment/pytorch2onnx.py`` included) keeps
+   (pola_mm's own :mod:`~pola_mm.deployment.pytorch2onnx` included) keeps
    torch's default. MMDeploy's stock ``*_dynamic.py`` configs (a free input
    height/width) export pola_mm's backbones too: their graphs compute
    padding, windows, masks and resized position tables from the graph's

@@ -23,6 +23,18 @@ every image at its own size. Detectors are compared on at least their
 compared no detection at all is refused (:class:`NothingComparedError`),
 never reported as verified.
 
+Detectors' boxes are clipped to the network input on both sides. The
+exported graph knows only its input tensor: MMDeploy's detector rewrites
+set ``img_shape`` from its size, the resized image padded by the data
+preprocessor (960x800 for a 938x800 image padded to 32), and the RPN's
+proposals and the final boxes are clipped to that, where mmdet's own test
+clips to the resized image. PyTorch is run with the same ``img_shape``
+(:func:`in_input_frame`), and the check's line names both sizes where they
+differ; mmdet's own results can differ from the deployed model's for boxes
+that reach into the padding (bottom and right, less than the pad divisor).
+:func:`verify_onnx_file` runs the same comparison on a file exported
+before.
+
 Without a checkpoint the model is built with seeded random weights (the
 same ``seed``, the same weights and file), which the export is handed so
 that both sides are one model; ``save_weights`` keeps them next to the
@@ -57,7 +69,8 @@ __all__ = [
     'MMDEPLOY_SCOPE', 'stock_configs_dir', 'stock_deploy_configs',
     'resolve_deploy_config', 'load_deploy_configs', 'is_dynamic_hw',
     'export_with_mmdeploy', 'compare_detections', 'compare_segmentation',
-    'compare_classification', 'compare_on_image', 'deploy_and_verify',
+    'compare_classification', 'compare_on_image', 'in_input_frame',
+    'deploy_and_verify', 'verify_onnx_file',
     'draw_results', 'TASKS'
 ]
 
@@ -124,20 +137,55 @@ def compare_on_image(task_processor: Any, torch_model: Any,
         return shape, compare_segmentation(torch_model, path, inputs, metas,
                                            logit_rtol, with_argmax)
     raw, _ = task_processor.create_input(img, input_shape)
+    framed = raw
+    if task != 'Classification':
+        framed, padded_from = in_input_frame(raw, shape[2:])
     with torch.no_grad():
-        ref = torch_model.test_step(copy.deepcopy(raw))[0]
+        ref = torch_model.test_step(copy.deepcopy(framed))[0]
         got = backend_model.test_step(copy.deepcopy(raw))[0]
     if task == 'Classification':
         return shape, compare_classification(ref, got, score_atol)
     h, w = ref.metainfo['ori_shape'][:2]
     soft = None
     if 'masks' in ref.pred_instances:
-        soft = soft_masks(torch_model, raw)
-    return shape, compare_detections(ref.pred_instances, got.pred_instances,
-                                     float(max(h, w)), score_thr, box_rtol,
-                                     score_atol, mask_iou,
-                                     *detections_post_processing(torch_model),
-                                     soft_masks=soft, top_k=top_k)
+        soft = soft_masks(torch_model, framed)
+    checks = compare_detections(ref.pred_instances, got.pred_instances,
+                                float(max(h, w)), score_thr, box_rtol,
+                                score_atol, mask_iou,
+                                *detections_post_processing(torch_model),
+                                soft_masks=soft, top_k=top_k)
+    if padded_from is not None:
+        checks[0].detail += (
+            f'; boxes clipped to the padded input {shape[2]}x{shape[3]} '
+            'on both sides, as in the exported graph (the resized image: '
+            f'{padded_from[0]}x{padded_from[1]})')
+    return shape, checks
+
+
+def in_input_frame(raw: Dict[str, Any], hw: Sequence[int]
+                   ) -> Tuple[Dict[str, Any], Optional[Tuple[int, int]]]:
+    """The data of one image as MMDeploy's exported detector sees it: its
+    ``img_shape``, within which boxes and proposals are clipped, is the
+    network input's size ``hw`` (MMDeploy's detector rewrites set it from
+    the input tensor, the resized image padded by the data preprocessor),
+    where mmdet's own test clips to the resized image.
+
+    Returns:
+        ``raw`` with that ``img_shape`` (a copy; ``raw`` itself where the
+        image fills the input) and the resized image's ``(h, w)`` where it
+        was padded (None where not).
+    """
+    hw = tuple(int(v) for v in hw)
+    samples = raw.get('data_samples') or []
+    sizes = {tuple(int(v) for v in s.metainfo.get('img_shape', hw)[:2])
+             for s in samples}
+    if not sizes or sizes == {hw}:
+        return raw, None
+    framed = copy.copy(raw)
+    framed['data_samples'] = [copy.deepcopy(s) for s in samples]
+    for sample in framed['data_samples']:
+        sample.set_metainfo(dict(img_shape=hw))
+    return framed, min(sizes)
 
 
 def soft_masks(model: Any, raw: Any) -> Optional[torch.Tensor]:
@@ -235,6 +283,72 @@ def _keep_weights(weights: str, onnx_file: str) -> str:
     return final
 
 
+def _compare_images(report: DeployReport, task_processor: Any,
+                    torch_model: Any, path: str, imgs: List[ImageLike],
+                    deploy_cfg: Config, score_thr: float, box_rtol: float,
+                    score_atol: float, mask_iou: float, logit_rtol: float,
+                    top_k: int) -> None:
+    """Run the file ``path`` in MMDeploy's ONNX Runtime backend model and
+    ``torch_model`` on each image and add the input shapes and the checks
+    (named ``image K HxW: ...``) to ``report``."""
+    task = report.task
+    backend_model = None
+    if task != 'Segmentation':
+        backend_model = task_processor.build_backend_model(
+            [path], task_processor.update_data_preprocessor)
+    for k, img in enumerate(imgs):
+        shape, checks = compare_on_image(
+            task_processor, torch_model, backend_model, path, img,
+            deploy_cfg, task, score_thr, box_rtol, score_atol, mask_iou,
+            logit_rtol, top_k)
+        report.input_shapes.append(shape)
+        for c in checks:
+            c.name = f'image {k} {shape[2]}x{shape[3]}: {c.name}'
+        report.checks.extend(checks)
+
+
+def verify_onnx_file(deploy_cfg: Union[str, Config],
+                     model_cfg: Union[str, Config],
+                     checkpoint: Optional[str], onnx_file: str,
+                     imgs: Union[ImageLike, Sequence[ImageLike]],
+                     device: str = 'cpu',
+                     cfg_options: Optional[Dict[str, Any]] = None,
+                     score_thr: float = 0.3, box_rtol: float = 1e-3,
+                     score_atol: float = 1e-4, mask_iou: float = 0.99,
+                     logit_rtol: float = 1e-4, top_k: int = DEFAULT_TOP_K,
+                     seed: Optional[int] = 0) -> DeployReport:
+    """Compare an ONNX file that MMDeploy exported (``end2end.onnx``) with
+    PyTorch on every image, as :func:`deploy_and_verify` compares the file
+    it exports, without exporting or moving anything.
+
+    Args: as :func:`deploy_and_verify`; ``checkpoint`` the weights the file
+    was exported from (None: the initialisation drawn from ``seed``).
+
+    Returns:
+        The report (``report.ok``: every check passed; ``onnx_file`` the
+        file given). Nothing is raised for a disagreement.
+
+    Raises:
+        DeployError: bad configs or inputs.
+    """
+    deploy_cfg, model_cfg = load_deploy_configs(deploy_cfg, model_cfg,
+                                                cfg_options)
+    imgs = _images_of(imgs)
+    for path, what in ((onnx_file, 'ONNX file'), (checkpoint, 'checkpoint')):
+        if path is not None and not osp.isfile(path):
+            raise DeployInputError(f'{what} not found: {path}')
+    require_mmdeploy()
+    from mmdeploy.apis import build_task_processor
+    report = DeployReport(onnx_file, deploy_task(deploy_cfg),
+                          seed=None if checkpoint is not None else seed)
+    task_processor = build_task_processor(model_cfg, deploy_cfg, device)
+    torch_model = _build_torch_model(task_processor, checkpoint, seed)
+    _compare_images(report, task_processor, torch_model, onnx_file, imgs,
+                    deploy_cfg, score_thr, box_rtol, score_atol, mask_iou,
+                    logit_rtol, top_k)
+    return report
+
+
 def deploy_and_verify(deploy_cfg: Union[str, Config],
                       model_cfg: Union[str, Config],
                       checkpoint: Optional[str],
@@ -311,19 +425,9 @@ def deploy_and_verify(deploy_cfg: Union[str, Config],
             torch.save({'state_dict': torch_model.state_dict()}, weights)
         path = export_with_mmdeploy(deploy_cfg, model_cfg, weights,
                                     imgs[0], tmp_dir, device)
-        backend_model = None
-        if task != 'Segmentation':
-            backend_model = task_processor.build_backend_model(
-                [path], task_processor.update_data_preprocessor)
-        for k, img in enumerate(imgs):
-            shape, checks = compare_on_image(
-                task_processor, torch_model, backend_model, path, img,
-                deploy_cfg, task, score_thr, box_rtol, score_atol, mask_iou,
-                logit_rtol, top_k)
-            report.input_shapes.append(shape)
-            for c in checks:
-                c.name = f'image {k} {shape[2]}x{shape[3]}: {c.name}'
-            report.checks.extend(checks)
+        _compare_images(report, task_processor, torch_model, path, imgs,
+                        deploy_cfg, score_thr, box_rtol, score_atol,
+                        mask_iou, logit_rtol, top_k)
         for c in report.checks:
             print_log(str(c), logger='current')
         if not report.ok:

@@ -29,7 +29,7 @@ from ..type_aliases import Size2
 from .onnx_errors import ExportInputError, first_line
 
 __all__ = ['TensorModeModel', 'build_backbone', 'build_model',
-           'example_inputs', 'seeded', 'save_state_dict']
+           'example_inputs', 'seeded', 'save_state_dict', 'weights_line']
 
 
 @contextlib.contextmanager
@@ -43,6 +43,23 @@ def seeded(seed: Optional[int]) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         yield
+
+
+def weights_line(checkpoint: Optional[str], seed: Optional[int],
+                 saved: Optional[str] = None,
+                 hint: Optional[str] = None) -> str:
+    """The one line the export and deploy tools print on every run that
+    built its model, verified or refused: whether the weights are a
+    checkpoint's or the random initialisation drawn from ``seed``
+    (:func:`seeded`), and where they were saved (``saved``) or, for random
+    ones not saved, ``hint`` (how to keep them)."""
+    if checkpoint is not None:
+        return (f'weights: checkpoint {checkpoint}' +
+                (f', saved to {saved}' if saved else ''))
+    line = f'weights: random, seeded (--seed {seed})'
+    if saved:
+        return f'{line}; saved to {saved}'
+    return f'{line}; {hint}' if hint else line
 
 
 def save_state_dict(model: nn.Module, path: str) -> str:

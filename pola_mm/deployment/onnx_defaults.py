@@ -1,4 +1,4 @@
-"""What ``tools/deployment/pytorch2onnx.py`` exports when it is told only
+"""What ``python -m pola_mm.deployment.pytorch2onnx`` exports when told only
 the config: the input size of the config's test pipeline
 (:func:`config_test_size`) and a file under ``work_dirs/`` named after the
 config (:func:`default_onnx_path`).

@@ -21,9 +21,9 @@ class ExportInputError(ExportError):
     """What the export was given cannot be used: a missing, unreadable or
     corrupt config or checkpoint, a config without a pola_mm backbone, a
     checkpoint of another arch, or a destination that cannot be written.
-    The message is one line naming the problem and the fix
-    (``tools/deployment/pytorch2onnx.py`` exits with 2 on it, with 1 on
-    other :class:`ExportError`)."""
+    The message is one line naming the problem and the fix (``python -m
+    pola_mm.deployment.pytorch2onnx`` exits with 2 on it, with 1 on other
+    :class:`ExportError`)."""
 
 
 def first_line(err: BaseException) -> str:

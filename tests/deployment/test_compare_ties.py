@@ -127,3 +127,61 @@ def test_nothing_to_compare_is_said():
     c = _check(empty, empty)['compared detections without a counterpart']
     assert c.data['compared_torch'] == c.data['compared_backend'] == 0
     assert c.detail.startswith('nothing compared')
+
+
+#: 19 detections well above the top-20 cut, one label each, apart
+ABOVE = [0.3 - 0.005 * k for k in range(19)]
+ABOVE_BOXES = [[40 * k, 300, 40 * k + 30, 350] for k in range(19)]
+#: the cut's detection A, and B: A's box moved 8 px (IoU 0.6 with it)
+A_BOX, B_BOX = [100, 100, 180, 160], [108, 100, 188, 160]
+#: another detection C, apart from both
+C_BOX = [500, 500, 560, 580]
+
+
+def _near_cut(a_score: float, b_score: float, c_ref: float, c_got: float,
+              b_box: list = B_BOX):
+    """PyTorch keeps A at rank 20 and C at 21; the backend, whose scores
+    differ by float noise, ranks C 20th and keeps B (A's tied partner in
+    NMS, suppressed on PyTorch's side) 21st: below its cut."""
+    ref = _dets(ABOVE_BOXES + [A_BOX, C_BOX], ABOVE + [a_score, c_ref],
+                [1] * 19 + [2, 3])
+    got = _dets(ABOVE_BOXES + [C_BOX, b_box], ABOVE + [c_got, b_score],
+                [1] * 19 + [3, 2])
+    return _check(ref, got)
+
+
+def test_near_equal_scores_swapped_at_the_cut_pass():
+    """Two detections whose scores swap order across the top-20 cut: each
+    side's 20th is found among the other side's detections below its
+    cut."""
+    scores = list(LOW)
+    scores[20] = scores[19] - 2e-5  # the 21st 2e-5 below the 20th
+    swapped = list(scores)
+    swapped[19], swapped[20] = scores[19] - 1e-5, scores[20] + 2e-5
+    ref = _dets(LOW_BOXES, scores, [1] * 25)
+    c = _check(ref, _dets(LOW_BOXES, swapped, [1] * 25))
+    assert all(x.ok for x in c.values()), [str(x) for x in c.values()]
+    assert c['compared detections without a counterpart'].data[
+        'matched'] == 40
+
+
+def test_a_tie_swapped_by_nms_across_the_cut_passes():
+    """A (PyTorch's 20th) and B (the backend's 21st) are one tie that NMS
+    broke the other way on each side: A's partner lies below the
+    backend's cut, and is matched all the same."""
+    c = _near_cut(0.10000, 0.09998, 0.09996, 0.09999)
+    assert all(x.ok for x in c.values()), [str(x) for x in c.values()]
+    counted = c['compared detections without a counterpart']
+    assert counted.data['tied_swaps'] == 1
+    assert counted.data['compared_backend'] == 20
+    assert '1 swapped between tied scores' in counted.detail
+
+
+def test_a_real_difference_at_the_cut_still_fails():
+    """The same layout, but B scores 1e-3 below A (not a tie, and not near
+    the backend's cut), or B is a box elsewhere: A has no counterpart."""
+    for b_score, b_box in ((0.0990, B_BOX), (0.09998, [300, 100, 380, 160])):
+        c = _near_cut(0.10000, b_score, 0.09996, 0.09999, b_box)
+        counted = c['compared detections without a counterpart']
+        assert not counted.ok and counted.value == 1, counted
+        assert counted.data['tied_swaps'] == 0

@@ -19,9 +19,7 @@ import pola_mm  # noqa: F401
 from pola_mm.deployment.mmdeploy_export import (pola_mm_deploy_configs,
                                                 resolve_deploy_config,
                                                 stock_deploy_configs)
-from pola_mm.deployment.mmdeploy_verify import (DeployError,
-                                                NothingComparedError,
-                                                deploy_and_verify)
+from pola_mm.deployment.mmdeploy_verify import DeployError, deploy_and_verify
 
 pytestmark = [pytest.mark.slow, pytest.mark.export]
 
@@ -189,14 +187,17 @@ def test_untrained_flagship_differs_at_stock_opset_11(tmp_path, photo):
     assert not (tmp_path / 'd' / 'end2end.onnx').exists()
 
 
-def test_a_check_of_nothing_is_refused(tmp_path, photo):
+def test_a_check_of_nothing_is_refused(tmp_path, photo, capsys):
     """No detection on either side (a threshold no score reaches): the
-    check could not fail, so nothing is verified or written."""
-    with pytest.raises(NothingComparedError, match='nothing to compare'):
-        deploy_and_verify(
-            stock('mmdet/detection/detection_onnxruntime_static.py'),
-            osp.join(DATA, 'retinanet_pola_pvt_shapes.py'),
-            osp.join(DATA, 'retinanet_pola_pvt_shapes.pth'), photo,
-            str(tmp_path / 'n'), cfg_options={'model.test_cfg.score_thr':
-                                              1.01})
+    check could not fail, so nothing is verified or written (exit 1); the
+    refused run says what its weights were, as a verified one does."""
+    from pola_mm.deployment.deploy import main
+    ckpt = osp.join(DATA, 'retinanet_pola_pvt_shapes.pth')
+    rc = main([stock('mmdet/detection/detection_onnxruntime_static.py'),
+               osp.join(DATA, 'retinanet_pola_pvt_shapes.py'), ckpt, photo,
+               '--work-dir', str(tmp_path / 'n'), '--cfg-options',
+               'model.test_cfg.score_thr=1.01'])
+    printed, err = capsys.readouterr()
+    assert rc == 1 and err.startswith('error: nothing to compare'), err
+    assert printed.splitlines()[-1] == f'weights: checkpoint {ckpt}'
     assert not (tmp_path / 'n' / 'end2end.onnx').exists()

@@ -2,7 +2,8 @@
 deploy configs (and pola_mm's own, the stock ones at opset 16) ship in
 pola_mm's wheel and sdist (the ``mmdeploy`` wheel ships none), and the
 installed tool, ``python -m pola_mm.deployment.deploy``, finds them by name
-from the installed copy.
+from the installed copy; the installed export tool, ``python -m
+pola_mm.deployment.pytorch2onnx pola_mm::CONFIG --dynamic``, runs too.
 
 The wheel is built from a copy of this checkout's files and installed into
 a fresh venv that sees this environment's packages after its own (as
@@ -103,7 +104,9 @@ def test_installed_wheel_deploys_with_a_shipped_config(source, tmp_path):
     pola_mm.deployment.deploy mmdeploy::mmdet/detection/
     detection_onnxruntime_dynamic.py ...`` run from a fresh folder resolves
     the name to the installed copy and exports and verifies the tiny
-    trained RetinaNet (Pola-PVT) on a 128x128 shapes image."""
+    trained RetinaNet (Pola-PVT) on a 128x128 shapes image; ``python -m
+    pola_mm.deployment.pytorch2onnx pola_mm::demo/... --dynamic`` exports
+    and verifies the installed demo config's backbone."""
     start = time.perf_counter()
     _run([sys.executable, '-m', 'pip', 'wheel', '--no-deps',
           '--no-build-isolation', '-q', '-w', str(tmp_path / 'dist'),
@@ -196,7 +199,20 @@ def test_installed_wheel_deploys_with_a_shipped_config(source, tmp_path):
     assert last.startswith('error: unknown MMDeploy deploy config '
                            'mmdeploy::mmdet/detection/nope.py')
     assert 'mmdeploy::' + DETECTION in last
+
+    # torch's exporters: the documented complete command, on the installed
+    # package's own demo config, nothing of the checkout reachable
+    exported = _run([python, '-m', 'pola_mm.deployment.pytorch2onnx',
+                     'pola_mm::demo/mask_rcnn_pola_swin_shapes.py',
+                     '--dynamic'], work).stdout
+    name = 'mask_rcnn_pola_swin_shapes'
+    path = osp.join('work_dirs', name, f'{name}_backbone.onnx')
+    assert (f'{path}: PolaSwinTransformer exported at 128x128 (dynamo '
+            'exporter, dynamic batch, height and width) agrees with '
+            'PyTorch' in exported), exported[-3000:]
+    assert (work / path).is_file()
+    done = time.perf_counter()
     print(f'wheel built {built - start:.1f} s, installed '
           f'{installed_at - built:.1f} s, probe + deploy '
-          f'{deployed - installed_at:.1f} s, total '
-          f'{time.perf_counter() - start:.1f} s')
+          f'{deployed - installed_at:.1f} s, pytorch2onnx '
+          f'{done - deployed:.1f} s, total {done - start:.1f} s')

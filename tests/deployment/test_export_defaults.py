@@ -1,13 +1,13 @@
-"""What ``tools/deployment/pytorch2onnx.py`` does when told little: the
-input size of the config's test pipeline, a file under ``work_dirs/``,
-random weights that are seeded (the same seed, the same file), said in one
-line and saved on request."""
+"""What ``python -m pola_mm.deployment.pytorch2onnx`` does when told
+little: the input size of the config's test pipeline, a file under
+``work_dirs/``, random weights that are seeded (the same seed, the same
+file), said in one line and saved on request."""
 import os.path as osp
 
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, load_tool
+from helpers import REPO
 
 from pola_mm.deployment import (ExportError, ExportInputError,
                                 config_test_size, default_onnx_path,
@@ -29,8 +29,9 @@ TINY_SWIN = [
 
 @pytest.fixture(scope='module')
 def tool():
-    """tools/deployment/pytorch2onnx.py, loaded in this process."""
-    return load_tool('deployment', 'pytorch2onnx.py')
+    """The export tool, ``python -m pola_mm.deployment.pytorch2onnx``."""
+    from pola_mm.deployment import pytorch2onnx
+    return pytorch2onnx
 
 
 @pytest.mark.parametrize('config,size', [
@@ -132,7 +133,7 @@ def test_the_same_seed_gives_the_same_file(tmp_path, capsys, tool):
     reloaded = _run_ort(export('d', saved, '--seed', '5'), x)
     for f, r in zip(first, reloaded):
         np.testing.assert_allclose(r, f, rtol=0, atol=1e-6)
-    assert f'weights: {saved}' in capsys.readouterr().out
+    assert f'weights: checkpoint {saved}' in capsys.readouterr().out
 
 
 class _Empty(torch.nn.Module):

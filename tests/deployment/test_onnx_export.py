@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import (PVT_TINY, REPO, SWIN_TINY_DEPTH1, SWIN_TINY_DEPTH2,
-                     load_tool, randomise, stage_grids, subprocess_env)
+                     randomise, stage_grids, subprocess_env)
 
 import pola_mm.ops
 from pola_mm.deployment import (ExportError, ExportInputError,
@@ -409,8 +409,10 @@ RETINANET_SWIN = [
 
 @pytest.fixture(scope='module')
 def tool():
-    """tools/deployment/pytorch2onnx.py, loaded in this process."""
-    return load_tool('deployment', 'pytorch2onnx.py')
+    """The export tool, ``python -m pola_mm.deployment.pytorch2onnx`` (in
+    a checkout also tools/deployment/pytorch2onnx.py)."""
+    from pola_mm.deployment import pytorch2onnx
+    return pytorch2onnx
 
 
 def test_cli_writes_final_names(tmp_path, capsys, tool):
@@ -441,8 +443,10 @@ def test_cli_writes_final_names(tmp_path, capsys, tool):
                         str(tmp_path / 'refused.onnx'), '--exporter',
                         exporter, '--rtol', '1e-12', '--cfg-options',
                         *TINY_SWIN])
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
         assert rc == 1 and 'TOO LARGE' in err and 'Traceback' not in err
+        # a refused run says what its weights were, as a verified one does
+        assert out.splitlines()[-1] == 'weights: random, seeded (--seed 0)'
         assert sorted(os.listdir(tmp_path)) == ['swin.onnx',
                                                 'swin.onnx.data', 'ts.onnx']
 

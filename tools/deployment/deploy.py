@@ -2,10 +2,10 @@
 """Deploy a whole pola_mm model with MMDeploy to ONNX Runtime, verified.
 
     python tools/deployment/deploy.py DEPLOY_CFG MODEL_CFG CKPT IMG \\
-        --work-dir DIR [--device cpu] [--show] [--cfg-options K=V ...] \\
-        [--score-thr 0.3] [--top-k 20] [--box-rtol 1e-3] \\
-        [--score-atol 1e-4] [--mask-iou 0.99] [--logit-rtol 1e-4] \\
-        [--seed 0] [--save-weights]
+        [IMG ...] --work-dir DIR [--device cpu] [--show] \\
+        [--cfg-options K=V ...] [--score-thr 0.3] [--top-k 20] \\
+        [--box-rtol 1e-3] [--score-atol 1e-4] [--mask-iou 0.99] \\
+        [--logit-rtol 1e-4] [--seed 0] [--save-weights]
 
 The checkout's entry to :mod:`pola_mm.deployment.deploy`, which an
 installed pola_mm runs as ``python -m pola_mm.deployment.deploy`` (same
