@@ -296,9 +296,10 @@ def test_traffic_counts_the_token_maps(tmp_path):
     assert polarity['bound'] == dict(forward=4 * token_map('float16'),
                                      backward=7 * token_map('float16'))
     assert polarity['glue']['forward'][0] >= wrote  # the partial rows
-    # dx, q, (x,) 1 / z, the small rows and the float32 dq that the two
-    # flows' programs add to: x only where it is float32
+    # dx, q, (x,) 1 / z and the small rows: x only where it is float32;
+    # in half precision also the float32 dq that the two flows' programs
+    # add to (in float32 it is the output itself)
     half = launches(reports['pacs', 'float16'])['query_grad'][0]
     full = launches(reports['pacs', 'float32'])['query_grad'][0]
     assert 4 * token_map('float16') < half < 5 * token_map('float16')
-    assert full > 4 * token_map('float32')
+    assert 3 * token_map('float32') < full < 4 * token_map('float32')

@@ -1,4 +1,4 @@
-"""Fixtures of the deployment tests: a real photo and shapes images."""
+"""Fixtures of the deployment tests: real photos and shapes images."""
 import glob
 
 import pytest
@@ -12,6 +12,16 @@ def photo(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp('img') / 'astronaut.png')
     mmcv.imwrite(skimage.data.astronaut()[..., ::-1].copy(), path)
     return path
+
+
+@pytest.fixture(scope='module')
+def photos(photo) -> list:
+    """Two real photos: skimage's astronaut (square) and matplotlib's
+    sample photo of Grace Hopper (600x512, the file as installed)."""
+    import matplotlib.cbook
+    hopper = matplotlib.cbook.get_sample_data('grace_hopper.jpg',
+                                              asfileobj=False)
+    return [photo, str(hopper)]
 
 
 @pytest.fixture(scope='module')

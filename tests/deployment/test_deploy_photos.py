@@ -24,19 +24,7 @@ DEPLOY_CFG = ('pola_mm_deploy::mmdet/instance-seg/'
               'instance-seg_onnxruntime_dynamic-opset16.py')
 MODEL_CFG = 'pola_mm::mask_rcnn_pola_swin_t.py'
 
-
-@pytest.fixture(scope='module')
-def photos(tmp_path_factory) -> list:
-    """skimage's astronaut, as a file, and matplotlib's sample photo of
-    Grace Hopper, the file as installed."""
-    import matplotlib.cbook
-    import mmcv
-    import skimage.data
-    astronaut = str(tmp_path_factory.mktemp('img') / 'astronaut.png')
-    mmcv.imwrite(skimage.data.astronaut()[..., ::-1].copy(), astronaut)
-    hopper = matplotlib.cbook.get_sample_data('grace_hopper.jpg',
-                                              asfileobj=False)
-    return [astronaut, str(hopper)]
+pytestmark = [pytest.mark.slow, pytest.mark.export]
 
 
 @pytest.fixture(scope='module')
