@@ -4,8 +4,8 @@
 #   make test-quick the quick tier, pytest -m "not slow" (docs/testing.md):
 #                   ops against their references, the attention modules, the
 #                   equivalence tests, the package's structure, every config
-#                   building its model; 711 tests in 3 min 29 s on 2
-#                   cores shared with other work (2026-12-07)
+#                   building its model; 725 tests in about 2 min on 2
+#                   idle cores (measured 2026-12-07)
 #   make gpu-check  the GPU checks (tools/gpu_check.sh; skips without a GPU)
 #   make test-compat  build each compatibility stack in .venv-compat/<stack>
 #                   and run the compatibility suite there (docs/compat.md);
