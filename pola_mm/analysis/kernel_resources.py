@@ -466,24 +466,36 @@ def _recording(recorder: _Recorder) -> Iterator[None]:
 
 
 def _inputs(config: Configuration, B: int, h: int, N: int,
-            seed: int = 0) -> Dict[str, Any]:
+            seed: int = 0, n: Optional[int] = None) -> Dict[str, Any]:
     """The op's inputs as a model passes them: ``q``, ``k``, ``v`` views of
-    one packed ``(B, N, 3, h, d)`` projection permuted to heads, ``dx``
-    token-major ``(B, N, h, d)`` (the gradient of the merged heads), the
-    parameters, key bias and rotary tables float32."""
+    one packed ``(B, N, 3, h, d)`` projection permuted to heads (with ``n
+    != N`` keys, as a spatial reduction gives them: ``q`` a view of ``(B,
+    N, 2, h, d)`` beside the gate, ``k``, ``v`` of ``(B, n, 2, h, d)``),
+    ``dx`` token-major ``(B, N, h, d)`` (the gradient of the merged heads),
+    the parameters, key bias and rotary tables float32."""
     d = config.d
     dtype = DTYPES[config.dtype]
     g = torch.Generator().manual_seed(seed)
-    packed = torch.randn(B, N, 3, h, d, generator=g).to(dtype)
-    q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
+    n = N if n is None else n
+    if n == N:
+        packed = torch.randn(B, N, 3, h, d, generator=g).to(dtype)
+        q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
+    else:
+        if config.op == 'pacs' and config.flag('rotary'):
+            raise ValueError('the rotary tables need as many keys as '
+                             f'queries, got n = {n}, N = {N}')
+        q = torch.randn(B, N, 2, h, d, generator=g).to(dtype)[:, :, 0]
+        q = q.transpose(1, 2)
+        kv = torch.randn(B, n, 2, h, d, generator=g).to(dtype)
+        k, v = (kv[:, :, i].transpose(1, 2) for i in range(2))
     dx = torch.randn(B, N, h, d, generator=g).to(dtype).transpose(1, 2)
     out: Dict[str, Any] = dict(q=q, k=k, v=v, dx=dx)
     if config.op == 'polarity':
         out['scale'] = torch.randn(1, h, 1, d, generator=g)
         out['power'] = torch.randn(1, h, 1, d, generator=g)
         # the positional table (1, n, C) viewed as heads, as the model does
-        out['k_bias'] = (torch.randn(1, N, h * d, generator=g).reshape(
-            1, N, h, d).transpose(1, 2) if config.flag('bias') else None)
+        out['k_bias'] = (torch.randn(1, n, h * d, generator=g).reshape(
+            1, n, h, d).transpose(1, 2) if config.flag('bias') else None)
     else:
         out['t1'] = torch.rand(1, h, 1, 2 * d, generator=g)
         out['t2'] = torch.rand(1, h, 1, 2 * d, generator=g)
@@ -866,12 +878,14 @@ class Traffic:
     Attributes:
         config: the op call.
         shape: ``(B, h, N, d)``.
+        keys: ``n``, the keys per image and head.
         launches: per kernel launch: ``(pass, stage, read, written)``.
         glue: per pass, the bytes the torch operations read and write.
         bound: per pass, the token maps read and written once.
     """
     config: Configuration
     shape: Tuple[int, int, int, int]
+    keys: int
     launches: List[Tuple[str, str, int, int]]
     glue: Dict[str, Tuple[int, int]]
     bound: Dict[str, int]
@@ -942,7 +956,7 @@ def used_arguments(launch: Launch) -> Optional[Set[str]]:
 
 
 def estimate_traffic(config: Configuration,
-                     shape: Tuple[int, int, int, int],
+                     shape: Tuple[int, ...],
                      sms: int = 132, target: str = 'sm_90') -> Traffic:
     """The bytes ``config``'s kernels read and write at ``shape`` (see the
     module docstring: arithmetic from the launches' tensor arguments, not a
@@ -950,17 +964,19 @@ def estimate_traffic(config: Configuration,
 
     Args:
         config: the op call (its ``d`` is replaced by ``shape``'s).
-        shape: ``(B, h, N, d)``, ``n = N`` keys.
+        shape: ``(B, h, N, d)`` with ``n = N`` keys, or ``(B, h, N, d,
+            n)`` (a spatial reduction's keys).
         sms: multiprocessors of the GPU (the chunk split; 132: H100 SXM).
         target: the launch configurations' architecture.
     """
     _check_jit()
     from pola_mm.ops.launch import TARGETS, compiling_for
-    B, h, N, d = shape
+    B, h, N, d = shape[:4]
+    n = shape[4] if len(shape) > 4 else N
     config = dataclasses.replace(config, d=d)
     recorder = _Recorder()
     recorder.config, recorder.target = config, target
-    inputs = _inputs(config, B, h, N)
+    inputs = _inputs(config, B, h, N, n=n)
     passes: Dict[str, Tuple[int, int]] = {}
     with _recording(recorder), compiling_for(TARGETS[target]), \
             _multiprocessors(sms):
@@ -976,11 +992,14 @@ def estimate_traffic(config: Configuration,
         wrote = sum(t.nbytes for t in distinct if t.written)
         pass_ = 'forward' if launch.stage in STAGES[:2] else 'backward'
         launches.append((pass_, launch.stage, read, wrote))
-    token_map = B * h * N * d * DTYPES[config.dtype].itemsize
+    # q, k, v read and x written once; dx, q, k, v read and dq, dk (dv)
+    # written once
+    queries = B * h * N * d * DTYPES[config.dtype].itemsize
+    keys = queries * n // N
     need_v = config.flag('need_v')
-    bound = dict(forward=4 * token_map,
-                 backward=(6 + need_v) * token_map)
-    return Traffic(config, (B, h, N, d), launches, passes, bound)
+    bound = dict(forward=2 * queries + 2 * keys,
+                 backward=3 * queries + (3 + need_v) * keys)
+    return Traffic(config, (B, h, N, d), n, launches, passes, bound)
 
 
 def _call_op_passes(config: Configuration, inputs: Dict[str, Any],

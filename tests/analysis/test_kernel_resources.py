@@ -303,3 +303,38 @@ def test_traffic_counts_the_token_maps(tmp_path):
     full = launches(reports['pacs', 'float32'])['query_grad'][0]
     assert 4 * token_map('float16') < half < 5 * token_map('float16')
     assert 3 * token_map('float32') < full < 4 * token_map('float32')
+
+
+def test_traffic_with_fewer_keys_than_queries(tmp_path):
+    """A spatial reduction's keys (``--shape B,h,N,d,n``, Pola-PVT's): the
+    key passes read ``n`` keys, the query passes ``N`` queries, and the
+    bound counts each map at its own length."""
+    B, h, N, d, n = 2, 1, 3136, 64, 49
+    out = tmp_path / 'traffic.json'
+    proc = subprocess.run(
+        [sys.executable, TOOL, '--traffic', '--shape', f'{B},{h},{N},{d},{n}',
+         '--ops', 'polarity', '--dtypes', 'float16', '--flags', 'bias=1',
+         'need_v=1', '--json', str(out)],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report, = json.loads(out.read_text())
+    queries, keys = B * h * N * d * 2, B * h * n * d * 2
+    assert report['keys'] == n
+    assert report['bound'] == dict(forward=2 * queries + 2 * keys,
+                                   backward=3 * queries + 4 * keys)
+    got = {stage: (read, wrote)
+           for _, stage, read, wrote in report['launches']}
+    # k, v and the key bias (one image's float32 table, broadcast over the
+    # batch)
+    assert 3 * keys <= got['key_pass'][0] < 4 * keys
+    assert got['query_pass'][1] >= queries  # x
+    # dk, dv and the chunks' small partial gradients of scale and power
+    assert 2 * keys < got['key_grad'][1] < 3 * keys
+    # the rotary tables need as many keys as queries
+    proc = subprocess.run(
+        [sys.executable, TOOL, '--traffic', '--shape', f'{B},{h},{N},{d},{n}',
+         '--ops', 'pacs', '--dtypes', 'float16', '--flags', 'rotary=1',
+         'need_v=1'], cwd=REPO, env=_env(), capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 2 and 'as many keys' in proc.stderr
+    assert 'Traceback' not in proc.stderr

@@ -44,8 +44,9 @@ def _option(text: str) -> tuple:
 
 def _shape(text: str) -> tuple:
     parts = tuple(int(p) for p in text.split(','))
-    if len(parts) != 4:
-        raise argparse.ArgumentTypeError(f'expected B,h,N,d, got {text!r}')
+    if len(parts) not in (4, 5):
+        raise argparse.ArgumentTypeError(
+            f'expected B,h,N,d or B,h,N,d,n, got {text!r}')
     return parts
 
 
@@ -90,7 +91,8 @@ def parse_args() -> argparse.Namespace:
                         help='instead: bytes each kernel reads and writes '
                         'at --shape, against the bound (arithmetic)')
     parser.add_argument('--shape', type=_shape, default=(2, 3, 3136, 32),
-                        metavar='B,h,N,d', help='the shape of --traffic')
+                        metavar='B,h,N,d[,n]',
+                        help='the shape of --traffic (n keys; default N)')
     parser.add_argument('--sms', type=int, default=132,
                         help='multiprocessors of the GPU for --traffic\'s '
                         'chunk split (132: H100 SXM)')
@@ -121,15 +123,20 @@ def main() -> int:
         return 2
 
     if args.traffic:
-        reports = [kr.estimate_traffic(c, args.shape, sms=args.sms)
-                   for c in configs]
-        print(f'bytes per call at B,h,N,d = {args.shape} (arithmetic from '
-              'the launches\' tensor arguments, not a measurement)')
+        try:
+            reports = [kr.estimate_traffic(c, args.shape, sms=args.sms)
+                       for c in configs]
+        except ValueError as exc:
+            print(f'kernel_resources: {exc}', file=sys.stderr)
+            return 2
+        print(f'bytes per call at B,h,N,d[,n] = {args.shape} (arithmetic '
+              'from the launches\' tensor arguments, not a measurement)')
         print(kr.format_traffic(reports, markdown=args.markdown))
         if args.json:
             with open(args.json, 'w') as f:
                 json.dump([dict(op=r.config.op, dtype=r.config.dtype,
                                 flags=dict(r.config.flags), shape=r.shape,
+                                keys=r.keys,
                                 launches=r.launches, glue=r.glue,
                                 bound=r.bound) for r in reports], f,
                           indent=1)
