@@ -21,8 +21,11 @@ print the line at their boundary (:func:`pola_mm.cli.train_test.run_tool`,
 :func:`excepthook` to ``sys.excepthook``, so that under the upstream tools
 (mmdet's, mmseg's, mmpretrain's ``tools/train.py``, which import pola_mm
 through a config's ``custom_imports``) the same two exceptions, where
-nothing catches them, end in the same line instead of a traceback; every
-other exception goes to the hook that was there before.
+nothing catches them, end in the same line instead of a traceback, and so
+does a backbone's missing ImageNet checkpoint
+(:class:`~pola_mm.models.checkpoint.PretrainedNotFoundError`, which says
+where to get it); every other exception goes to the hook that was there
+before.
 """
 import difflib
 import functools
@@ -171,11 +174,18 @@ def build_error_line(exc: BaseException) -> Optional[str]:
 def excepthook(exc_type: type, exc: BaseException, tb: TracebackType,
                previous: Callable[..., Any] = sys.__excepthook__) -> None:
     """``sys.excepthook`` after ``import pola_mm``: an exception that
-    :func:`build_error_line` reads as a config mistake is one line on
-    stderr (``error: ...``; Python then exits with 1); anything else goes
-    to ``previous``."""
-    line = build_error_line(exc) if isinstance(
-        exc, (KeyError, TypeError)) else None
+    :func:`build_error_line` reads as a config mistake, and pola_mm's
+    :class:`~pola_mm.models.checkpoint.PretrainedNotFoundError` (a
+    backbone's ImageNet checkpoint missing, with where to get it), is one
+    line on stderr (``error: ...``; Python then exits with 1); anything
+    else goes to ``previous``."""
+    from .models.checkpoint import PretrainedNotFoundError
+    if isinstance(exc, PretrainedNotFoundError):
+        line = str(exc)
+    elif isinstance(exc, (KeyError, TypeError)):
+        line = build_error_line(exc)
+    else:
+        line = None
     if line is None:
         previous(exc_type, exc, tb)
     else:

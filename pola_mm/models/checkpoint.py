@@ -45,8 +45,15 @@ __all__ = [
     'official_family', 'is_polapp_classifier', 'convert_official_checkpoint',
     'backbone_state_dict', 'extract_state_dict', 'load_pretrained',
     'where_to_get_weights', 'POLAFORMER_WEIGHTS', 'POLAPP_WEIGHTS',
-    'adapt_pos_tables'
+    'adapt_pos_tables', 'PretrainedNotFoundError'
 ]
+
+class PretrainedNotFoundError(FileNotFoundError):
+    """A backbone's ``init_cfg`` names a local pretrained checkpoint that
+    does not exist; the message says where to get the weights and how to
+    point the config at them (an uncaught one is printed as one line:
+    :func:`pola_mm.config_errors.excepthook`)."""
+
 
 SWIN_SENTINEL = 'patch_embed.proj.weight'
 PVT_SENTINEL = 'patch_embed1.proj.weight'
@@ -200,11 +207,12 @@ def load_pretrained(module: torch.nn.Module,
         prefix: optional prefix (e.g. ``'backbone.'``) to select and strip.
 
     Raises:
+        PretrainedNotFoundError: a local ``checkpoint`` that does not exist.
         ValueError: missing, unexpected or shape-mismatched keys.
     """
     is_remote = '://' in str(checkpoint)
     if not is_remote and not osp.isfile(checkpoint):
-        raise FileNotFoundError(
+        raise PretrainedNotFoundError(
             f'Pretrained checkpoint {checkpoint!r} not found (relative to '
             f'{os.getcwd()!r}). {where_to_get_weights()}')
     ckpt = load_checkpoint_file(checkpoint, map_location='cpu')

@@ -94,6 +94,26 @@ def test_a_mistake_is_one_line_with_a_suggestion(project, tool, mistake):
         assert proc.stderr.strip() == line
 
 
+@pytest.mark.parametrize('tool', ['train.py', 'mmdet train.py'])
+def test_a_missing_pretrained_checkpoint_is_one_line(project, tool):
+    """A backbone's ImageNet checkpoint that is not there (every shipped
+    config names one): one line saying where to get the weights and how to
+    point the config at them, under pola_mm's and mmdet's ``train.py``."""
+    cfg = project / 'pretrained.py'
+    cfg.write_text(f'_base_ = [{DEMO!r}]\n'
+                   'model = dict(backbone=dict(init_cfg=dict(\n'
+                   "    _delete_=True, type='Pretrained',\n"
+                   "    checkpoint='ckpts/in1k.pth')))\n")
+    if tool == 'mmdet train.py':
+        args, code = [mmdet_train_py(), str(cfg)], 1
+    else:
+        args, code = [osp.join(REPO, 'tools', 'train.py'), str(cfg)], 2
+    proc = run(args + ['--work-dir', 'work_pretrained'], project)
+    line = error_line(proc, code)
+    assert 'ckpts/in1k.pth' in line and 'not found' in line, line
+    assert 'POLA_PRETRAINED' in line and 'init_cfg=None' in line, line
+
+
 def test_run_tool_turns_build_errors_into_one_line(capsys):
     """The boundary in process: any other KeyError or TypeError keeps its
     traceback."""
