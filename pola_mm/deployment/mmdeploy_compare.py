@@ -42,7 +42,7 @@ With a deploy config that frees the height/width (MMDeploy's stock
 every image at its own size.
 """
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -177,6 +177,20 @@ def _is_swap(a: Any, i: int, b: Any, j: int, score_atol: float,
                                   b.bboxes[j:j + 1].float())) > nms_iou)
 
 
+
+def _unpaired(lost: List[int], free: List[int],
+              swap: Callable[[int, int], bool]) -> List[int]:
+    """The indices of ``lost`` that pair with none of ``free`` (``swap(i,
+    j)``); each pairing takes its partner out of ``free``."""
+    left = []
+    for i in lost:
+        partner = next((j for j in free if swap(i, j)), None)
+        if partner is None:
+            left.append(i)
+        else:
+            free.remove(partner)
+    return left
+
 def _tied_swaps(a: Any, a_lost: List[int], b: Any, b_lost: List[int],
                 score_atol: float, nms_iou: float,
                 a_near: Sequence[int] = (), b_near: Sequence[int] = ()
@@ -195,22 +209,11 @@ def _tied_swaps(a: Any, a_lost: List[int], b: Any, b_lost: List[int],
     """
     free_b = list(b_lost) + list(b_near)
     free_a = list(a_near)
-    left_a = []
-    for i in a_lost:
-        partner = next((j for j in free_b
-                        if _is_swap(a, i, b, j, score_atol, nms_iou)), None)
-        if partner is None:
-            left_a.append(i)
-        else:
-            free_b.remove(partner)
-    left_b = []
-    for j in (j for j in b_lost if j in free_b):
-        partner = next((i for i in free_a
-                        if _is_swap(a, i, b, j, score_atol, nms_iou)), None)
-        if partner is None:
-            left_b.append(j)
-        else:
-            free_a.remove(partner)
+    left_a = _unpaired(a_lost, free_b, lambda i, j: _is_swap(
+        a, i, b, j, score_atol, nms_iou))
+    left_b = _unpaired([j for j in b_lost if j in free_b], free_a,
+                       lambda j, i: _is_swap(a, i, b, j, score_atol,
+                                             nms_iou))
     excused = len(a_lost) + len(b_lost) - len(left_a) - len(left_b)
     return excused, left_a, left_b
 
