@@ -852,13 +852,19 @@ def format_table(rows: Sequence[Dict[str, Any]],
                  markdown: bool = False) -> str:
     """The rows as an aligned text table, or a Markdown table (for
     docs/performance.md)."""
-    heads = [h for _, h in _COLUMNS]
-    body = [[_cell(k, r) for k, _ in _COLUMNS] for r in rows]
+    return _text_table([h for _, h in _COLUMNS],
+                       [[_cell(k, r) for k, _ in _COLUMNS] for r in rows],
+                       markdown)
+
+
+def _text_table(heads: List[str], body: List[List[str]],
+                markdown: bool) -> str:
+    """``body`` under ``heads``: a Markdown table, or plain columns padded
+    to their widest cell."""
     if markdown:
-        lines = ['| ' + ' | '.join(heads) + ' |',
-                 '|' + '|'.join('---' for _ in heads) + '|']
-        lines += ['| ' + ' | '.join(cells) + ' |' for cells in body]
-        return '\n'.join(lines)
+        return '\n'.join(['| ' + ' | '.join(heads) + ' |',
+                          '|' + '|'.join('---' for _ in heads) + '|'] +
+                         ['| ' + ' | '.join(c) + ' |' for c in body])
     widths = [max(len(h), *(len(c[i]) for c in body)) if body else len(h)
               for i, h in enumerate(heads)]
     lines = ['  '.join(h.ljust(w) for h, w in zip(heads, widths))]
@@ -1035,13 +1041,4 @@ def format_traffic(reports: Sequence[Traffic], markdown: bool = False
                          f'{glue / 1e6:.2f}', f'{total / 1e6:.2f}',
                          f'{rep.bound[pass_] / 1e6:.2f}',
                          f'{total / rep.bound[pass_]:.2f}'])
-    if markdown:
-        return '\n'.join(['| ' + ' | '.join(heads) + ' |',
-                          '|' + '|'.join('---' for _ in heads) + '|'] +
-                         ['| ' + ' | '.join(c) + ' |' for c in body])
-    widths = [max(len(h), *(len(c[i]) for c in body)) if body else len(h)
-              for i, h in enumerate(heads)]
-    lines = ['  '.join(h.ljust(w) for h, w in zip(heads, widths))]
-    lines += ['  '.join(c.ljust(w) for c, w in zip(cells, widths))
-              for cells in body]
-    return '\n'.join(line.rstrip() for line in lines)
+    return _text_table(heads, body, markdown)
