@@ -674,8 +674,7 @@ def query_grad(dx: Tensor, q: Tensor, x: Tensor, t: Tensor,
     and temperature gradients ``(B h, chunks, 2, 2d)``, float32."""
     B, H, N, d = q.shape
     dq = torch.zeros((B, H, N, d), dtype=torch.float32, device=q.device)
-    _, dm_part, dkm_part, dt_part = _query_grad_fake(
-        dx, q, x, t, sin, cos, M, k_mean, rz, chunks, per, block)
+    dm_part, dkm_part, dt_part = _query_grad_parts(q, chunks)
     sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, t)
     with on_device(q):
         _bwd_queries_kernel[(B * H, chunks, 2)](
@@ -688,14 +687,20 @@ def query_grad(dx: Tensor, q: Tensor, x: Tensor, t: Tensor,
     return dq.to(q.dtype), dm_part, dkm_part, dt_part
 
 
-def _query_grad_fake(dx, q, x, t, sin, cos, M, k_mean, rz, chunks, per,
-                     block):
+def _query_grad_parts(q: Tensor, chunks: int) -> Tuple[Tensor, ...]:
+    """The query backward's float32 partial sums: ``dM``, ``dk_mean`` and
+    the temperatures' gradients."""
     B, H, N, d = q.shape
     f32 = dict(dtype=torch.float32, device=q.device)
-    return (torch.empty((B, H, N, d), dtype=q.dtype, device=q.device),
-            torch.empty((B * H, chunks, 2 * d, d), **f32),
+    return (torch.empty((B * H, chunks, 2 * d, d), **f32),
             torch.empty((B * H, chunks, 2, 2 * d), **f32),
             torch.empty((B * H, chunks, 2, 2 * d), **f32))
+
+
+def _query_grad_fake(dx, q, x, t, sin, cos, M, k_mean, rz, chunks, per,
+                     block):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            *_query_grad_parts(q, chunks))
 
 
 def key_grad(k: Tensor, v: Tensor, sin: Optional[Tensor],
