@@ -213,7 +213,7 @@ def spy_fast_code(monkeypatch) -> Dict[str, List[int]]:
             (polarity_cpu.PolarityAttentionFunction, 'apply')],
         'polarity_triton': [(polarity_op.kernels,
                              'polarity_attention_triton')],
-        'pacs_cpu': [(pacs_op, 'pacs_attention_cpu')],
+        'pacs_cpu': [(pacs_cpu, 'pacs_attention_cpu')],
         'pacs_triton': [(pacs_op.kernels, 'pacs_attention_triton')],
         'PaCSAttentionFunction': [(pacs_cpu.PaCSAttentionFunction,
                                    'apply')],

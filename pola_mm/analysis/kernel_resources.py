@@ -11,7 +11,7 @@ build's resources are read:
    (``polarity_forward`` / ``polarity_backward``, ``pacs_forward`` /
    ``pacs_backward``) run on small CPU tensors shaped as the models pass
    them (``q``, ``k``, ``v`` strided views of one packed projection;
-   the parameters, the key bias and the rotary tables float32, as under
+   the parameters, the key bias and the rotary factors float32, as under
    autocast) inside :func:`~pola_mm.ops.launch.compiling_for` of each
    target, with ``triton.runtime.jit.JITFunction.run`` replaced by a
    recorder that binds the arguments exactly as the JIT does for that
@@ -99,11 +99,13 @@ DTYPES: Dict[str, torch.dtype] = {
 #: (:func:`head_widths`).
 CANDIDATE_WIDTHS = (8, 16, 24, 32, 48, 64, 96, 128, 256)
 #: Each op's flags (every combination is a configuration): polarity's key
-#: bias (PolaFormer's positional table) and PaCS's rotary tables change
-#: the forward and backward kernels, ``need_v`` the key backward.
+#: bias (PolaFormer's positional table), PaCS's rotary encoding and its
+#: scaled keys (``scale`` and the key bias of PolarityAttention's
+#: ``feature_map='pacs'``) change the forward and backward kernels,
+#: ``need_v`` the key backward.
 FLAGS: Dict[str, Tuple[str, ...]] = {
     'polarity': ('bias', 'need_v'),
-    'pacs': ('rotary', 'need_v'),
+    'pacs': ('rotary', 'scaled', 'need_v'),
 }
 #: ``(B, h, N)`` of the capture: images, heads, tokens (``n = N`` keys).
 CAPTURE_SHAPE = (1, 2, 200)
@@ -472,7 +474,7 @@ def _inputs(config: Configuration, B: int, h: int, N: int,
     != N`` keys, as a spatial reduction gives them: ``q`` a view of ``(B,
     N, 2, h, d)`` beside the gate, ``k``, ``v`` of ``(B, n, 2, h, d)``),
     ``dx`` token-major ``(B, N, h, d)`` (the gradient of the merged heads),
-    the parameters, key bias and rotary tables float32."""
+    the parameters and key bias float32, PaCS's rotary map ``hw``."""
     d = config.d
     dtype = DTYPES[config.dtype]
     g = torch.Generator().manual_seed(seed)
@@ -482,7 +484,7 @@ def _inputs(config: Configuration, B: int, h: int, N: int,
         q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
     else:
         if config.op == 'pacs' and config.flag('rotary'):
-            raise ValueError('the rotary tables need as many keys as '
+            raise ValueError('the rotary encoding needs as many keys as '
                              f'queries, got n = {n}, N = {N}')
         q = torch.randn(B, N, 2, h, d, generator=g).to(dtype)[:, :, 0]
         q = q.transpose(1, 2)
@@ -499,14 +501,17 @@ def _inputs(config: Configuration, B: int, h: int, N: int,
     else:
         out['t1'] = torch.rand(1, h, 1, 2 * d, generator=g)
         out['t2'] = torch.rand(1, h, 1, 2 * d, generator=g)
-        sin = cos = None
+        out['hw'] = None
         if config.flag('rotary'):
-            from pola_mm.ops.rotary import rotary_tables
             side = max(1, int(math.isqrt(N)))
             while N % side:
                 side -= 1
-            sin, cos = rotary_tables((side, N // side), 2 * d)
-        out['sin'], out['cos'] = sin, cos
+            out['hw'] = (side, N // side)
+        scaled = config.flag('scaled')
+        out['tk'] = torch.rand(1, h, 1, d, generator=g) if scaled else None
+        # the positional table (1, n, C) viewed as heads, as the model does
+        out['k_bias'] = (torch.randn(1, n, h * d, generator=g).reshape(
+            1, n, h, d).transpose(1, 2) if scaled else None)
     return out
 
 
@@ -527,11 +532,12 @@ def _call_op(config: Configuration, inputs: Dict[str, Any],
                           need_v=need_v)
     else:
         from pola_mm.ops.pacs.triton import pacs_backward, pacs_forward
+        keys = dict(tk=i['tk'], k_bias=i['k_bias'])
         x, M, k_mean, rz = pacs_forward(i['q'], i['k'], i['v'], i['t1'],
-                                        i['t2'], i['sin'], i['cos'])
+                                        i['t2'], i['hw'], **keys)
         between()
         pacs_backward(i['dx'], i['q'], i['k'], i['v'], i['t1'], i['t2'],
-                      i['sin'], i['cos'], x, M, k_mean, rz, need_v=need_v)
+                      i['hw'], x, M, k_mean, rz, need_v=need_v, **keys)
 
 
 def capture_launches(configs: Sequence[Configuration],

@@ -6,7 +6,10 @@ For features of width ``w`` on a map ``(H, W)``: ``w / 4`` frequencies
 ``sin = [sin(row * angle), sin(col * angle)]`` and ``cos`` likewise
 (``w`` values): :func:`rotary_tables`. :func:`theta_shift` rotates each
 pair of channels ``(x0, x1)`` by its angle. The tables depend only on the
-map, so the encoding works at any input size with nothing learned.
+map, so the encoding works at any input size with nothing learned. They
+are separable: :func:`rotary_factors` holds the ``H + W`` distinct rows
+(what the fused PaCS kernels read), :func:`expand_factors` makes the
+``(H W, w)`` tables of them.
 
 The one rotation of pola_mm: the plain PaCS formula
 (:func:`~pola_mm.ops.pacs_attention.pacs_attention_pytorch`), PolaPP's
@@ -21,7 +24,8 @@ from torch import Tensor
 
 from ..type_aliases import Size2
 
-__all__ = ['rotary_tables', 'rotate_every_two', 'theta_shift']
+__all__ = ['expand_factors', 'rotary_factors', 'rotary_tables',
+           'rotate_every_two', 'theta_shift']
 
 
 def rotate_every_two(x: Tensor) -> Tensor:
@@ -45,6 +49,47 @@ def theta_shift(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
     return x * cos + rotate_every_two(x) * sin
 
 
+def rotary_factors(hw: Size2, width: int, base: float = 10000.,
+                   device: Optional[torch.device] = None) -> Tensor:
+    """The separable factors of :func:`rotary_tables`, float32.
+
+    Args:
+        hw: ``(H, W)``.
+        width: feature width ``w``, a multiple of 4.
+        base: frequency base.
+        device: where to make them (default: the CPU).
+
+    Returns:
+        ``(2, H + W, w / 2)``: ``[0]`` the sines, ``[1]`` the cosines; rows
+        ``0..H-1`` of the map's rows, ``H..H+W-1`` of its columns. A token
+        at ``(row, col)`` takes its channels ``0..w/2-1`` from row ``row``,
+        the others from row ``H + col``.
+    """
+    if width % 4 != 0:
+        raise ValueError(f'rotary encoding needs a feature width divisible '
+                         f'by 4, got {width} (use a head width divisible by '
+                         '4 for softmax blocks, by 2 for PaCS blocks)')
+    H, W = hw  # ints, or a traced graph's sizes (int() would fix them)
+    angle = 1.0 / (base**torch.linspace(0, 1, width // 4, device=device))
+    angle = angle.unsqueeze(-1).repeat(1, 2).flatten()  # (w / 2)
+    at = torch.cat([torch.arange(H, device=device, dtype=angle.dtype),
+                    torch.arange(W, device=device, dtype=angle.dtype)])
+    at = at[:, None] * angle  # (H + W, w / 2)
+    return torch.stack([torch.sin(at), torch.cos(at)])
+
+
+def expand_factors(factors: Tensor, hw: Size2) -> Tuple[Tensor, Tensor]:
+    """``sin``, ``cos`` ``(H * W, w)`` tables, row-major, of
+    :func:`rotary_factors`' ``(2, H + W, w / 2)`` (any values)."""
+    H, W = hw
+    half = factors.shape[-1]
+    rows, cols = factors[:, :H], factors[:, H:]
+    tables = torch.cat([rows[:, :, None].expand(2, H, W, half),
+                        cols[:, None].expand(2, H, W, half)], dim=-1)
+    tables = tables.reshape(2, H * W, 2 * half)
+    return tables[0], tables[1]
+
+
 def rotary_tables(hw: Size2, width: int, base: float = 10000.,
                   device: Optional[torch.device] = None,
                   dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
@@ -62,24 +107,5 @@ def rotary_tables(hw: Size2, width: int, base: float = 10000.,
     Returns:
         ``sin``, ``cos``: ``(H * W, w)`` each.
     """
-    if width % 4 != 0:
-        raise ValueError(f'rotary encoding needs a feature width divisible '
-                         f'by 4, got {width} (use a head width divisible by '
-                         '4 for softmax blocks, by 2 for PaCS blocks)')
-    H, W = hw  # ints, or a traced graph's sizes (int() would fix them)
-    angle = 1.0 / (base**torch.linspace(0, 1, width // 4, device=device))
-    angle = angle.unsqueeze(-1).repeat(1, 2).flatten()  # (w / 2)
-    rows = torch.arange(H, device=device, dtype=angle.dtype)[:, None] * angle
-    cols = torch.arange(W, device=device, dtype=angle.dtype)[:, None] * angle
-    sin = _table(torch.sin(rows), torch.sin(cols), width)
-    cos = _table(torch.cos(rows), torch.cos(cols), width)
+    sin, cos = expand_factors(rotary_factors(hw, width, base, device), hw)
     return sin.to(dtype), cos.to(dtype)
-
-
-def _table(rows: Tensor, cols: Tensor, width: int) -> Tensor:
-    """``(H, w / 2)`` values of the rows and ``(W, w / 2)`` of the columns
-    -> ``(H * W, w)``, row-major."""
-    H, W, half = rows.shape[0], cols.shape[0], width // 2
-    return torch.cat([rows[:, None].expand(H, W, half),
-                      cols[None].expand(H, W, half)],
-                     dim=-1).reshape(H * W, width)

@@ -276,11 +276,10 @@ def test_polarity_qk_observes_the_module_forward(feature_map, monkeypatch):
     assert torch.allclose(after.q, 2 * before.q, rtol=1e-6, atol=1e-12)
     assert torch.equal(after.k, before.k)
     assert torch.equal(after.v, v) and torch.equal(after.g, before.g)
-    if feature_map == 'pacs':  # the op's inputs as received, in float64
-        assert torch.equal(after.q, q) and torch.equal(after.k, k)
-    else:  # q / softplus(scale), the op's first step, on what it received
-        s = F.softplus(attn.scale.detach().double()).view(1, 2, 1, 8)
-        assert torch.equal(after.q, q / s)
+    # q / softplus(scale), the op's first step (both ops), on what it
+    # received
+    s = F.softplus(attn.scale.detach().double()).view(1, 2, 1, 8)
+    assert torch.equal(after.q, q / s)
     # a forward that bypasses the op cannot be observed: an error, not rows
     monkeypatch.setattr(layer, name, lambda q, *a, **k: q)
     with pytest.raises(RuntimeError, match=f'did not call.*{name}'):

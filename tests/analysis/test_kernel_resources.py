@@ -98,7 +98,8 @@ def test_configurations_cover_every_flag_both_ways():
     assert {c.flags for c in configs if c.op == 'polarity'} == {
         (('bias', b), ('need_v', v)) for b in (0, 1) for v in (0, 1)}
     assert {c.flags for c in configs if c.op == 'pacs'} == {
-        (('rotary', r), ('need_v', v)) for r in (0, 1) for v in (0, 1)}
+        (('rotary', r), ('scaled', s), ('need_v', v)) for r in (0, 1)
+        for s in (0, 1) for v in (0, 1)}
     with pytest.raises(ValueError):
         kr.configurations(('softmax', ))
     # by default every head width the kernels take, the shipped ones among
@@ -176,12 +177,13 @@ def test_capture_binds_each_launch_as_the_jit_does():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    # 2 ops x 2 d x 3 dtypes x 4 flag combinations x 4 launches
-    assert got['captured'] == got['jit'] == 192
-    assert got['same'] == 192
+    # 2 d x 3 dtypes x (4 polarity + 8 PaCS flag combinations) x 4
+    # launches
+    assert got['captured'] == got['jit'] == 288
+    assert got['same'] == 288
     # not vacuous: the builds carry divisibility attributes and integer
     # arguments equal to 1 (unit strides) made constants
-    assert got['divisible'] == 192 and got['ones'] == 192
+    assert got['divisible'] == 288 and got['ones'] == 288
     assert got['stages'] == sorted(kr.STAGES)
 
 

@@ -333,10 +333,9 @@ def test_polarity_op_shape_errors():
 
 
 def test_pacs_op_shape_errors():
-    from pola_mm.ops import pacs_attention, rotary_tables
+    from pola_mm.ops import pacs_attention
     q, k, v = _heads(N=12)  # N = 3 x 4
     s = torch.zeros(1, 3, 1, 12)
-    sin, cos = rotary_tables((3, 4), 12)
     op = 'pacs_attention: '
     _raises(op + 's1 must be broadcastable to (1, h, 1, 2d) = (1, 3, 1, 12); '
             'got (1, 3, 1, 6)', pacs_attention, q, k, v, s[..., :6], s)
@@ -350,17 +349,23 @@ def test_pacs_op_shape_errors():
             'per head); got q (2, 3, 12, 3), d = 3', pacs_attention,
             q[..., :3], k[..., :3], v[..., :3], s[..., :6], s[..., :6])
     _raises(op + 'k and v must be (B, h, N, d) = (2, 3, 12, 6) for q '
-            '(2, 3, 12, 6) (as many keys as queries with the rotary tables); '
+            '(2, 3, 12, 6) (as many keys as queries with the rotary map hw); '
             'got k (2, 3, 4, 6), v (2, 3, 4, 6)', pacs_attention, q,
-            k[:, :, :4], v[:, :, :4], s, s, sin, cos)
-    _raises(op + 'give both rotary tables sin and cos, or neither; got only '
-            'sin', pacs_attention, q, k, v, s, s, sin)
-    _raises(op + 'cos must be broadcastable to (N, 2d) = (12, 12); got '
-            '(20, 12)', pacs_attention, q, k, v, s, s, sin,
-            torch.zeros(20, 12))
-    # accepted: fewer keys without rotary tables, the full rotary call
+            k[:, :, :4], v[:, :, :4], s, s, hw=(3, 4))
+    _raises(op + 'hw=(4, 4) has 16 tokens, but q has 12 (N = H * W, '
+            'row-major)', pacs_attention, q, k, v, s, s, hw=(4, 4))
+    _raises(op + 'hw is the (H, W) map of the rotary encoding, got Tensor; '
+            'the op builds the rotary tables itself (pass hw=(H, W) instead '
+            'of sin and cos)', pacs_attention, q, k, v, s, s,
+            hw=torch.zeros(12, 12))
+    _raises(op + 'scale must be broadcastable to (1, h, 1, d) = (1, 3, 1, 6); '
+            'got (1, 3, 1, 12)', pacs_attention, q, k, v, s, s, scale=s)
+    _raises(op + 'k_bias must be broadcastable to k (B, h, n, d) = '
+            '(2, 3, 12, 6); got (1, 3, 5, 6)', pacs_attention, q, k, v, s, s,
+            k_bias=torch.zeros(1, 3, 5, 6))
+    # accepted: fewer keys without rotary encoding, the full rotary call
     assert pacs_attention(q, k[:, :, :4], v[:, :, :4], s, s).shape == q.shape
-    assert pacs_attention(q, k, v, s, s, sin, cos).shape == q.shape
+    assert pacs_attention(q, k, v, s, s, hw=(3, 4)).shape == q.shape
 
 
 class _MapAttention(torch.nn.Module):

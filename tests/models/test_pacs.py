@@ -17,14 +17,16 @@ from pola_mm.ops import (pacs_attention, pacs_attention_pytorch, rotary_tables,
 D64 = torch.float64
 #: the op's module (``pola_mm.ops.pacs_attention`` is also the op)
 op_module = importlib.import_module('pola_mm.ops.pacs.op')
+#: the torch implementations' module (the op calls them through it)
+cpu_module = importlib.import_module('pola_mm.ops.pacs.cpu')
 
 
-def fast(*args):
+def fast(*args, **kwargs):
     """The PaCS op, which must run its fast kernel (fast paths on, as many keys
     as queries)."""
-    with mock.patch.object(op_module, 'pacs_attention_cpu',
-                           wraps=op_module.pacs_attention_cpu) as k:
-        out = pacs_attention(*args)
+    with mock.patch.object(cpu_module, 'pacs_attention_cpu',
+                           wraps=cpu_module.pacs_attention_cpu) as k:
+        out = pacs_attention(*args, **kwargs)
     assert k.call_count == 1
     return out
 
@@ -88,9 +90,9 @@ def test_formula_matches_spelled_out_float64(rope):
 
 @pytest.mark.parametrize('rope', [False, True, 'arbitrary'])
 def test_kernel_matches_formula_values_and_gradients(rope):
-    """Without rotary, with the rotary tables (the kernel's complex
-    product per channel pair) and with tables whose pairs differ (the
-    kernel's plain fallback)."""
+    """The op without rotary and with the rotary map (the kernel's complex
+    product per channel pair); the CPU kernel itself with tables whose
+    pairs differ (its plain fallback)."""
     q, k, v, s1, s2 = inputs(N=20, d=6)
     sin, cos = rotary_tables((4, 5), 12, dtype=D64) if rope else (None, None)
     if rope == 'arbitrary':
@@ -104,21 +106,48 @@ def test_kernel_matches_formula_values_and_gradients(rope):
     leaves = (q, k, v, s1, s2)
     want = pacs_attention_pytorch(q, k, v, s1, s2, sin, cos)
     want_g = torch.autograd.grad(want, leaves, grad)
-    got = fast(q, k, v, s1, s2, sin, cos)
+
+    def run(*args):
+        if rope == 'arbitrary':
+            return cpu_module.pacs_attention_cpu(*args, sin, cos)
+        return fast(*args, hw=(4, 5) if rope else None)
+
+    got = run(q, k, v, s1, s2)
     got_g = torch.autograd.grad(got, leaves, grad)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     for a, b in zip(got_g, want_g):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
     with torch.no_grad():  # the forward-only path
-        torch.testing.assert_close(
-            fast(q, k, v, s1, s2, sin, cos), want)
+        torch.testing.assert_close(run(q, k, v, s1, s2), want)
+
+
+def test_scale_and_key_bias_divide_queries_and_keys():
+    """``scale`` and ``k_bias``: the formula on ``q / softplus(scale)`` and
+    ``(k + k_bias) / softplus(scale)``, values and gradients of every
+    input (the op's fast path and its formula path)."""
+    q, k, v, s1, s2 = inputs(N=20, d=6)
+    g = torch.Generator().manual_seed(5)
+    scale = torch.randn(1, 2, 1, 6, generator=g, dtype=D64).requires_grad_()
+    bias = torch.randn(1, 2, 20, 6, generator=g,
+                       dtype=D64).requires_grad_()
+    leaves = (q, k, v, s1, s2, scale, bias)
+    grad = torch.randn(2, 2, 20, 6, generator=g, dtype=D64)
+    s = F.softplus(scale)
+    want = pacs_attention_pytorch(q / s, (k + bias) / s, v, s1, s2)
+    want_g = torch.autograd.grad(want, leaves, grad)
+    for run in (fast, pacs_attention):
+        with use_implementation('cpu' if run is fast else 'graph'):
+            got = run(q, k, v, s1, s2, scale=scale, k_bias=bias)
+        got_g = torch.autograd.grad(got, leaves, grad)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        for a, b in zip(got_g, want_g):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
 def test_kernel_gradcheck():
     q, k, v, s1, s2 = inputs(B=1, h=1, N=6, d=4, seed=3)
-    sin, cos = rotary_tables((2, 3), 8, dtype=D64)
     assert torch.autograd.gradcheck(
-        lambda *a: fast(*a, sin, cos), (q, k, v, s1, s2))
+        lambda *a: fast(*a, hw=(2, 3)), (q, k, v, s1, s2))
 
 
 def test_kernel_saves_no_feature_maps():
@@ -133,7 +162,7 @@ def test_kernel_saves_no_feature_maps():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fast(q, k, v, s1, s2, sin, cos)
+        fast(q, k, v, s1, s2, hw=(8, 8))
     assert (1, 1, 64, 8) not in shapes, shapes
     shapes.clear()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -156,8 +185,6 @@ def test_large_activations_under_bf16_autocast_stay_finite():
         attn.qkvg.bias.mul_(30 / peak)
         qkvg = attn.qkvg(x.bfloat16().float())
         assert qkvg[..., :32].abs().max() > 25
-        sin, cos = rotary_tables((6, 6), 16)
-
         def heads(t):
             return t.unflatten(-1, (2, 8)).transpose(1, 2)
 
@@ -165,10 +192,10 @@ def test_large_activations_under_bf16_autocast_stay_finite():
             q, k, v, _ = attn.qkvg(x).unflatten(-1, (4, 16)).unbind(-2)
             assert q.dtype == torch.bfloat16
             got = pacs_attention(heads(q), heads(k), heads(v), attn.s1,
-                                 attn.s2, sin, cos)
+                                 attn.s2, hw=(6, 6))
             full = attn(x, (6, 6))
         want = pacs_attention(heads(q.float()), heads(k.float()),
-                              heads(v.float()), attn.s1, attn.s2, sin, cos)
+                              heads(v.float()), attn.s1, attn.s2, hw=(6, 6))
     assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
     assert torch.isfinite(full).all()
     torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
@@ -184,9 +211,9 @@ def test_pacs_attention_fast_and_reference_agree(monkeypatch):
     helpers.randomise(attn, std=0.3)
     ref = PaCSAttention(16, 2)
     ref.load_state_dict(attn.state_dict())
-    kernel = helpers.count_calls(monkeypatch, op_module,
+    kernel = helpers.count_calls(monkeypatch, cpu_module,
                                  'pacs_attention_cpu')
-    formula = helpers.count_calls(monkeypatch, op_module,
+    formula = helpers.count_calls(monkeypatch, cpu_module,
                                   'pacs_attention_pytorch')
     x = torch.randn(2, 30, 16)
     a = attn(x, (5, 6))

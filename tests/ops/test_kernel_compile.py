@@ -152,13 +152,17 @@ def test_pola_swin_t_compiled_training_step_holds_every_kernel_op():
 def test_each_probe_runs_its_configuration(module, kernel, flag,
                                            monkeypatch):
     """An op's probe runs its kernels, forward and backward, on small
-    inputs of the configuration (key bias / rotary tables as flagged), as
-    the trace-time check runs it (under ``guarded``): the configuration
-    passes, and fails where its backward kernel fails."""
+    inputs of the configuration (polarity's key bias, PaCS's rotary map
+    and scaled keys as flagged), as the trace-time check runs it (under
+    ``guarded``): the configuration passes, and fails where its backward
+    kernel fails."""
     q = torch.empty(1, 2, 80, 32)
-    extra = torch.empty(80, 64) if flag else None
-    key = module.config(q, extra)
-    assert dict(key[4:]) in ({'k_bias': flag}, {'rotary': flag})
+    if module is polarity_kernels:
+        key = module.config(q, torch.empty(1, 2, 80, 32) if flag else None)
+    else:
+        key = module.config(q, (8, 10) if flag else None, flag)
+    assert dict(key[4:]) in ({'k_bias': flag},
+                             {'rotary': flag, 'scaled': flag})
     failing = FailingKernel(OutOfResources(1, 0, 'shared memory'))
     real = getattr(module, kernel)
 

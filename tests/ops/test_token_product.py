@@ -119,7 +119,7 @@ def test_pacs_fast_with_split_equals_formula(split_on_cpu, rope):
     sin, cos = rotary_tables((4, 5), 12, dtype=D64) if rope else (None, None)
     leaves = [t.requires_grad_() for t in (q, k, v, s1, s2)]
     dy = torch.randn(2, 2, 20, 6, dtype=D64)
-    got = pacs_attention(*leaves, sin, cos)
+    got = pacs_attention(*leaves, hw=(4, 5) if rope else None)
     got_g = torch.autograd.grad(got, leaves, dy)
     # forward: one key product; backward: one per flow without rotary
     # tables, two per flow with them

@@ -115,9 +115,9 @@ def polarity_qk(attn: PolarityAttention, x: Tensor, hw: Size2) -> PolarityQK:
     (:func:`~.capture.op_calls`); their inputs are taken as received, in
     float64, and only the op's own first step is applied to them:
     ``softplus(scale)``, ``k_bias`` and the power of
-    :func:`~pola_mm.ops.polarity_attention` (the PaCS op receives ``q / s``
-    and ``(k + positional_encoding) / s`` already; its temperatures are
-    ``sigmoid(s1)``, ``sigmoid(s2)``).
+    :func:`~pola_mm.ops.polarity_attention` (for the PaCS op ``scale`` and
+    ``k_bias`` likewise, its temperatures ``sigmoid(s1)``,
+    ``sigmoid(s2)``).
 
     Args:
         attn: the module (all keys: ``sr_ratio`` 1, as every published
@@ -144,17 +144,18 @@ def polarity_qk(attn: PolarityAttention, x: Tensor, hw: Size2) -> PolarityQK:
 
     gate = received(gate_linear)['g'].double()  # (B, N, C)
     g = gate.unflatten(-1, (h, d)).transpose(1, 2)
-    if attn.feature_map == 'pacs':
-        a = received(pacs_attention)
-        return PolarityQK(a['q'].double(), a['k'].double(), a['v'].double(),
-                          g, None, hw, torch.sigmoid(a['s1'].double()),
-                          torch.sigmoid(a['s2'].double()))
-    a = received(polarity_attention)
-    s, p = feature_params(a['scale'].double(), a['power'].double(),
-                          a['alpha'])
+    pacs = attn.feature_map == 'pacs'
+    a = received(pacs_attention if pacs else polarity_attention)
     k = a['k'].double()
     if a['k_bias'] is not None:
         k = k + a['k_bias'].double()
+    if pacs:
+        s = F.softplus(a['scale'].double())
+        return PolarityQK(a['q'].double() / s, k / s, a['v'].double(), g,
+                          None, hw, torch.sigmoid(a['s1'].double()),
+                          torch.sigmoid(a['s2'].double()))
+    s, p = feature_params(a['scale'].double(), a['power'].double(),
+                          a['alpha'])
     return PolarityQK(a['q'].double() / s, k / s, a['v'].double(), g, p, hw)
 
 

@@ -34,7 +34,6 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch.nn as nn
 
-from ...models.layers import PolarityAttention
 from ...ops import (pacs_attention, pacs_attention_pytorch, polarity_attention,
                     polarity_attention_pytorch, resize_pos_table)
 
@@ -209,11 +208,13 @@ def _polarity_attention(args: Dict[str, Any],
                   pacs_attention_pytorch)
 def _pacs_attention(args: Dict[str, Any],
                     caller: Optional[nn.Module]) -> int:
-    # PolarityAttention divides q, k by softplus(scale) and adds its
-    # positional table before calling the op: charged here, with the op
+    # the op (the formula: its tables) and the scaled inputs of
+    # PolarityAttention (q / s, (k + positional table) / s: the op's scale
+    # and k_bias)
+    rotary = (args.get('hw') is not None or args.get('sin') is not None)
     return pacs_attention_flops(
-        *_heads(args), rotary=args.get('sin') is not None,
-        scaled_inputs=isinstance(caller, PolarityAttention))['op']
+        *_heads(args), rotary=rotary,
+        scaled_inputs=args.get('scale') is not None)['op']
 
 
 @register_formula('positional_table', resize_pos_table)

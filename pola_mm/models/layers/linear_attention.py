@@ -32,7 +32,6 @@ from ...ops import (depthwise_conv2d, gate_linear, pacs_attention,
                     polarity_attention)
 from ...ops.checks import check_token_grid
 from ...ops.position import check_resize_mode, resize_pos_table
-from ...ops.rotary import rotary_tables
 from ...type_aliases import Size2
 from .attention_args import polarity_head_dims
 from .bricks import linear_chunks
@@ -242,9 +241,8 @@ class PolarityAttention(BaseModule):
             y = polarity_attention(heads(q), heads(k), heads(v), scale,
                                    self.power, self.alpha, k_bias=pos)
         else:  # PaCS on q / s and (k + pos) / s, s = softplus(scale)
-            s = F.softplus(scale)
-            y = pacs_attention(heads(q) / s, (heads(k) + pos) / s, heads(v),
-                               self.s1, self.s2)
+            y = pacs_attention(heads(q), heads(k), heads(v), self.s1,
+                               self.s2, scale=scale, k_bias=pos)
         y = y.squeeze(1) if h == 1 else y.transpose(1, 2).reshape(B, N, C)
 
         # 3. depth-wise conv of v over the stage map: the authors' per-head
@@ -315,11 +313,8 @@ class PaCSAttention(BaseModule):
         def heads(t: Tensor) -> Tensor:  # (B, N, C) -> (B, h, N, d)
             return t.reshape(B, -1, h, d).transpose(1, 2)
 
-        sin, cos = rotary_tables(hw, 2 * d, device=x.device,
-                                 dtype=torch.promote_types(x.dtype,
-                                                           torch.float32))
         y = pacs_attention(heads(q), heads(k), heads(v), self.s1, self.s2,
-                           sin, cos).transpose(1, 2).reshape(B, N, C)
+                           hw=hw).transpose(1, 2).reshape(B, N, C)
 
         # 3. lepe: a depth-wise conv of v over the stage map
         y = y + to_tokens(depthwise_conv2d(to_map(v, hw), self.lepe.weight,

@@ -48,15 +48,19 @@ the plain formula.
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from ...type_aliases import Size2
 from ..dispatch import records_grad
 from ..features import (EPS, pacs_features, polar_halves, split_signs_grad,
                         sum_to)
-from ..rotary import rotate_every_two, theta_shift
+from ..rotary import rotary_tables, rotate_every_two, theta_shift
 from ..token_product import token_product
+from .naive import pacs_attention_pytorch
 
-__all__ = ['pacs_attention_cpu', 'PaCSAttentionFunction']
+__all__ = ['pacs_attention_cpu', 'pacs_attention_torch',
+           'PaCSAttentionFunction']
 
 
 def _phasor(sin: Tensor, cos: Tensor) -> Optional[Tensor]:
@@ -226,3 +230,34 @@ def pacs_attention_cpu(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
         return PaCSAttentionFunction.apply(q, k, v, s1, s2, sin, cos, eps)
     t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
     return _forward(q, k, v, t1, t2, sin, cos, eps)[0]
+
+
+def pacs_attention_torch(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
+                         s2: Tensor, scale: Optional[Tensor] = None,
+                         k_bias: Optional[Tensor] = None,
+                         hw: Optional[Size2] = None, eps: float = EPS,
+                         formula: bool = False) -> Tensor:
+    """The op's arguments (:func:`~pola_mm.ops.pacs_attention`) by the
+    torch implementations, on float32 copies (float64 stays): ``q /
+    softplus(scale)`` and ``(k + k_bias) / softplus(scale)``, the rotary
+    tables of the map ``hw``, then :func:`pacs_attention_cpu` where it fits
+    (as many keys as queries) unless ``formula``, else the formula
+    :func:`~.naive.pacs_attention_pytorch`.
+
+    Returns:
+        ``(B, h, N, d)`` in float32 (float64 for float64 inputs).
+    """
+    dt = torch.promote_types(q.dtype, torch.float32)
+    q, k, v, s1, s2 = (t.to(dt) for t in (q, k, v, s1, s2))
+    if k_bias is not None:
+        k = k + k_bias.to(dt)
+    if scale is not None:
+        s = F.softplus(scale.to(dt))
+        q, k = q / s, k / s
+    sin = cos = None
+    if hw is not None:
+        sin, cos = rotary_tables(hw, 2 * q.shape[-1], device=q.device,
+                                 dtype=dt)
+    fast = not formula and k.shape[-2] == q.shape[-2]
+    fn = pacs_attention_cpu if fast else pacs_attention_pytorch
+    return fn(q, k, v, s1, s2, sin, cos, eps)

@@ -10,15 +10,21 @@ polar halves ``pos = relu(x)``, ``neg = relu(-x)``:
   ``0..d-1``) and ``b`` (``d..2d-1``):
   same-signed ``q_sim = [e^(pos t1a) - 1, e^(neg t1b) - 1]``,
   opposite-signed ``q_opp = [e^(neg t2a) - 1, e^(pos t2b) - 1]``,
-  keys ``k' = [e^pos - 1, e^neg - 1]``;
+  keys ``k' = [e^(pos tk) - 1, e^(neg tk) - 1]`` of ``x = k + k_bias``,
+  ``tk`` the keys' temperature (1 and no bias unless given: PolaFormer's
+  ``softplus(scale)`` divides q and k + k_bias, which is ``t / s`` and
+  ``tk = 1 / s``, :func:`pacs_attention_triton`);
 - ``k_mean = sum_n k' / n`` ``(2d)``, ``M = R(k')^T v / N`` ``(2d, d)`` (as
   the reference: divided by the number of queries ``N``);
 - ``z_j = q_j . k_mean``, ``x_j = R(q_j) M_j / (z_j + eps)`` with ``M_sim``
   the first ``d / 2`` columns of ``M``, ``M_opp`` the last; out ``[x_sim,
   x_opp]``.
 
-``R`` is the rotary encoding :func:`~pola_mm.ops.rotary.theta_shift` when
-the tables ``sin``, ``cos`` ``(N, 2d)`` are given (else the identity):
+``R`` is the rotary encoding :func:`~pola_mm.ops.rotary.theta_shift` of
+an ``(H, W)`` map when ``hw`` is given (else the identity). The kernels
+read its separable factors (:func:`~pola_mm.ops.rotary.rotary_factors`,
+``(2, H + W, d)`` float32, a few kilobytes): half ``a`` of a token's
+tables is its row's, half ``b`` its column's. Per channel,
 ``R(f)[c] = f[c] cos[c] + sgn(c) f[c^1] sin[c]`` with ``sgn(c) = -1`` on
 even, ``+1`` on odd channels (``rotate_every_two``), and its adjoint
 ``R^T(y)[c] = y[c] cos[c] - sgn(c) y[c^1] sin[c^1]``. The partner values
@@ -35,7 +41,8 @@ Four kernels, launched by :func:`pacs_forward` and :func:`pacs_backward`:
 - backward, query pass (grid ``(B h, chunks, 2)``, one program per flow):
   ``dq`` and partial sums of ``dM``, ``dk_mean`` and the temperatures'
   gradients;
-- backward, key pass (grid ``(B h, blocks of keys)``): ``dk`` and ``dv``.
+- backward, key pass (grid ``(B h, blocks of keys)``): ``dk``, ``dv`` and
+  partial sums of the keys' temperature gradient.
 
 Every product is a ``tl.dot`` in IEEE float32, on inputs of any float
 dtype and strides. The half-width products of a flow (``d / 2`` columns,
@@ -57,15 +64,17 @@ truncates, bfloat16 outputs are written in float32 and rounded by torch.
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from ...type_aliases import Size2
 from ..custom_ops import register_kernel
 from ..dispatch import records_grad
 from ..features import EPS, sum_to
 from ..launch import (WIDTHS, LaunchConfig, config_key, guarded, launch_config,
                       on_device, probe_inputs, recomputed_grads, split_tokens)
-from .cpu import pacs_attention_cpu
-from .naive import pacs_attention_pytorch
+from ..rotary import rotary_factors
+from .cpu import pacs_attention_torch
 
 try:
     import triton
@@ -125,11 +134,40 @@ if HAVE_TRITON:
         return y * cos - sgn[None, :] * _swap_pairs(y * sin)
 
     @triton.jit
-    def _halves(ptr, rows, cols, s_row, s_col, mask, D: tl.constexpr):
-        """Both ``D``-wide halves ``(BLOCK_N, D)`` of a ``(N, 2D)`` table
-        at channels ``cols`` and ``D + cols``."""
-        return (_tile(ptr, rows, cols, s_row, s_col, mask),
-                _tile(ptr, rows, D + cols, s_row, s_col, mask))
+    def _angles(rot_ptr, rows, cols, mask, HM, WM, D: tl.constexpr):
+        """``sin_a, sin_b, cos_a, cos_b`` ``(BLOCK_N, D)``: the rotary
+        tables' halves at tokens ``rows`` of an ``HM x WM`` map
+        (row-major), from its factors ``(2, HM + WM, D)`` (float32,
+        contiguous; :func:`~pola_mm.ops.rotary.rotary_factors`): half ``a``
+        is the row's, half ``b`` the column's."""
+        r = rows // WM
+        c = HM + rows % WM
+        cos_ptr = rot_ptr + (HM + WM) * D
+        return (_tile(rot_ptr, r, cols, D, 1, mask),
+                _tile(rot_ptr, c, cols, D, 1, mask),
+                _tile(cos_ptr, r, cols, D, 1, mask),
+                _tile(cos_ptr, c, cols, D, 1, mask))
+
+    @triton.jit
+    def _keys(k_base, kb_base, rows, cols, mask, s_kn, s_kd, s_bn, s_bd,
+              SCALED: tl.constexpr):
+        """The keys ``x = k + k_bias`` (``k`` alone unless ``SCALED``)
+        ``(BLOCK_N, D)`` float32, zero where ``mask`` is false."""
+        x = _tile(k_base, rows, cols, s_kn, s_kd, mask)
+        if SCALED:
+            x += _tile(kb_base, rows, cols, s_bn, s_bd, mask)
+        return x
+
+    @triton.jit
+    def _key_temperature(tk_ptr, hh, cols, D: tl.constexpr,
+                         SCALED: tl.constexpr):
+        """Head ``hh``'s key temperature ``(1, D)`` (``tk`` ``(h, D)``
+        float32, contiguous), 1 unless ``SCALED``."""
+        if SCALED:
+            tk = tl.load(tk_ptr + hh * D + cols)[None, :]
+        else:
+            tk = tl.full((1, D), 1.0, tl.float32)
+        return tk
 
     @triton.jit
     def _temperatures(t_ptr, hh, cols, D: tl.constexpr):
@@ -156,12 +194,12 @@ if HAVE_TRITON:
         return tl.load(ptrs, mask=wmask[None, :], other=0.0)
 
     @triton.jit
-    def _fwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, m_part_ptr,
-                         ks_part_ptr, H, n, per_chunk,
+    def _fwd_keys_kernel(k_ptr, v_ptr, kb_ptr, tk_ptr, rot_ptr, m_part_ptr,
+                         ks_part_ptr, H, n, per_chunk, HM, WM,
                          s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
-                         s_tn, s_tc,
+                         s_bb, s_bh, s_bn, s_bd,
                          D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         HAS_ROT: tl.constexpr,
+                         HAS_ROT: tl.constexpr, SCALED: tl.constexpr,
                          DOT: tl.constexpr):
         """Forward, key pass: program ``(bh, chunk)`` sums over its chunk
         of ``per_chunk`` blocks of keys ``R(k')^T v`` (``(2D, D)``, written
@@ -173,8 +211,10 @@ if HAVE_TRITON:
         hh = (bh % H).to(tl.int64)
         k_base = k_ptr + b * s_kb + hh * s_kh
         v_base = v_ptr + b * s_vb + hh * s_vh
+        kb_base = kb_ptr + b * s_bb + hh * s_bh
         cols = tl.arange(0, D)
         sgn = _pair_sign(cols)
+        tk = _key_temperature(tk_ptr, hh, cols, D, SCALED)
         m_a = tl.zeros((D, D), dtype=tl.float32)  # rows 0..D-1 of R(k')^T v
         m_b = tl.zeros((D, D), dtype=tl.float32)  # rows D..2D-1
         sum_a = tl.zeros((D, ), dtype=tl.float32)
@@ -184,17 +224,16 @@ if HAVE_TRITON:
         for blk in range(first, last):
             rows = blk * BLOCK_N + tl.arange(0, BLOCK_N)
             mask = (rows < n)[:, None]  # keys past n: k = v = 0, k' = 0
-            kk = _tile(k_base, rows, cols, s_kn, s_kd, mask)
+            x = _keys(k_base, kb_base, rows, cols, mask, s_kn, s_kd, s_bn,
+                      s_bd, SCALED)
             vv = _tile(v_base, rows, cols, s_vn, s_vd, mask)
-            fa = _expm1(tl.maximum(kk, 0.0))  # e^relu(k) - 1
-            fb = _expm1(tl.maximum(-kk, 0.0))  # e^relu(-k) - 1
+            fa = _expm1(tl.maximum(x, 0.0) * tk)  # e^(relu(x) tk) - 1
+            fb = _expm1(tl.maximum(-x, 0.0) * tk)  # e^(relu(-x) tk) - 1
             sum_a += tl.sum(fa, axis=0)
             sum_b += tl.sum(fb, axis=0)
             if HAS_ROT:  # R(k')
-                sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
-                                       mask, D)
-                cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
-                                       mask, D)
+                sin_a, sin_b, cos_a, cos_b = _angles(rot_ptr, rows, cols,
+                                                     mask, HM, WM, D)
                 fa = _rot(fa, sin_a, cos_a, sgn)
                 fb = _rot(fb, sin_b, cos_b, sgn)
             m_a = tl.dot(tl.trans(fa), vv, m_a, input_precision=DOT)
@@ -208,10 +247,9 @@ if HAVE_TRITON:
         tl.store(ks_base + D + cols, sum_b)
 
     @triton.jit
-    def _fwd_queries_kernel(q_ptr, t1_ptr, t2_ptr, sin_ptr, cos_ptr, m_ptr,
-                            km_ptr, x_ptr, rz_ptr, H, N, eps,
+    def _fwd_queries_kernel(q_ptr, t1_ptr, t2_ptr, rot_ptr, m_ptr,
+                            km_ptr, x_ptr, rz_ptr, H, N, eps, HM, WM,
                             s_qb, s_qh, s_qn, s_qd, s_xb, s_xh, s_xn,
-                            s_tn, s_tc,
                             D: tl.constexpr, HALF: tl.constexpr,
                             W: tl.constexpr, BLOCK_N: tl.constexpr,
                             HAS_ROT: tl.constexpr,
@@ -241,10 +279,8 @@ if HAVE_TRITON:
         rz_o = 1.0 / (tl.sum(oa * km_a + ob * km_b, axis=1) + eps)
         if HAS_ROT:  # R(q_j)
             sgn = _pair_sign(cols)
-            sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
-                                   rmask[:, None], D)
-            cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
-                                   rmask[:, None], D)
+            sin_a, sin_b, cos_a, cos_b = _angles(rot_ptr, rows, cols,
+                                                 rmask[:, None], HM, WM, D)
             sa = _rot(sa, sin_a, cos_a, sgn)
             sb = _rot(sb, sin_b, cos_b, sgn)
             oa = _rot(oa, sin_a, cos_a, sgn)
@@ -314,12 +350,12 @@ if HAVE_TRITON:
         return da, dz, dpre_a, dpre_b
 
     @triton.jit
-    def _bwd_queries_kernel(dx_ptr, q_ptr, x_ptr, t_ptr, sin_ptr,
-                            cos_ptr, m_ptr, km_ptr, rz_ptr, dq_ptr,
+    def _bwd_queries_kernel(dx_ptr, q_ptr, x_ptr, t_ptr, rot_ptr,
+                            m_ptr, km_ptr, rz_ptr, dq_ptr,
                             dm_part_ptr, dkm_part_ptr, dt_part_ptr,
-                            H, N, per_chunk,
+                            H, N, per_chunk, HM, WM,
                             s_db, s_dh, s_dn, s_dd, s_qb, s_qh, s_qn, s_qd,
-                            s_xb, s_xh, s_xn, s_xd, s_tn, s_tc,
+                            s_xb, s_xh, s_xn, s_xd,
                             D: tl.constexpr, HALF: tl.constexpr,
                             W: tl.constexpr, BLOCK_N: tl.constexpr,
                             HAS_ROT: tl.constexpr, USE_X: tl.constexpr,
@@ -379,10 +415,8 @@ if HAVE_TRITON:
             fb = _expm1(ub * tb)
             rz = tl.load(rz_base + rows * 2, mask=rmask, other=0.0)
             if HAS_ROT:  # R(f)
-                sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
-                                       rmask[:, None], D)
-                cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
-                                       rmask[:, None], D)
+                sin_a, sin_b, cos_a, cos_b = _angles(
+                    rot_ptr, rows, cols, rmask[:, None], HM, WM, D)
                 ra = _rot(fa, sin_a, cos_a, sgn)
                 rb = _rot(fb, sin_b, cos_b, sgn)
             else:  # (the tables unused)
@@ -422,18 +456,20 @@ if HAVE_TRITON:
         tl.store(dt_base + D + cols, dt_b)
 
     @triton.jit
-    def _bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, dm_ptr, dkm_ptr,
-                         dk_ptr, dv_ptr, H, n,
+    def _bwd_keys_kernel(k_ptr, v_ptr, kb_ptr, tk_ptr, rot_ptr, dm_ptr,
+                         dkm_ptr, dk_ptr, dv_ptr, dtk_part_ptr, H, n, HM, WM,
                          s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
-                         s_tn, s_tc,
+                         s_bb, s_bh, s_bn, s_bd,
                          D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         HAS_ROT: tl.constexpr, NEED_V: tl.constexpr,
-                         DOT: tl.constexpr):
+                         HAS_ROT: tl.constexpr, SCALED: tl.constexpr,
+                         NEED_V: tl.constexpr, DOT: tl.constexpr):
         """Backward, key pass: program ``(bh, block)`` writes ``dk`` (and
         ``dv`` with ``NEED_V``), contiguous ``(B h, n, D)`` in the dtypes
         of their pointers, from ``dM = dL/dM / N`` ``(B h, 2D, D)`` and
         ``dk_mean / n`` ``(B h, 2D)`` (float32, contiguous):
-        ``dk' = R^T(v dM^T) + dk_mean``, ``dv = R(k') dM``."""
+        ``dk' = R^T(v dM^T) + dk_mean``, ``dv = R(k') dM``. With
+        ``SCALED`` also its block's part of the key temperature's gradient
+        ``(D)`` to ``dtk_part[bh, block]``."""
         bh = tl.program_id(0)
         b = (bh // H).to(tl.int64)
         hh = (bh % H).to(tl.int64)
@@ -443,10 +479,13 @@ if HAVE_TRITON:
         cols = tl.arange(0, D)
         k_base = k_ptr + b * s_kb + hh * s_kh
         v_base = v_ptr + b * s_vb + hh * s_vh
-        kk = _tile(k_base, rows, cols, s_kn, s_kd, rmask[:, None])
+        kb_base = kb_ptr + b * s_bb + hh * s_bh
+        x = _keys(k_base, kb_base, rows, cols, rmask[:, None], s_kn, s_kd,
+                  s_bn, s_bd, SCALED)
         vv = _tile(v_base, rows, cols, s_vn, s_vd, rmask[:, None])
-        fa = _expm1(tl.maximum(kk, 0.0))
-        fb = _expm1(tl.maximum(-kk, 0.0))
+        tk = _key_temperature(tk_ptr, hh, cols, D, SCALED)
+        fa = _expm1(tl.maximum(x, 0.0) * tk)
+        fb = _expm1(tl.maximum(-x, 0.0) * tk)
         dm_base = dm_ptr + bh64 * (2 * D * D)
         # dR(k') = v dM^T per half: (D, D) tiles [j, l] = dM[l, j]
         ya = tl.dot(vv, tl.load(dm_base + cols[None, :] * D + cols[:, None]),
@@ -457,10 +496,8 @@ if HAVE_TRITON:
         rb = fb
         if HAS_ROT:  # R^T(y), R(k')
             sgn = _pair_sign(cols)
-            sin_a, sin_b = _halves(sin_ptr, rows, cols, s_tn, s_tc,
-                                   rmask[:, None], D)
-            cos_a, cos_b = _halves(cos_ptr, rows, cols, s_tn, s_tc,
-                                   rmask[:, None], D)
+            sin_a, sin_b, cos_a, cos_b = _angles(rot_ptr, rows, cols,
+                                                 rmask[:, None], HM, WM, D)
             ya = _rot_t(ya, sin_a, cos_a, sgn)
             yb = _rot_t(yb, sin_b, cos_b, sgn)
             if NEED_V:
@@ -469,13 +506,19 @@ if HAVE_TRITON:
         dkm_base = dkm_ptr + bh64 * (2 * D)
         dkm_a = tl.load(dkm_base + cols)[None, :]
         dkm_b = tl.load(dkm_base + D + cols)[None, :]
-        # dk' (f + 1) = d(pre-activation); dk = dpos [k > 0] - dneg [k < 0]
+        # dk' (f + 1) = d(pre-activation relu(+-x) tk);
+        # dk = tk (dpos [x > 0] - dneg [x < 0])
         dpa = (ya + dkm_a) * (fa + 1.0)
         dpb = (yb + dkm_b) * (fb + 1.0)
-        dk = tl.where(kk > 0, dpa, 0.0) - tl.where(kk < 0, dpb, 0.0)
+        dk = tk * (tl.where(x > 0, dpa, 0.0) - tl.where(x < 0, dpb, 0.0))
         offs = bh64 * n * D + rows[:, None] * D + cols[None, :]
         tl.store(dk_ptr + offs, dk.to(dk_ptr.dtype.element_ty),
                  mask=rmask[:, None])
+        if SCALED:  # d tk = sum_n dpos relu(x) + dneg relu(-x)
+            dtk = tl.sum(dpa * tl.maximum(x, 0.0) + dpb * tl.maximum(-x, 0.0),
+                         axis=0)
+            part = bh64 * tl.num_programs(1) + tl.program_id(1)
+            tl.store(dtk_part_ptr + part * D + cols, dtk)
         if NEED_V:  # dv = R(k') dM, per half of the rows of dM
             dv = tl.dot(ra, tl.load(dm_base + cols[:, None] * D
                                     + cols[None, :]), input_precision=DOT)
@@ -506,30 +549,20 @@ def _store_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def _is_table(t: Optional[Tensor], N: int, width: int) -> bool:
-    """``t`` is a floating tensor broadcastable to ``(N, width)``."""
-    if not isinstance(t, Tensor) or not t.is_floating_point():
-        return False
-    try:
-        return torch.broadcast_shapes(t.shape, (N, width)) == (N, width)
-    except RuntimeError:
-        return False
-
-
 def _config(kernel: str, d: int) -> LaunchConfig:
     """The launch configuration of this op's ``kernel`` at head width ``d``
     (:func:`~pola_mm.ops.launch.launch_config`)."""
     return launch_config('pacs', kernel, d)
 
 
-def fits(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor] = None,
-         cos: Optional[Tensor] = None) -> bool:
+def fits(q: Tensor, k: Tensor, v: Tensor, hw: Optional[Size2] = None,
+         k_bias: Optional[Tensor] = None) -> bool:
     """Whether the kernels take these inputs (else the op falls back on the
     torch implementations): ``q`` ``(B, h, N, d)``, ``k`` and ``v`` ``(B,
     h, n, d)`` float32, float16 or bfloat16 and not empty, ``d`` one of
-    :data:`~pola_mm.ops.launch.WIDTHS` (16, 32, 64); the rotary tables
-    both given (broadcastable to ``(N, 2d)``, ``n == N``) or neither; all
-    on one device. (Whether Triton runs there is
+    :data:`~pola_mm.ops.launch.WIDTHS` (16, 32, 64); with the rotary map
+    ``hw``, ``H W = n = N``; ``k_bias`` broadcastable to ``k``; all on one
+    device. (Whether Triton runs there is
     :func:`~pola_mm.ops.dispatch.implementation`'s question.)
     """
     if not all(isinstance(t, Tensor) for t in (q, k, v)):
@@ -543,23 +576,27 @@ def fits(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor] = None,
         return False
     if q.numel() == 0 or k.numel() == 0:
         return False
-    if (sin is None) != (cos is None):
+    if hw is not None and (k.shape[2] != N or int(hw[0]) * int(hw[1]) != N):
         return False
-    tables = () if sin is None else (sin, cos)
-    if tables and (k.shape[2] != N or
-                   not all(_is_table(t, N, 2 * d) for t in tables)):
-        return False
-    return len({t.device for t in (q, k, v) + tables}) == 1
+    tensors = (q, k, v)
+    if k_bias is not None:
+        try:
+            if torch.broadcast_shapes(k_bias.shape, k.shape) != k.shape:
+                return False
+        except RuntimeError:
+            return False
+        tensors += (k_bias, )
+    return len({t.device for t in tensors}) == 1
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, sin: Optional[Tensor],
-           cos: Optional[Tensor]) -> None:
+def _check(q: Tensor, k: Tensor, v: Tensor, hw: Optional[Size2],
+           k_bias: Optional[Tensor]) -> None:
     """ValueError where :func:`fits` is False."""
-    if not fits(q, k, v, sin, cos):
+    if not fits(q, k, v, hw, k_bias):
         shapes = [None if t is None else (tuple(t.shape), t.dtype, t.device)
-                  for t in (q, k, v, sin, cos)]
+                  for t in (q, k, v, k_bias)]
         raise ValueError('pacs triton kernels: inputs not supported (see '
-                         f'fits()): q, k, v, sin, cos = {shapes}')
+                         f'fits()): q, k, v, k_bias = {shapes}, hw = {hw}')
 
 
 def _block_size(block_n: Optional[int], kernel: str, d: int) -> int:
@@ -574,83 +611,97 @@ def _block_size(block_n: Optional[int], kernel: str, d: int) -> int:
     return int(block_n)
 
 
-def _temps(t: Tensor, h: int, d: int) -> Tensor:
-    """Temperatures broadcastable to ``(1, h, 1, 2d)`` as ``(h, 2d)``
-    float32, contiguous."""
-    t = torch.broadcast_to(t.to(torch.float32), (1, h, 1, 2 * d))
-    return t.reshape(h, 2 * d).contiguous()
+def _temps(t: Tensor, h: int, width: int) -> Tensor:
+    """Temperatures broadcastable to ``(1, h, 1, width)`` as ``(h,
+    width)`` float32, contiguous."""
+    t = torch.broadcast_to(t.to(torch.float32), (1, h, 1, width))
+    return t.reshape(h, width).contiguous()
 
 
-def _tables(sin: Optional[Tensor], cos: Optional[Tensor], N: int, d: int
-            ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """``sin``, ``cos`` as float32 ``(N, 2d)`` views (broadcast, not
-    copied) with equal strides; None without tables."""
-    if sin is None or cos is None:
-        return None, None
-    sin, cos = (torch.broadcast_to(t.to(torch.float32), (N, 2 * d))
-                for t in (sin, cos))
-    if sin.stride() != cos.stride():
-        sin, cos = sin.contiguous(), cos.contiguous()
-    return sin, cos
+def _rotary(hw: Optional[Size2], d: int, device: torch.device
+            ) -> Tuple[Optional[Tensor], int]:
+    """The kernels' rotary arguments: the factors ``(2, H + W, d)`` of the
+    map ``hw`` (:func:`~pola_mm.ops.rotary.rotary_factors`, float32) and
+    ``W``; ``(None, 0)`` without rotary encoding."""
+    if hw is None:
+        return None, 0
+    return rotary_factors(hw, 2 * d, device=device), int(hw[1])
 
 
-def _table_args(sin: Optional[Tensor], cos: Optional[Tensor],
-                dummy: Tensor) -> Tuple[Tensor, Tensor, int, int]:
-    """The kernels' table arguments: the tables and their strides, or
-    ``dummy`` twice (never read) without tables."""
-    if sin is None or cos is None:
-        return dummy, dummy, 0, 0
-    return sin, cos, sin.stride(0), sin.stride(1)
+def _rot_args(rot: Optional[Tensor], map_w: int,
+              dummy: Tensor) -> Tuple[Tensor, int, int]:
+    """The kernels' ``rot_ptr, HM, WM``: the factors and the map's height
+    and width, or ``dummy`` (never read) and ``1, 1`` without them."""
+    if rot is None:
+        return dummy, 1, 1
+    return rot, rot.shape[1] - map_w, map_w
+
+
+def _key_args(k: Tensor, k_bias: Optional[Tensor], tk: Optional[Tensor]
+              ) -> Tuple[Tensor, Tensor, Tuple[int, ...]]:
+    """The kernels' ``kb_ptr, tk_ptr`` and the bias's strides: ``k_bias``
+    broadcast to ``k`` (zeros when only ``tk`` is given), ``tk`` ``(h,
+    d)`` float32 (ones when only ``k_bias`` is given); ``k`` twice and
+    zero strides (never read) with neither."""
+    if k_bias is None and tk is None:
+        return k, k, (0, 0, 0, 0)
+    h, d = k.shape[1], k.shape[3]
+    kb = (k.new_zeros(()) if k_bias is None else k_bias).expand(k.shape)
+    tk = (k.new_ones((h, d), dtype=torch.float32) if tk is None else tk)
+    return kb, tk, kb.stride()
 
 
 # --- the kernels as torch custom ops (..custom_ops), one per launch; the
 # sums between them stay plain torch operations
 
 
-def key_pass(k: Tensor, v: Tensor, sin: Optional[Tensor],
-             cos: Optional[Tensor], chunks: int, per: int,
-             block: int) -> Tuple[Tensor, Tensor]:
+def key_pass(k: Tensor, v: Tensor, k_bias: Optional[Tensor],
+             tk: Optional[Tensor], rot: Optional[Tensor], map_w: int,
+             chunks: int, per: int, block: int) -> Tuple[Tensor, Tensor]:
     """The forward's key pass: partial ``R(k')^T v`` ``(B h, chunks, 2d,
     d)`` and ``sum k'`` ``(B h, chunks, 2d)``, float32."""
-    m_part, ks_part = _key_pass_fake(k, v, sin, cos, chunks, per, block)
+    m_part, ks_part = _key_pass_fake(k, v, k_bias, tk, rot, map_w, chunks,
+                                     per, block)
     B, H, n, d = k.shape
-    sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, m_part)
+    kb, tk_arg, s_b = _key_args(k, k_bias, tk)
+    rot_ptr, hm, wm = _rot_args(rot, map_w, m_part)
     with on_device(k):
         _fwd_keys_kernel[(B * H, chunks)](
-            k, v, sin_t, cos_t, m_part, ks_part, H, n, per,
-            *k.stride(), *v.stride(), s_tn, s_tc,
-            D=d, BLOCK_N=block, HAS_ROT=sin is not None,
+            k, v, kb, tk_arg, rot_ptr, m_part, ks_part, H, n, per, hm, wm,
+            *k.stride(), *v.stride(), *s_b,
+            D=d, BLOCK_N=block, HAS_ROT=rot is not None,
+            SCALED=k_bias is not None or tk is not None,
             **_config('key_pass', d).options())
     return m_part, ks_part
 
 
-def _key_pass_fake(k, v, sin, cos, chunks, per, block):
+def _key_pass_fake(k, v, k_bias, tk, rot, map_w, chunks, per, block):
     B, H, _, d = k.shape
     f32 = dict(dtype=torch.float32, device=k.device)
     return (torch.empty((B * H, chunks, 2 * d, d), **f32),
             torch.empty((B * H, chunks, 2 * d), **f32))
 
 
-def query_pass(q: Tensor, t1: Tensor, t2: Tensor, sin: Optional[Tensor],
-               cos: Optional[Tensor], M: Tensor, k_mean: Tensor, eps: float,
+def query_pass(q: Tensor, t1: Tensor, t2: Tensor, rot: Optional[Tensor],
+               map_w: int, M: Tensor, k_mean: Tensor, eps: float,
                block: int) -> Tuple[Tensor, Tensor]:
     """The forward's query pass: ``x`` ``(B, h, N, d)`` in ``q``'s dtype
     and ``1 / (z + eps)`` ``(B, h, N, 2)`` float32."""
     B, H, N, d = q.shape
     x = _token_major(B, H, N, d, q, _store_dtype(q.dtype))
     rz = torch.empty((B, H, N, 2), dtype=torch.float32, device=q.device)
-    sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, t1)
+    rot_ptr, hm, wm = _rot_args(rot, map_w, t1)
     with on_device(q):
         _fwd_queries_kernel[(B * H, triton.cdiv(N, block))](
-            q, t1, t2, sin_t, cos_t, M, k_mean, x, rz, H, N, float(eps),
-            *q.stride(), *x.stride()[:3], s_tn, s_tc,
+            q, t1, t2, rot_ptr, M, k_mean, x, rz, H, N, float(eps), hm, wm,
+            *q.stride(), *x.stride()[:3],
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
-            HAS_ROT=sin is not None,
+            HAS_ROT=rot is not None,
             **_config('query_pass', d).options())
     return x.to(q.dtype), rz
 
 
-def _query_pass_fake(q, t1, t2, sin, cos, M, k_mean, eps, block):
+def _query_pass_fake(q, t1, t2, rot, map_w, M, k_mean, eps, block):
     B, H, N, d = q.shape
     return (_token_major(B, H, N, d, q, q.dtype),
             torch.empty((B, H, N, 2), dtype=torch.float32, device=q.device))
@@ -665,7 +716,7 @@ def _token_major(B: int, h: int, N: int, d: int, like: Tensor,
 
 
 def query_grad(dx: Tensor, q: Tensor, x: Tensor, t: Tensor,
-               sin: Optional[Tensor], cos: Optional[Tensor], M: Tensor,
+               rot: Optional[Tensor], map_w: int, M: Tensor,
                k_mean: Tensor, rz: Tensor, chunks: int, per: int,
                block: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The backward's query pass (one program per chunk and flow, ``t``
@@ -675,14 +726,14 @@ def query_grad(dx: Tensor, q: Tensor, x: Tensor, t: Tensor,
     B, H, N, d = q.shape
     dq = torch.zeros((B, H, N, d), dtype=torch.float32, device=q.device)
     dm_part, dkm_part, dt_part = _query_grad_parts(q, chunks)
-    sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, t)
+    rot_ptr, hm, wm = _rot_args(rot, map_w, t)
     with on_device(q):
         _bwd_queries_kernel[(B * H, chunks, 2)](
-            dx, q, x, t, sin_t, cos_t, M, k_mean, rz, dq,
-            dm_part, dkm_part, dt_part, H, N, per,
-            *dx.stride(), *q.stride(), *x.stride(), s_tn, s_tc,
+            dx, q, x, t, rot_ptr, M, k_mean, rz, dq,
+            dm_part, dkm_part, dt_part, H, N, per, hm, wm,
+            *dx.stride(), *q.stride(), *x.stride(),
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
-            HAS_ROT=sin is not None, USE_X=x.dtype == torch.float32,
+            HAS_ROT=rot is not None, USE_X=x.dtype == torch.float32,
             **_config('query_grad', d).options())
     return dq.to(q.dtype), dm_part, dkm_part, dt_part
 
@@ -697,36 +748,51 @@ def _query_grad_parts(q: Tensor, chunks: int) -> Tuple[Tensor, ...]:
             torch.empty((B * H, chunks, 2, 2 * d), **f32))
 
 
-def _query_grad_fake(dx, q, x, t, sin, cos, M, k_mean, rz, chunks, per,
+def _query_grad_fake(dx, q, x, t, rot, map_w, M, k_mean, rz, chunks, per,
                      block):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             *_query_grad_parts(q, chunks))
 
 
-def key_grad(k: Tensor, v: Tensor, sin: Optional[Tensor],
-             cos: Optional[Tensor], dM: Tensor, dkm: Tensor, need_v: bool,
-             block: int) -> Tuple[Tensor, Tensor]:
+def key_grad(k: Tensor, v: Tensor, k_bias: Optional[Tensor],
+             tk: Optional[Tensor], rot: Optional[Tensor], map_w: int,
+             dM: Tensor, dkm: Tensor, need_v: bool,
+             block: int) -> Tuple[Tensor, Tensor, Tensor]:
     """The backward's key pass: ``dk`` and ``dv`` (empty unless
-    ``need_v``) in their inputs' dtypes."""
+    ``need_v``) in their inputs' dtypes, and the partial gradients of the
+    key temperature ``(B h, blocks, d)`` float32 (empty unless scaled)."""
     B, H, n, d = k.shape
     dk = torch.empty((B, H, n, d), dtype=_store_dtype(k.dtype),
                      device=k.device)
     dv = (torch.empty((B, H, n, d), dtype=_store_dtype(v.dtype),
                       device=k.device) if need_v else dk)
-    sin_t, cos_t, s_tn, s_tc = _table_args(sin, cos, dM)
+    scaled = k_bias is not None or tk is not None
+    dtk_part = _dtk_part(k, scaled, block)
+    kb, tk_arg, s_b = _key_args(k, k_bias, tk)
+    rot_ptr, hm, wm = _rot_args(rot, map_w, dM)
     with on_device(k):
         _bwd_keys_kernel[(B * H, triton.cdiv(n, block))](
-            k, v, sin_t, cos_t, dM, dkm, dk, dv, H, n,
-            *k.stride(), *v.stride(), s_tn, s_tc,
-            D=d, BLOCK_N=block, HAS_ROT=sin is not None, NEED_V=need_v,
-            **_config('key_grad', d).options())
-    return dk.to(k.dtype), dv.to(v.dtype) if need_v else v.new_empty(0)
+            k, v, kb, tk_arg, rot_ptr, dM, dkm, dk, dv, dtk_part, H, n, hm,
+            wm, *k.stride(), *v.stride(), *s_b,
+            D=d, BLOCK_N=block, HAS_ROT=rot is not None, SCALED=scaled,
+            NEED_V=need_v, **_config('key_grad', d).options())
+    return (dk.to(k.dtype), dv.to(v.dtype) if need_v else v.new_empty(0),
+            dtk_part)
 
 
-def _key_grad_fake(k, v, sin, cos, dM, dkm, need_v, block):
+def _dtk_part(k: Tensor, scaled: bool, block: int) -> Tensor:
+    """The key backward's partial gradients of the key temperature:
+    ``(B h, blocks, d)`` float32 when scaled, else empty."""
+    B, H, n, d = k.shape
+    shape = (B * H, -(-n // block), d) if scaled else (0, )
+    return torch.empty(shape, dtype=torch.float32, device=k.device)
+
+
+def _key_grad_fake(k, v, k_bias, tk, rot, map_w, dM, dkm, need_v, block):
     return (torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device)
-            if need_v else v.new_empty(0))
+            if need_v else v.new_empty(0),
+            _dtk_part(k, k_bias is not None or tk is not None, block))
 
 
 key_pass = register_kernel('pacs_key_pass', key_pass, _key_pass_fake)
@@ -736,8 +802,10 @@ key_grad = register_kernel('pacs_key_grad', key_grad, _key_grad_fake)
 
 
 def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
-                 sin: Optional[Tensor] = None, cos: Optional[Tensor] = None,
-                 eps: float = EPS, *, block_n: Optional[int] = None,
+                 hw: Optional[Size2] = None, eps: float = EPS, *,
+                 tk: Optional[Tensor] = None,
+                 k_bias: Optional[Tensor] = None,
+                 block_n: Optional[int] = None,
                  chunks: Optional[int] = None
                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """PaCS attention forward in two fused kernels (the formula:
@@ -745,12 +813,16 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
 
     Args:
         q: ``(B, h, N, d)`` queries, any strides, float32/16 or bfloat16.
-        k, v: ``(B, h, n, d)`` (``n == N`` with the rotary tables).
-        t1, t2: the temperatures ``sigmoid(s1)``, ``sigmoid(s2)``,
+        k, v: ``(B, h, n, d)`` (``n == N`` with the rotary map).
+        t1, t2: the queries' temperatures (``sigmoid(s1)``,
+            ``sigmoid(s2)``, divided by ``softplus(scale)`` when scaled),
             broadcastable to ``(1, h, 1, 2d)``.
-        sin, cos: optional rotary tables broadcastable to ``(N, 2d)``
-            (both or neither; read as float32).
+        hw: the ``(H, W)`` map of the rotary encoding (``H W = N``), or
+            None.
         eps: added to the normalisers.
+        tk: the keys' temperature, broadcastable to ``(1, h, 1, d)``, or
+            None (1).
+        k_bias: broadcastable to ``k``, added to the keys, or None.
         block_n: tokens per block (a power of two >= 16; default the
             launch rule's, :func:`~pola_mm.ops.launch.launch_config`).
         chunks: programs per image and head of the key pass (default: about
@@ -765,34 +837,39 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
     Raises:
         ValueError: where :func:`fits` is False.
     """
-    _check(q, k, v, sin, cos)
+    _check(q, k, v, hw, k_bias)
     B, H, N, d = q.shape
     n = k.shape[2]
     block = _block_size(block_n, 'key_pass', d)
-    t1c, t2c = _temps(t1, H, d), _temps(t2, H, d)
-    sin, cos = _tables(sin, cos, N, d)
+    t1c, t2c = _temps(t1, H, 2 * d), _temps(t2, H, 2 * d)
+    tkc = None if tk is None else _temps(tk, H, d)
+    rot, map_w = _rotary(hw, d, q.device)
     nchunks, per = split_tokens(n, block, B * H, q.device, chunks)
-    m_part, ks_part = key_pass(k, v, sin, cos, nchunks, per, block)
+    m_part, ks_part = key_pass(k, v, k_bias, tkc, rot, map_w, nchunks, per,
+                               block)
     M = m_part.sum(dim=1).div_(N)
     k_mean = ks_part.sum(dim=1).div_(n)
-    x, rz = query_pass(q, t1c, t2c, sin, cos, M, k_mean, float(eps),
+    x, rz = query_pass(q, t1c, t2c, rot, map_w, M, k_mean, float(eps),
                        _block_size(block_n, 'query_pass', d))
     return x, M.view(B, H, 2 * d, d), k_mean.view(B, H, 2 * d), rz
 
 
 def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
-                  t2: Tensor, sin: Optional[Tensor], cos: Optional[Tensor],
-                  x: Tensor, M: Tensor, k_mean: Tensor, rz: Tensor, *,
-                  need_v: bool = True, block_n: Optional[int] = None,
+                  t2: Tensor, hw: Optional[Size2], x: Tensor, M: Tensor,
+                  k_mean: Tensor, rz: Tensor, *,
+                  tk: Optional[Tensor] = None,
+                  k_bias: Optional[Tensor] = None, need_v: bool = True,
+                  block_n: Optional[int] = None,
                   chunks: Optional[int] = None
                   ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor,
-                             Tensor]:
+                             Tensor, Optional[Tensor]]:
     """PaCS attention backward in two fused kernels, the features
     recomputed.
 
     Args:
         dx: ``(B, h, N, d)`` gradient of the output, any dtype and strides.
-        q, k, v, t1, t2, sin, cos: the inputs of :func:`pacs_forward`.
+        q, k, v, t1, t2, hw, tk, k_bias: the inputs of
+            :func:`pacs_forward`.
         x, M, k_mean, rz: its outputs (``x`` any strides, read only when
             float32: else recomputed in float32).
         need_v: compute ``dv`` (else None).
@@ -803,90 +880,128 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
     Returns:
         ``dq`` ``(B, h, N, d)``, ``dk``, ``dv`` ``(B, h, n, d)`` in the
         dtypes of ``q``, ``k``, ``v`` (contiguous; ``dv`` None without
-        ``need_v``), and ``dt1``, ``dt2`` ``(h, 2d)`` float32: the
-        gradients of the temperatures ``t1``, ``t2`` themselves (not of
-        the raw ``s``: the caller applies ``t (1 - t)``), summed over the
-        batch and the tokens.
+        ``need_v``; ``dk`` is also the gradient of ``k + k_bias``),
+        ``dt1``, ``dt2`` ``(h, 2d)`` and ``dtk`` ``(h, d)`` (None unless
+        ``tk`` or ``k_bias`` is given) float32: the gradients of the
+        temperatures themselves, summed over the batch and the tokens.
 
     Raises:
         ValueError: where :func:`fits` is False.
     """
-    _check(q, k, v, sin, cos)
+    _check(q, k, v, hw, k_bias)
     B, H, N, d = q.shape
     n = k.shape[2]
     block = _block_size(block_n, 'query_grad', d)
-    t1c, t2c = _temps(t1, H, d), _temps(t2, H, d)
-    sin, cos = _tables(sin, cos, N, d)
+    t1c, t2c = _temps(t1, H, 2 * d), _temps(t2, H, 2 * d)
+    tkc = None if tk is None else _temps(tk, H, d)
+    rot, map_w = _rotary(hw, d, q.device)
     M = M.to(torch.float32).contiguous()
     k_mean = k_mean.to(torch.float32).contiguous()
     rz = rz.to(torch.float32).contiguous()
     nchunks, per = split_tokens(N, block, B * H, q.device, chunks)
     dq, dm_part, dkm_part, dt_part = query_grad(
-        dx, q, x, torch.stack((t1c, t2c)), sin, cos, M, k_mean, rz, nchunks,
-        per, block)
+        dx, q, x, torch.stack((t1c, t2c)), rot, map_w, M, k_mean, rz,
+        nchunks, per, block)
     dM = dm_part.sum(dim=1).div_(N)  # M = R(k')^T v / N
     dkm = dkm_part.sum(dim=(1, 2)).div_(n)  # k_mean = sum(k') / n
     dt = dt_part.view(B, H, nchunks, 2, 2 * d).sum(dim=(0, 2))
-    dk, dv = key_grad(k, v, sin, cos, dM, dkm, need_v,
-                      _block_size(block_n, 'key_grad', d))
-    return dq, dk, dv if need_v else None, dt[:, 0], dt[:, 1]
+    dk, dv, dtk_part = key_grad(k, v, k_bias, tkc, rot, map_w, dM, dkm,
+                                need_v, _block_size(block_n, 'key_grad', d))
+    dtk = (dtk_part.view(B, H, -1, d).sum(dim=(0, 2))
+           if dtk_part.numel() else None)
+    return dq, dk, dv if need_v else None, dt[:, 0], dt[:, 1], dtk
+
+
+def temperatures(s1: Tensor, s2: Tensor, scale: Optional[Tensor], h: int,
+                 d: int) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """The kernels' temperatures of the op's raw parameters, float32:
+    ``t1 = sigmoid(s1)``, ``t2 = sigmoid(s2)`` ``(1, h, 1, 2d)`` and, with
+    ``scale``, ``tk = 1 / softplus(scale)`` ``(1, h, 1, d)`` by which
+    ``t1`` and ``t2`` are multiplied too (dividing ``q`` and ``k`` by
+    ``softplus(scale)``: ``relu(q / s) = relu(q) / s``)."""
+    t1, t2 = (torch.sigmoid(s.to(torch.float32)).expand(1, h, 1, 2 * d)
+              for s in (s1, s2))
+    if scale is None:
+        return t1, t2, None
+    tk = (1 / F.softplus(scale.to(torch.float32))).expand(1, h, 1, d)
+    both = tk.repeat(1, 1, 1, 2)
+    return t1 * both, t2 * both, tk
 
 
 class PaCSTritonFunction(torch.autograd.Function):
     """The kernels with their backward, as a function of the raw
-    temperatures ``s1``, ``s2``: saves ``q``, ``k``, ``v`` as given (half
-    precision stays half), the tables, the output, ``M``, ``k_mean`` and
-    ``1 / (z + eps)``; no feature map."""
+    parameters ``s1``, ``s2``, ``scale`` (:func:`temperatures`): saves
+    ``q``, ``k``, ``v`` as given (half precision stays half), the
+    parameters, the output, ``M``, ``k_mean`` and ``1 / (z + eps)``; no
+    feature map."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
-                s2: Tensor, sin: Optional[Tensor], cos: Optional[Tensor],
+                s2: Tensor, scale: Optional[Tensor],
+                k_bias: Optional[Tensor], hw: Optional[Size2],
                 eps: float) -> Tensor:
-        t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
-        x, M, k_mean, rz = pacs_forward(q, k, v, t1, t2, sin, cos, eps)
-        ctx.save_for_backward(q, k, v, s1, s2, sin, cos, x, M, k_mean, rz)
-        ctx.eps = eps
+        t1, t2, tk = temperatures(s1, s2, scale, q.shape[1], q.shape[3])
+        x, M, k_mean, rz = pacs_forward(q, k, v, t1, t2, hw, eps, tk=tk,
+                                        k_bias=k_bias)
+        ctx.save_for_backward(q, k, v, s1, s2, scale, k_bias, x, M, k_mean,
+                              rz)
+        ctx.hw, ctx.eps = hw, eps
         return x
 
     @staticmethod
     def backward(ctx, dx: Tensor):
-        q, k, v, s1, s2, sin, cos, x, M, k_mean, rz = ctx.saved_tensors
+        q, k, v, s1, s2, scale, k_bias = ctx.saved_tensors[:7]
         need = ctx.needs_input_grad
 
         def by_torch():
-            inputs = (q, k, v, s1, s2, sin, cos, ctx.eps)
-            return recomputed_grads(torch_form, inputs, need, dx)
+            inputs = (q, k, v, s1, s2, scale, k_bias, ctx.hw, ctx.eps)
+            return recomputed_grads(pacs_attention_torch, inputs, need, dx)
 
-        return guarded(config(q, sin), lambda: _kernel_grads(ctx, dx, need),
-                       by_torch)
+        key = config(q, ctx.hw, scale is not None or k_bias is not None)
+        return guarded(key, lambda: _kernel_grads(ctx, dx, need), by_torch)
 
 
 def _kernel_grads(ctx, dx: Tensor, need: Tuple[bool, ...]) -> tuple:
-    """:class:`PaCSTritonFunction`'s gradients by the kernels."""
-    q, k, v, s1, s2, sin, cos, x, M, k_mean, rz = ctx.saved_tensors
+    """:class:`PaCSTritonFunction`'s gradients by the kernels; those of the
+    raw parameters through :func:`temperatures` by the chain rule
+    (:func:`_param_grads`)."""
+    q, k, v, s1, s2, scale, k_bias, x, M, k_mean, rz = ctx.saved_tensors
     h, d = q.shape[1], q.shape[3]
-    t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
-    dq, dk, dv, dt1, dt2 = pacs_backward(
-        dx, q, k, v, t1, t2, sin, cos, x, M, k_mean, rz, need_v=need[2])
-
-    def ds(dt: Tensor, t: Tensor, s: Tensor) -> Tensor:
-        g = dt.view(1, h, 1, 2 * d) * t * (1 - t)  # sigmoid'
-        return sum_to(g, s.shape).to(s.dtype)
-
-    ds1 = ds(dt1, t1, s1) if need[3] else None
-    ds2 = ds(dt2, t2, s2) if need[4] else None
-    return dq, dk, dv, ds1, ds2, None, None, None
+    t1, t2, tk = temperatures(s1, s2, scale, h, d)
+    dq, dk, dv, dt1, dt2, dtk = pacs_backward(
+        dx, q, k, v, t1, t2, ctx.hw, x, M, k_mean, rz, tk=tk, k_bias=k_bias,
+        need_v=need[2])
+    ds1, ds2, dscale = _param_grads(s1, s2, scale, dt1, dt2, dtk, h, d)
+    dbias = (sum_to(dk, k_bias.shape).to(k_bias.dtype)
+             if k_bias is not None and need[6] else None)
+    return (dq, dk, dv, ds1 if need[3] else None, ds2 if need[4] else None,
+            dscale if need[5] else None, dbias, None, None)
 
 
-def torch_form(q: Tensor, k: Tensor, v: Tensor, s1: Tensor, s2: Tensor,
-               sin: Optional[Tensor], cos: Optional[Tensor],
-               eps: float = EPS) -> Tensor:
-    """The torch implementation of the same arguments (the fallback of a
-    configuration whose kernels failed): the CPU path where it fits (as
-    many keys as queries), else the formula."""
-    fn = (pacs_attention_cpu if k.shape[-2] == q.shape[-2] else
-          pacs_attention_pytorch)
-    return fn(q, k, v, s1, s2, sin, cos, eps)
+def _param_grads(s1: Tensor, s2: Tensor, scale: Optional[Tensor],
+                 dt1: Tensor, dt2: Tensor, dtk: Optional[Tensor], h: int,
+                 d: int) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """The gradients of the raw ``s1``, ``s2``, ``scale`` from those of
+    :func:`temperatures`' ``t1``, ``t2`` ``(h, 2d)`` and ``tk`` ``(h,
+    d)``: ``t_j = sigmoid(s_j) u`` with ``u = [tk, tk]`` (1 without
+    ``scale``), ``tk = 1 / softplus(scale)``, ``dtk / dscale =
+    -sigmoid(scale) tk^2``. (By hand, not by ``torch.autograd.grad``,
+    which a compiled graph's backward cannot hold.)"""
+    g1, g2 = dt1.view(1, h, 1, 2 * d), dt2.view(1, h, 1, 2 * d)
+    sig1, sig2 = (torch.sigmoid(s.to(torch.float32)) for s in (s1, s2))
+    u = 1.0
+    if scale is not None:
+        tk = 1 / F.softplus(scale.to(torch.float32))
+        u = tk.expand(1, h, 1, d).repeat(1, 1, 1, 2)
+    ds1 = sum_to(g1 * u * sig1 * (1 - sig1), s1.shape).to(s1.dtype)
+    ds2 = sum_to(g2 * u * sig2 * (1 - sig2), s2.shape).to(s2.dtype)
+    if scale is None:
+        return ds1, ds2, None
+    du = g1 * sig1 + g2 * sig2  # (1, h, 1, 2d): d/du, both halves
+    dtk_all = dtk.view(1, h, 1, d) + du[..., :d] + du[..., d:]
+    sig = torch.sigmoid(scale.to(torch.float32))
+    dscale = sum_to(-dtk_all * sig * tk * tk, scale.shape)
+    return ds1, ds2, dscale.to(scale.dtype)
 
 
 def probe(key: tuple) -> None:
@@ -897,25 +1012,30 @@ def probe(key: tuple) -> None:
     d, device = q.shape[-1], q.device
     s1, s2 = (torch.zeros(1, 2, 1, 2 * d, device=device, requires_grad=True)
               for _ in range(2))
-    tables = ((torch.rand(80, 2 * d, device=device), ) * 2
-              if flags.get('rotary') else (None, None))
-    out = pacs_attention_triton(q, k, v, s1, s2, *tables)
+    scale = k_bias = None
+    if flags.get('scaled'):
+        scale = torch.zeros(1, 2, 1, d, device=device, requires_grad=True)
+        k_bias = torch.zeros_like(k, requires_grad=True)
+    hw = (8, 10) if flags.get('rotary') else None  # probe_inputs: 80 tokens
+    out = pacs_attention_triton(q, k, v, s1, s2, hw=hw, scale=scale,
+                                k_bias=k_bias)
     out.float().sum().backward()
 
 
-def config(q: Tensor, sin: Optional[Tensor]) -> tuple:
+def config(q: Tensor, hw: Optional[Size2], scaled: bool) -> tuple:
     """The kernel configuration of these inputs, as a failure is
     remembered (:func:`~pola_mm.ops.launch.guarded`)."""
-    return config_key('pacs', q, rotary=sin is not None)
+    return config_key('pacs', q, rotary=hw is not None, scaled=scaled)
 
 
 def pacs_attention_triton(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
-                          s2: Tensor, sin: Optional[Tensor] = None,
-                          cos: Optional[Tensor] = None,
+                          s2: Tensor, scale: Optional[Tensor] = None,
+                          k_bias: Optional[Tensor] = None,
+                          hw: Optional[Size2] = None,
                           eps: float = EPS) -> Tensor:
-    """PaCS polarity attention by the fused kernels (the formula and the
-    arguments: :func:`~.naive.pacs_attention_pytorch`; ``s1``, ``s2`` the
-    raw temperatures).
+    """PaCS polarity attention by the fused kernels (the op's arguments:
+    :func:`~pola_mm.ops.pacs_attention`; ``s1``, ``s2``, ``scale`` the
+    raw parameters).
 
     ``q``, ``k``, ``v`` stay in their dtypes in memory (fp16/bf16 under
     autocast); the kernels compute in float32 registers.
@@ -923,7 +1043,8 @@ def pacs_attention_triton(q: Tensor, k: Tensor, v: Tensor, s1: Tensor,
     Returns:
         ``(B, h, N, d)`` in ``q``'s dtype.
     """
-    if records_grad(q, k, v, s1, s2):
-        return PaCSTritonFunction.apply(q, k, v, s1, s2, sin, cos, eps)
-    t1, t2 = torch.sigmoid(s1), torch.sigmoid(s2)
-    return pacs_forward(q, k, v, t1, t2, sin, cos, eps)[0]
+    if records_grad(q, k, v, s1, s2, scale, k_bias):
+        return PaCSTritonFunction.apply(q, k, v, s1, s2, scale, k_bias, hw,
+                                        eps)
+    t1, t2, tk = temperatures(s1, s2, scale, q.shape[1], q.shape[3])
+    return pacs_forward(q, k, v, t1, t2, hw, eps, tk=tk, k_bias=k_bias)[0]
