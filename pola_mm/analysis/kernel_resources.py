@@ -102,10 +102,12 @@ CANDIDATE_WIDTHS = (8, 16, 24, 32, 48, 64, 96, 128, 256)
 #: bias (PolaFormer's positional table), PaCS's rotary encoding and its
 #: scaled keys (``scale`` and the key bias of PolarityAttention's
 #: ``feature_map='pacs'``) change the forward and backward kernels,
-#: ``need_v`` the key backward.
+#: ``atomic`` how the passes that sum over chunks add their partial sums
+#: (:func:`~pola_mm.ops.launch.reduce_atomically`: atomically, or one slot
+#: per chunk under deterministic algorithms), ``need_v`` the key backward.
 FLAGS: Dict[str, Tuple[str, ...]] = {
-    'polarity': ('bias', 'need_v'),
-    'pacs': ('rotary', 'scaled', 'need_v'),
+    'polarity': ('bias', 'atomic', 'need_v'),
+    'pacs': ('rotary', 'scaled', 'atomic', 'need_v'),
 }
 #: ``(B, h, N)`` of the capture: images, heads, tokens (``n = N`` keys).
 CAPTURE_SHAPE = (1, 2, 200)
@@ -520,19 +522,20 @@ def _call_op(config: Configuration, inputs: Dict[str, Any],
     """The op's forward wrapper, ``between()``, then its backward wrapper
     on the forward's outputs."""
     i = inputs
-    need_v = config.flag('need_v')
+    need_v, atomic = config.flag('need_v'), config.flag('atomic')
     if config.op == 'polarity':
         from pola_mm.ops.polarity.triton import (polarity_backward,
                                                  polarity_forward)
         x, rz, R = polarity_forward(i['q'], i['k'], i['v'], i['scale'],
-                                    i['power'], _ALPHA, i['k_bias'])
+                                    i['power'], _ALPHA, i['k_bias'],
+                                    atomic=atomic)
         between()
         polarity_backward(i['dx'], i['q'], i['k'], i['v'], i['scale'],
                           i['power'], _ALPHA, i['k_bias'], rz, R,
-                          need_v=need_v)
+                          need_v=need_v, atomic=atomic)
     else:
         from pola_mm.ops.pacs.triton import pacs_backward, pacs_forward
-        keys = dict(tk=i['tk'], k_bias=i['k_bias'])
+        keys = dict(tk=i['tk'], k_bias=i['k_bias'], atomic=atomic)
         x, M, k_mean, rz = pacs_forward(i['q'], i['k'], i['v'], i['t1'],
                                         i['t2'], i['hw'], **keys)
         between()

@@ -16,6 +16,11 @@ query backward, key backward). This module holds what they share:
   "Kernel resources", lists the one that still spills);
 - the split of a pass over tokens into chunks (:func:`split_tokens`);
 - the device guard of every launch (:func:`on_device`);
+- how the programs' partial sums meet (:func:`reduce_atomically`,
+  :func:`partial_sums`, :func:`sum_slots` and the kernels' own
+  ``add_partial``): float32 atomic additions into one slot per image and
+  head, or, under ``torch.use_deterministic_algorithms(True)``, one slot
+  per program summed by torch in a fixed order;
 - the fallback (:func:`guarded`): a kernel configuration that fails to
   compile or launch on the user's GPU gives one warning and runs the torch
   implementation, with the same results, for the rest of the process.
@@ -33,12 +38,19 @@ from typing import (Callable, ContextManager, Dict, Iterator, Optional,
 import torch
 from torch import Tensor
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the installation
+    triton = tl = None
+
 __all__ = [
     'Target', 'TARGETS', 'LaunchConfig', 'launch_config', 'device_target',
     'device_admits', 'compiling_for', 'split_tokens', 'on_device',
     'KernelFallbackWarning', 'kernel_errors', 'guarded', 'failed',
     'config_key', 'usable', 'recomputed_grads', 'interpreted', 'KERNELS',
-    'WIDTHS', 'probe_inputs'
+    'WIDTHS', 'probe_inputs', 'reduce_atomically', 'partial_sums',
+    'sum_slots'
 ]
 
 
@@ -404,3 +416,57 @@ def recomputed_grads(fn: Callable[..., Tensor], inputs: Sequence[object],
     for i, g in zip(wanted, grads):
         result[i] = g
     return tuple(result)
+
+
+def reduce_atomically() -> bool:
+    """Whether the kernels add their programs' partial sums atomically
+    (float32 ``tl.atomic_add`` into one slot per image and head: the
+    default, no write and read-back of per-program partial sums; the order
+    of the additions, and so the last bits of the sums, may change from run
+    to run) rather than each writing its own slot for torch to sum in a
+    fixed order (bitwise reproducible): the latter under
+    ``torch.use_deterministic_algorithms(True)``, which mmengine's
+    ``randomness=dict(deterministic=True)`` sets."""
+    return not torch.are_deterministic_algorithms_enabled()
+
+
+def partial_sums(bh: int, chunks: int, tail: Sequence[int],
+                 device: torch.device, atomic: bool) -> Tensor:
+    """The float32 buffer of a pass's partial sums, ``(bh, slots, *tail)``:
+    one slot of zeros that the programs add to when ``atomic``, else one
+    slot per chunk (each program writes its own)."""
+    shape = (bh, 1 if atomic else chunks, *tail)
+    make = torch.zeros if atomic else torch.empty
+    return make(shape, dtype=torch.float32, device=device)
+
+
+def sum_slots(part: Tensor) -> Tensor:
+    """Partial sums ``(bh, slots, ...)`` summed over the slots (the one
+    slot itself, a view, when they were added atomically)."""
+    return part[:, 0] if part.shape[1] == 1 else part.sum(1)
+
+
+if triton is not None:
+
+    @triton.jit
+    def add_partial(ptr, values, mask, ATOMIC: tl.constexpr):
+        """A program's partial sum ``values`` into its slot at ``ptr``
+        (where ``mask``, None: everywhere): added atomically (the slot
+        shared by all chunks, see :func:`reduce_atomically`) or written
+        (its own slot)."""
+        if ATOMIC:
+            tl.atomic_add(ptr, values, mask=mask, sem='relaxed')
+        else:
+            tl.store(ptr, values, mask=mask)
+
+    @triton.jit
+    def slot_row(PART, bh, c, chunks, ROW, ATOMIC: tl.constexpr):
+        """The row of chunk ``c`` of image and head ``bh`` in a partial-sum
+        buffer of rows of ``ROW`` values (:func:`partial_sums`):
+        ``PART[bh, 0]``, shared by the chunks, when they add ``ATOMIC``-ally,
+        else ``PART[bh, c]``."""
+        if ATOMIC:
+            slot = bh
+        else:
+            slot = bh * chunks + c
+        return PART + slot * ROW

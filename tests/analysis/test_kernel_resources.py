@@ -96,10 +96,11 @@ def test_parse_res_usage_reads_cuobjdump():
 def test_configurations_cover_every_flag_both_ways():
     configs = kr.configurations(('polarity', 'pacs'), (32, ), ('float16', ))
     assert {c.flags for c in configs if c.op == 'polarity'} == {
-        (('bias', b), ('need_v', v)) for b in (0, 1) for v in (0, 1)}
+        (('bias', b), ('atomic', a), ('need_v', v)) for b in (0, 1)
+        for a in (0, 1) for v in (0, 1)}
     assert {c.flags for c in configs if c.op == 'pacs'} == {
-        (('rotary', r), ('scaled', s), ('need_v', v)) for r in (0, 1)
-        for s in (0, 1) for v in (0, 1)}
+        (('rotary', r), ('scaled', s), ('atomic', a), ('need_v', v))
+        for r in (0, 1) for s in (0, 1) for a in (0, 1) for v in (0, 1)}
     with pytest.raises(ValueError):
         kr.configurations(('softmax', ))
     # by default every head width the kernels take, the shipped ones among
@@ -177,13 +178,13 @@ def test_capture_binds_each_launch_as_the_jit_does():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    # 2 d x 3 dtypes x (4 polarity + 8 PaCS flag combinations) x 4
+    # 2 d x 3 dtypes x (8 polarity + 16 PaCS flag combinations) x 4
     # launches
-    assert got['captured'] == got['jit'] == 288
-    assert got['same'] == 288
+    assert got['captured'] == got['jit'] == 576
+    assert got['same'] == 576
     # not vacuous: the builds carry divisibility attributes and integer
     # arguments equal to 1 (unit strides) made constants
-    assert got['divisible'] == 288 and got['ones'] == 288
+    assert got['divisible'] == 576 and got['ones'] == 576
     assert got['stages'] == sorted(kr.STAGES)
 
 
@@ -227,7 +228,7 @@ def test_check_fails_a_spilling_build(tmp_path):
     status, rows, output = _tool(
         tmp_path, '--ops', 'polarity', '--d', '32', '--dtypes', 'float32',
         '--targets', 'sm_86', '--kernels', 'key_pass', '--flags', 'bias=0',
-        '--override', 'maxnreg=32')
+        'atomic=1', '--override', 'maxnreg=32')
     assert status == 1, output[-3000:]
     assert len(rows) == 1 and rows[0]['registers'] <= 32
     assert rows[0]['stack'] > 0 and 'spill' in rows[0]['status']
@@ -240,7 +241,7 @@ def test_check_fails_a_build_over_the_shared_memory_limit(tmp_path):
     status, rows, output = _tool(
         tmp_path, '--ops', 'polarity', '--d', '32', '--dtypes', 'float16',
         '--targets', 'sm_86', '--kernels', 'key_pass', '--flags', 'bias=0',
-        '--override', 'BLOCK=128', 'num_stages=8')
+        'atomic=1', '--override', 'BLOCK=128', 'num_stages=8')
     assert status == 1, output[-3000:]
     assert len(rows) == 1 and rows[0]['num_stages'] == 8
     assert rows[0]['block'] == 128
@@ -256,7 +257,8 @@ def test_check_fails_a_block_over_the_register_file(tmp_path):
     status, rows, output = _tool(
         tmp_path, '--ops', 'pacs', '--d', '64', '--dtypes', 'float32',
         '--targets', 'sm_86', '--kernels', 'query_grad', '--flags',
-        'rotary=1', '--override', 'num_warps=16', 'maxnreg=255')
+        'rotary=1', 'scaled=0', 'atomic=1', '--override', 'num_warps=16',
+        'maxnreg=255')
     assert status == 1, output[-3000:]
     assert len(rows) == 1 and rows[0]['num_warps'] == 16
     assert rows[0]['registers'] * 32 * 16 > 64 * 1024
@@ -267,20 +269,26 @@ def test_check_fails_a_block_over_the_register_file(tmp_path):
 def test_traffic_counts_the_token_maps(tmp_path):
     """``--traffic``: the forward's key pass reads ``k`` and ``v`` (plus
     the small parameters), the query pass writes ``x`` and ``1 / z``; the
-    key pass's partial rows are read back by torch; an argument the build
-    does not use is not counted (PaCS's query backward reads ``x`` in
-    float32 only)."""
+    key pass's partial rows, one per chunk, are read back by torch, or,
+    added atomically, are one row per image and head that torch does not
+    copy; an argument the build does not use is not counted (PaCS's query
+    backward reads ``x`` in float32 only)."""
     out = tmp_path / 'traffic.json'
     proc = subprocess.run(
         [sys.executable, TOOL, '--traffic', '--shape', '2,3,3136,32',
          '--dtypes', 'float16', 'float32', '--flags', 'need_v=1', 'bias=0',
-         'rotary=0', '--json', str(out)],
+         'rotary=0', 'scaled=0', '--json', str(out)],
         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'not a measurement' in proc.stdout
-    reports = {(r['op'], r['dtype']): r for r in json.loads(out.read_text())}
+    everything = json.loads(out.read_text())
+    reports = {(r['op'], r['dtype']): r for r in everything
+               if r['flags']['atomic']}
     assert set(reports) == {(op, t) for op in kr.OPS
                             for t in ('float16', 'float32')}
+    per_chunk = {(r['op'], r['dtype']): r for r in everything
+                 if not r['flags']['atomic']}
+    assert set(per_chunk) == set(reports)
 
     def token_map(dtype: str) -> int:
         return 2 * 3 * 3136 * 32 * (2 if dtype == 'float16' else 4)
@@ -297,7 +305,12 @@ def test_traffic_counts_the_token_maps(tmp_path):
     assert got['query_pass'][1] == token_map('float16') + 2 * 3 * 3136 * 2 * 4
     assert polarity['bound'] == dict(forward=4 * token_map('float16'),
                                      backward=7 * token_map('float16'))
-    assert polarity['glue']['forward'][0] >= wrote  # the partial rows
+    row = 2 * 32 * 32 + 2 * 32  # P, Q, kp, kn
+    assert wrote == 2 * 3 * row * 4  # one float32 row per image and head
+    assert polarity['glue']['forward'][0] < wrote  # not copied
+    chunked = launches(per_chunk['polarity', 'float16'])['key_pass'][1]
+    assert chunked > wrote  # a row per chunk, read back by torch's sum
+    assert per_chunk['polarity', 'float16']['glue']['forward'][0] >= chunked
     # dx, q, (x,) 1 / z and the small rows: x only where it is float32;
     # in half precision also the float32 dq that the two flows' programs
     # add to (in float32 it is the output itself)
@@ -316,7 +329,7 @@ def test_traffic_with_fewer_keys_than_queries(tmp_path):
     proc = subprocess.run(
         [sys.executable, TOOL, '--traffic', '--shape', f'{B},{h},{N},{d},{n}',
          '--ops', 'polarity', '--dtypes', 'float16', '--flags', 'bias=1',
-         'need_v=1', '--json', str(out)],
+         'need_v=1', 'atomic=1', '--json', str(out)],
         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report, = json.loads(out.read_text())

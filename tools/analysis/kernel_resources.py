@@ -67,7 +67,8 @@ def parse_args() -> argparse.Namespace:
                         help='only these kernels (default: all four)')
     parser.add_argument('--flags', nargs='+', metavar='NAME=0|1',
                         help='only configurations with these flag values '
-                        '(bias, rotary, scaled, need_v), e.g. bias=0 need_v=1')
+                        '(bias, rotary, scaled, atomic, need_v), e.g. '
+                        'bias=0 need_v=1')
     parser.add_argument('--jobs', type=int, default=2,
                         help='compiling worker processes')
     parser.add_argument('--override', nargs='+', type=_option, default=[],

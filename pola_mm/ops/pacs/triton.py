@@ -35,7 +35,9 @@ half): nothing is loaded twice.
 Four kernels, launched by :func:`pacs_forward` and :func:`pacs_backward`:
 
 - forward, key pass (grid ``(B h, chunks)``): partial sums of ``R(k')^T v``
-  and ``k'`` over chunks of keys, summed in torch (deterministic);
+  and ``k'`` over chunks of keys, added atomically (or, deterministic, one
+  slot per chunk summed by torch:
+  :func:`~pola_mm.ops.launch.reduce_atomically`; so are the backward's);
 - forward, query pass (grid ``(B h, blocks of queries)``): ``x`` and
   ``1 / (z + eps)``;
 - backward, query pass (grid ``(B h, chunks, 2)``, one program per flow):
@@ -72,7 +74,8 @@ from ..custom_ops import register_kernel
 from ..dispatch import records_grad
 from ..features import EPS, sum_to
 from ..launch import (WIDTHS, LaunchConfig, config_key, guarded, launch_config,
-                      on_device, probe_inputs, recomputed_grads, split_tokens)
+                      on_device, partial_sums, probe_inputs, recomputed_grads,
+                      reduce_atomically, split_tokens, sum_slots)
 from ..rotary import rotary_factors
 from .cpu import pacs_attention_torch
 
@@ -94,6 +97,7 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 if HAVE_TRITON:
+    from ..launch import add_partial, slot_row
 
     @triton.jit
     def _tile(base, rows, cols, s_row, s_col, mask):
@@ -200,11 +204,11 @@ if HAVE_TRITON:
                          s_bb, s_bh, s_bn, s_bd,
                          D: tl.constexpr, BLOCK_N: tl.constexpr,
                          HAS_ROT: tl.constexpr, SCALED: tl.constexpr,
-                         DOT: tl.constexpr):
+                         ATOMIC: tl.constexpr, DOT: tl.constexpr):
         """Forward, key pass: program ``(bh, chunk)`` sums over its chunk
-        of ``per_chunk`` blocks of keys ``R(k')^T v`` (``(2D, D)``, written
-        to ``m_part[bh, chunk]``) and ``k'`` (``(2D)``, to
-        ``ks_part[bh, chunk]``)."""
+        of ``per_chunk`` blocks of keys ``R(k')^T v`` (``(2D, D)``, into
+        ``m_part[bh, slot]``) and ``k'`` (``(2D)``, into
+        ``ks_part[bh, slot]``; :func:`~pola_mm.ops.launch.slot_row`)."""
         bh = tl.program_id(0)
         chunk = tl.program_id(1)
         b = (bh // H).to(tl.int64)
@@ -238,13 +242,16 @@ if HAVE_TRITON:
                 fb = _rot(fb, sin_b, cos_b, sgn)
             m_a = tl.dot(tl.trans(fa), vv, m_a, input_precision=DOT)
             m_b = tl.dot(tl.trans(fb), vv, m_b, input_precision=DOT)
-        out = bh.to(tl.int64) * tl.num_programs(1) + chunk
-        m_base = m_part_ptr + out * (2 * D * D)
-        tl.store(m_base + cols[:, None] * D + cols[None, :], m_a)
-        tl.store(m_base + (D + cols)[:, None] * D + cols[None, :], m_b)
-        ks_base = ks_part_ptr + out * (2 * D)
-        tl.store(ks_base + cols, sum_a)
-        tl.store(ks_base + D + cols, sum_b)
+        bh64 = bh.to(tl.int64)
+        chunks = tl.num_programs(1)
+        m_base = slot_row(m_part_ptr, bh64, chunk, chunks, 2 * D * D, ATOMIC)
+        add_partial(m_base + cols[:, None] * D + cols[None, :], m_a, None,
+                    ATOMIC)
+        add_partial(m_base + (D + cols)[:, None] * D + cols[None, :], m_b,
+                    None, ATOMIC)
+        ks_base = slot_row(ks_part_ptr, bh64, chunk, chunks, 2 * D, ATOMIC)
+        add_partial(ks_base + cols, sum_a, None, ATOMIC)
+        add_partial(ks_base + D + cols, sum_b, None, ATOMIC)
 
     @triton.jit
     def _fwd_queries_kernel(q_ptr, t1_ptr, t2_ptr, rot_ptr, m_ptr,
@@ -359,17 +366,18 @@ if HAVE_TRITON:
                             D: tl.constexpr, HALF: tl.constexpr,
                             W: tl.constexpr, BLOCK_N: tl.constexpr,
                             HAS_ROT: tl.constexpr, USE_X: tl.constexpr,
-                            DOT: tl.constexpr):
+                            ATOMIC: tl.constexpr, DOT: tl.constexpr):
         """Backward, query pass: program ``(bh, chunk, flow)`` walks its
         chunk of ``per_chunk`` blocks of queries for one flow (0: the
         same-signed, 1: the opposite-signed; the flows share no state, so
         a program holds half of it). It adds its flow's part of ``dq`` to
         the float32 ``dq`` (zeros, contiguous ``(B h, N, D)``: two addends,
-        an exact and order-free sum) and writes its partial sums: its
-        columns of ``dM = [R(q_sim)^T da_sim, R(q_opp)^T da_opp]`` ``(2D,
-        D)`` to ``dm_part[bh, chunk]``, ``q_j^T dz_j`` ``(2D)`` to
-        ``dkm_part[bh, chunk, flow]``, the gradient of its temperatures
-        ``(2D)`` to ``dt_part[bh, chunk, flow]``.
+        an exact and order-free sum) and its partial sums (into the slot
+        of :func:`~pola_mm.ops.launch.slot_row`): its columns of ``dM =
+        [R(q_sim)^T da_sim, R(q_opp)^T da_opp]`` ``(2D, D)`` into
+        ``dm_part[bh, slot]``, ``q_j^T dz_j`` ``(2D)`` into
+        ``dkm_part[bh, slot, flow]``, the gradient of its temperatures
+        ``(2D)`` into ``dt_part[bh, slot, flow]``.
 
         With ``u = q`` (same-signed) or ``-q`` (opposite-signed) and the
         flow's temperatures ``t``, the feature halves are ``[e^(relu(u)
@@ -441,19 +449,22 @@ if HAVE_TRITON:
             # products: dM_j = R(f_j)^T da_j
             dm_a = tl.dot(tl.trans(ra), da, dm_a, input_precision=DOT)
             dm_b = tl.dot(tl.trans(rb), da, dm_b, input_precision=DOT)
-        out = bh64 * tl.num_programs(1) + chunk
+        chunks = tl.num_programs(1)
         dm_mask = wmask[None, :]
-        ptrs_a = (dm_part_ptr + out * (2 * D * D) + cols[:, None] * D +
-                  col0 + wcols[None, :])
-        tl.store(ptrs_a, dm_a, mask=dm_mask)
-        tl.store(ptrs_a + D * D, dm_b, mask=dm_mask)
-        part = out * 2 + flow
-        dkm_base = dkm_part_ptr + part * (2 * D)
-        tl.store(dkm_base + cols, dkm_a)
-        tl.store(dkm_base + D + cols, dkm_b)
-        dt_base = dt_part_ptr + part * (2 * D)
-        tl.store(dt_base + cols, dt_a)
-        tl.store(dt_base + D + cols, dt_b)
+        ptrs_a = (slot_row(dm_part_ptr, bh64, chunk, chunks, 2 * D * D,
+                           ATOMIC) + cols[:, None] * D + col0 +
+                  wcols[None, :])
+        add_partial(ptrs_a, dm_a, dm_mask, ATOMIC)
+        add_partial(ptrs_a + D * D, dm_b, dm_mask, ATOMIC)
+        flow_row = 2 * D * flow
+        dkm_base = slot_row(dkm_part_ptr, bh64, chunk, chunks, 4 * D,
+                            ATOMIC) + flow_row
+        add_partial(dkm_base + cols, dkm_a, None, ATOMIC)
+        add_partial(dkm_base + D + cols, dkm_b, None, ATOMIC)
+        dt_base = slot_row(dt_part_ptr, bh64, chunk, chunks, 4 * D,
+                           ATOMIC) + flow_row
+        add_partial(dt_base + cols, dt_a, None, ATOMIC)
+        add_partial(dt_base + D + cols, dt_b, None, ATOMIC)
 
     @triton.jit
     def _bwd_keys_kernel(k_ptr, v_ptr, kb_ptr, tk_ptr, rot_ptr, dm_ptr,
@@ -462,14 +473,16 @@ if HAVE_TRITON:
                          s_bb, s_bh, s_bn, s_bd,
                          D: tl.constexpr, BLOCK_N: tl.constexpr,
                          HAS_ROT: tl.constexpr, SCALED: tl.constexpr,
-                         NEED_V: tl.constexpr, DOT: tl.constexpr):
+                         NEED_V: tl.constexpr, ATOMIC: tl.constexpr,
+                         DOT: tl.constexpr):
         """Backward, key pass: program ``(bh, block)`` writes ``dk`` (and
         ``dv`` with ``NEED_V``), contiguous ``(B h, n, D)`` in the dtypes
         of their pointers, from ``dM = dL/dM / N`` ``(B h, 2D, D)`` and
         ``dk_mean / n`` ``(B h, 2D)`` (float32, contiguous):
         ``dk' = R^T(v dM^T) + dk_mean``, ``dv = R(k') dM``. With
         ``SCALED`` also its block's part of the key temperature's gradient
-        ``(D)`` to ``dtk_part[bh, block]``."""
+        ``(D)`` into ``dtk_part[bh, slot]``
+        (:func:`~pola_mm.ops.launch.slot_row`)."""
         bh = tl.program_id(0)
         b = (bh // H).to(tl.int64)
         hh = (bh % H).to(tl.int64)
@@ -517,8 +530,9 @@ if HAVE_TRITON:
         if SCALED:  # d tk = sum_n dpos relu(x) + dneg relu(-x)
             dtk = tl.sum(dpa * tl.maximum(x, 0.0) + dpb * tl.maximum(-x, 0.0),
                          axis=0)
-            part = bh64 * tl.num_programs(1) + tl.program_id(1)
-            tl.store(dtk_part_ptr + part * D + cols, dtk)
+            dtk_base = slot_row(dtk_part_ptr, bh64, tl.program_id(1),
+                                tl.num_programs(1), D, ATOMIC)
+            add_partial(dtk_base + cols, dtk, None, ATOMIC)
         if NEED_V:  # dv = R(k') dM, per half of the rows of dM
             dv = tl.dot(ra, tl.load(dm_base + cols[:, None] * D
                                     + cols[None, :]), input_precision=DOT)
@@ -657,11 +671,13 @@ def _key_args(k: Tensor, k_bias: Optional[Tensor], tk: Optional[Tensor]
 
 def key_pass(k: Tensor, v: Tensor, k_bias: Optional[Tensor],
              tk: Optional[Tensor], rot: Optional[Tensor], map_w: int,
-             chunks: int, per: int, block: int) -> Tuple[Tensor, Tensor]:
-    """The forward's key pass: partial ``R(k')^T v`` ``(B h, chunks, 2d,
-    d)`` and ``sum k'`` ``(B h, chunks, 2d)``, float32."""
+             chunks: int, per: int, block: int,
+             atomic: bool) -> Tuple[Tensor, Tensor]:
+    """The forward's key pass: partial ``R(k')^T v`` ``(B h, slots, 2d,
+    d)`` and ``sum k'`` ``(B h, slots, 2d)``, float32
+    (:func:`~pola_mm.ops.launch.partial_sums`)."""
     m_part, ks_part = _key_pass_fake(k, v, k_bias, tk, rot, map_w, chunks,
-                                     per, block)
+                                     per, block, atomic)
     B, H, n, d = k.shape
     kb, tk_arg, s_b = _key_args(k, k_bias, tk)
     rot_ptr, hm, wm = _rot_args(rot, map_w, m_part)
@@ -670,16 +686,16 @@ def key_pass(k: Tensor, v: Tensor, k_bias: Optional[Tensor],
             k, v, kb, tk_arg, rot_ptr, m_part, ks_part, H, n, per, hm, wm,
             *k.stride(), *v.stride(), *s_b,
             D=d, BLOCK_N=block, HAS_ROT=rot is not None,
-            SCALED=k_bias is not None or tk is not None,
+            SCALED=k_bias is not None or tk is not None, ATOMIC=atomic,
             **_config('key_pass', d).options())
     return m_part, ks_part
 
 
-def _key_pass_fake(k, v, k_bias, tk, rot, map_w, chunks, per, block):
+def _key_pass_fake(k, v, k_bias, tk, rot, map_w, chunks, per, block,
+                   atomic):
     B, H, _, d = k.shape
-    f32 = dict(dtype=torch.float32, device=k.device)
-    return (torch.empty((B * H, chunks, 2 * d, d), **f32),
-            torch.empty((B * H, chunks, 2 * d), **f32))
+    return (partial_sums(B * H, chunks, (2 * d, d), k.device, atomic),
+            partial_sums(B * H, chunks, (2 * d, ), k.device, atomic))
 
 
 def query_pass(q: Tensor, t1: Tensor, t2: Tensor, rot: Optional[Tensor],
@@ -718,14 +734,16 @@ def _token_major(B: int, h: int, N: int, d: int, like: Tensor,
 def query_grad(dx: Tensor, q: Tensor, x: Tensor, t: Tensor,
                rot: Optional[Tensor], map_w: int, M: Tensor,
                k_mean: Tensor, rz: Tensor, chunks: int, per: int,
-               block: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+               block: int,
+               atomic: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The backward's query pass (one program per chunk and flow, ``t``
-    the temperatures of both flows ``(2, h, 2d)``): ``dq`` and the partial
-    ``dM`` ``(B h, chunks, 2d, d)``, ``dk_mean`` ``(B h, chunks, 2, 2d)``
-    and temperature gradients ``(B h, chunks, 2, 2d)``, float32."""
+    the temperatures of both flows ``(2, h, 2d)``): ``dq`` (float32, the
+    two flows' parts added) and the partial
+    ``dM`` ``(B h, slots, 2d, d)``, ``dk_mean`` ``(B h, slots, 2, 2d)``
+    and temperature gradients ``(B h, slots, 2, 2d)``, float32."""
     B, H, N, d = q.shape
     dq = torch.zeros((B, H, N, d), dtype=torch.float32, device=q.device)
-    dm_part, dkm_part, dt_part = _query_grad_parts(q, chunks)
+    dm_part, dkm_part, dt_part = _query_grad_parts(q, chunks, atomic)
     rot_ptr, hm, wm = _rot_args(rot, map_w, t)
     with on_device(q):
         _bwd_queries_kernel[(B * H, chunks, 2)](
@@ -734,40 +752,39 @@ def query_grad(dx: Tensor, q: Tensor, x: Tensor, t: Tensor,
             *dx.stride(), *q.stride(), *x.stride(),
             D=d, HALF=d // 2, W=max(d // 2, 16), BLOCK_N=block,
             HAS_ROT=rot is not None, USE_X=x.dtype == torch.float32,
-            **_config('query_grad', d).options())
-    return dq.to(q.dtype), dm_part, dkm_part, dt_part
+            ATOMIC=atomic, **_config('query_grad', d).options())
+    return dq, dm_part, dkm_part, dt_part
 
 
-def _query_grad_parts(q: Tensor, chunks: int) -> Tuple[Tensor, ...]:
+def _query_grad_parts(q: Tensor, chunks: int,
+                      atomic: bool) -> Tuple[Tensor, ...]:
     """The query backward's float32 partial sums: ``dM``, ``dk_mean`` and
     the temperatures' gradients."""
     B, H, N, d = q.shape
-    f32 = dict(dtype=torch.float32, device=q.device)
-    return (torch.empty((B * H, chunks, 2 * d, d), **f32),
-            torch.empty((B * H, chunks, 2, 2 * d), **f32),
-            torch.empty((B * H, chunks, 2, 2 * d), **f32))
+    return tuple(partial_sums(B * H, chunks, tail, q.device, atomic)
+                 for tail in ((2 * d, d), (2, 2 * d), (2, 2 * d)))
 
 
 def _query_grad_fake(dx, q, x, t, rot, map_w, M, k_mean, rz, chunks, per,
-                     block):
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-            *_query_grad_parts(q, chunks))
+                     block, atomic):
+    return (torch.empty(q.shape, dtype=torch.float32, device=q.device),
+            *_query_grad_parts(q, chunks, atomic))
 
 
 def key_grad(k: Tensor, v: Tensor, k_bias: Optional[Tensor],
              tk: Optional[Tensor], rot: Optional[Tensor], map_w: int,
-             dM: Tensor, dkm: Tensor, need_v: bool,
-             block: int) -> Tuple[Tensor, Tensor, Tensor]:
+             dM: Tensor, dkm: Tensor, need_v: bool, block: int,
+             atomic: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """The backward's key pass: ``dk`` and ``dv`` (empty unless
     ``need_v``) in their inputs' dtypes, and the partial gradients of the
-    key temperature ``(B h, blocks, d)`` float32 (empty unless scaled)."""
+    key temperature ``(B h, slots, d)`` float32 (empty unless scaled)."""
     B, H, n, d = k.shape
     dk = torch.empty((B, H, n, d), dtype=_store_dtype(k.dtype),
                      device=k.device)
     dv = (torch.empty((B, H, n, d), dtype=_store_dtype(v.dtype),
                       device=k.device) if need_v else dk)
     scaled = k_bias is not None or tk is not None
-    dtk_part = _dtk_part(k, scaled, block)
+    dtk_part = _dtk_part(k, scaled, block, atomic)
     kb, tk_arg, s_b = _key_args(k, k_bias, tk)
     rot_ptr, hm, wm = _rot_args(rot, map_w, dM)
     with on_device(k):
@@ -775,24 +792,27 @@ def key_grad(k: Tensor, v: Tensor, k_bias: Optional[Tensor],
             k, v, kb, tk_arg, rot_ptr, dM, dkm, dk, dv, dtk_part, H, n, hm,
             wm, *k.stride(), *v.stride(), *s_b,
             D=d, BLOCK_N=block, HAS_ROT=rot is not None, SCALED=scaled,
-            NEED_V=need_v, **_config('key_grad', d).options())
+            NEED_V=need_v, ATOMIC=atomic, **_config('key_grad', d).options())
     return (dk.to(k.dtype), dv.to(v.dtype) if need_v else v.new_empty(0),
             dtk_part)
 
 
-def _dtk_part(k: Tensor, scaled: bool, block: int) -> Tensor:
+def _dtk_part(k: Tensor, scaled: bool, block: int, atomic: bool) -> Tensor:
     """The key backward's partial gradients of the key temperature:
-    ``(B h, blocks, d)`` float32 when scaled, else empty."""
+    ``(B h, slots, d)`` float32 when scaled, else empty."""
     B, H, n, d = k.shape
-    shape = (B * H, -(-n // block), d) if scaled else (0, )
-    return torch.empty(shape, dtype=torch.float32, device=k.device)
+    if not scaled:
+        return torch.empty(0, dtype=torch.float32, device=k.device)
+    return partial_sums(B * H, -(-n // block), (d, ), k.device, atomic)
 
 
-def _key_grad_fake(k, v, k_bias, tk, rot, map_w, dM, dkm, need_v, block):
+def _key_grad_fake(k, v, k_bias, tk, rot, map_w, dM, dkm, need_v, block,
+                   atomic):
     return (torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device)
             if need_v else v.new_empty(0),
-            _dtk_part(k, k_bias is not None or tk is not None, block))
+            _dtk_part(k, k_bias is not None or tk is not None, block,
+                      atomic))
 
 
 key_pass = register_kernel('pacs_key_pass', key_pass, _key_pass_fake)
@@ -806,7 +826,8 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
                  tk: Optional[Tensor] = None,
                  k_bias: Optional[Tensor] = None,
                  block_n: Optional[int] = None,
-                 chunks: Optional[int] = None
+                 chunks: Optional[int] = None,
+                 atomic: Optional[bool] = None
                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """PaCS attention forward in two fused kernels (the formula:
     :func:`~.naive.pacs_attention_pytorch`).
@@ -827,6 +848,8 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
             launch rule's, :func:`~pola_mm.ops.launch.launch_config`).
         chunks: programs per image and head of the key pass (default: about
             two per multiprocessor in all; 2 on the CPU).
+        atomic: add the chunks' partial sums atomically (default:
+            :func:`~pola_mm.ops.launch.reduce_atomically`).
 
     Returns:
         ``x`` ``(B, h, N, d)`` in ``q.dtype`` (laid out ``(B, N, h, d)``:
@@ -845,10 +868,11 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
     tkc = None if tk is None else _temps(tk, H, d)
     rot, map_w = _rotary(hw, d, q.device)
     nchunks, per = split_tokens(n, block, B * H, q.device, chunks)
+    atomic = reduce_atomically() if atomic is None else atomic
     m_part, ks_part = key_pass(k, v, k_bias, tkc, rot, map_w, nchunks, per,
-                               block)
-    M = m_part.sum(dim=1).div_(N)
-    k_mean = ks_part.sum(dim=1).div_(n)
+                               block, atomic)
+    M = sum_slots(m_part).div_(N)
+    k_mean = sum_slots(ks_part).div_(n)
     x, rz = query_pass(q, t1c, t2c, rot, map_w, M, k_mean, float(eps),
                        _block_size(block_n, 'query_pass', d))
     return x, M.view(B, H, 2 * d, d), k_mean.view(B, H, 2 * d), rz
@@ -860,7 +884,8 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
                   tk: Optional[Tensor] = None,
                   k_bias: Optional[Tensor] = None, need_v: bool = True,
                   block_n: Optional[int] = None,
-                  chunks: Optional[int] = None
+                  chunks: Optional[int] = None,
+                  atomic: Optional[bool] = None
                   ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor,
                              Tensor, Optional[Tensor]]:
     """PaCS attention backward in two fused kernels, the features
@@ -876,6 +901,7 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
         block_n: tokens per block (as :func:`pacs_forward`).
         chunks: programs per image and head of the query pass (default:
             about two per multiprocessor in all; 2 on the CPU).
+        atomic: as :func:`pacs_forward`.
 
     Returns:
         ``dq`` ``(B, h, N, d)``, ``dk``, ``dv`` ``(B, h, n, d)`` in the
@@ -899,17 +925,20 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
     k_mean = k_mean.to(torch.float32).contiguous()
     rz = rz.to(torch.float32).contiguous()
     nchunks, per = split_tokens(N, block, B * H, q.device, chunks)
+    atomic = reduce_atomically() if atomic is None else atomic
     dq, dm_part, dkm_part, dt_part = query_grad(
         dx, q, x, torch.stack((t1c, t2c)), rot, map_w, M, k_mean, rz,
-        nchunks, per, block)
-    dM = dm_part.sum(dim=1).div_(N)  # M = R(k')^T v / N
-    dkm = dkm_part.sum(dim=(1, 2)).div_(n)  # k_mean = sum(k') / n
-    dt = dt_part.view(B, H, nchunks, 2, 2 * d).sum(dim=(0, 2))
+        nchunks, per, block, atomic)
+    dM = sum_slots(dm_part).div_(N)  # M = R(k')^T v / N
+    dkm = sum_slots(dkm_part).sum(dim=1).div_(n)  # k_mean = sum(k') / n
+    dt = dt_part.view(B, H, -1, 2, 2 * d).sum(dim=(0, 2))
     dk, dv, dtk_part = key_grad(k, v, k_bias, tkc, rot, map_w, dM, dkm,
-                                need_v, _block_size(block_n, 'key_grad', d))
+                                need_v, _block_size(block_n, 'key_grad', d),
+                                atomic)
     dtk = (dtk_part.view(B, H, -1, d).sum(dim=(0, 2))
            if dtk_part.numel() else None)
-    return dq, dk, dv if need_v else None, dt[:, 0], dt[:, 1], dtk
+    return (dq.to(q.dtype), dk, dv if need_v else None, dt[:, 0], dt[:, 1],
+            dtk)
 
 
 def temperatures(s1: Tensor, s2: Tensor, scale: Optional[Tensor], h: int,

@@ -8,10 +8,11 @@ never written to memory. Four kernels, each reading every token map once:
 - **key pass** (:func:`_key_pass`): grid ``(B h, chunks)``; each program
   walks its chunk of keys and accumulates ``[f+(k), f-(k)]^T v`` (two
   ``d x d`` products, ``tl.dot`` in float32) and the key sums of ``f+``
-  and ``f-``. The partial sums of the chunks are added afterwards (no
-  atomics: deterministic); the chunks split the tokens so that the grid
-  fills the GPU (a product per image and head alone would run a few
-  programs over 67200 tokens).
+  and ``f-``. The chunks' partial sums meet in float32 atomic additions
+  (or, deterministic, one slot per chunk summed by torch:
+  :func:`~pola_mm.ops.launch.reduce_atomically`); the chunks split the
+  tokens so that the grid fills the GPU (a product per image and head
+  alone would run a few programs over 67200 tokens).
 - **query pass** (:func:`_query_pass`): grid ``(B h, blocks of N)``; each
   program takes a tile of queries, multiplies its features with the small
   mix matrices (both flows at once: ``num = f+(q) A+ + f-(q) A-``, see
@@ -21,8 +22,8 @@ never written to memory. Four kernels, each reading every token map once:
   :func:`_key_grad`): the features recomputed in registers; ``dq``,
   ``dk``, ``dv`` written once; the small matrices' gradients and the
   parameters' gradients (``scale``, ``power``: their softplus and sigmoid
-  are taken in the kernels too) accumulated per program and added
-  afterwards.
+  are taken in the kernels too) accumulated per program and added as
+  the key pass's.
 
 With ``P = f+(k)^T v``, ``Q = f-(k)^T v`` (halves ``1``, ``2`` of the value
 channels), ``kp``, ``kn`` the key sums of ``f+``, ``f-`` and ``n`` keys,
@@ -54,7 +55,8 @@ from ..custom_ops import register_kernel
 from ..dispatch import records_grad
 from ..features import EPS, sum_to
 from ..launch import (WIDTHS, LaunchConfig, config_key, guarded, launch_config,
-                      on_device, probe_inputs, recomputed_grads, split_tokens)
+                      on_device, partial_sums, probe_inputs, recomputed_grads,
+                      reduce_atomically, split_tokens, sum_slots)
 from .cpu import polarity_attention_cpu
 
 try:
@@ -105,6 +107,7 @@ def _token_major(B: int, h: int, N: int, d: int, like: Tensor,
 
 
 if HAVE_TRITON:
+    from ..launch import add_partial, slot_row
 
     @triton.jit
     def _params(S, PW, hh, cols, ss_h, ss_d, sp_h, sp_d, alpha):
@@ -166,10 +169,11 @@ if HAVE_TRITON:
                   sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                   sb_b, sb_h, sb_n, sb_d,
                   HAS_BIAS: tl.constexpr, D: tl.constexpr,
-                  BLOCK: tl.constexpr,
+                  BLOCK: tl.constexpr, ATOMIC: tl.constexpr,
                   DOT: tl.constexpr):
         """Partial ``[f+, f-]^T v`` and key sums of one chunk of ``span``
-        keys, written to the row ``PART[bh, c]``: ``P``, ``Q`` (``D x D``
+        keys, into the row ``PART[bh, slot]``
+        (:func:`~pola_mm.ops.launch.slot_row`): ``P``, ``Q`` (``D x D``
         each), ``kp``, ``kn`` (``D`` each)."""
         pid = tl.program_id(0)  # int32 division, then int64 offsets
         bh = pid.to(tl.int64)
@@ -199,12 +203,12 @@ if HAVE_TRITON:
             acc_n += tl.dot(tl.trans(fn), v, input_precision=DOT)
             sum_p += tl.sum(fp, 0)
             sum_n += tl.sum(fn, 0)
-        row = PART + (bh * chunks + c) * (2 * D * D + 2 * D)
+        row = slot_row(PART, bh, c, chunks, 2 * D * D + 2 * D, ATOMIC)
         mat = cols[:, None] * D + cols[None, :]
-        tl.store(row + mat, acc_p)
-        tl.store(row + D * D + mat, acc_n)
-        tl.store(row + 2 * D * D + cols, sum_p)
-        tl.store(row + 2 * D * D + D + cols, sum_n)
+        add_partial(row + mat, acc_p, None, ATOMIC)
+        add_partial(row + D * D + mat, acc_n, None, ATOMIC)
+        add_partial(row + 2 * D * D + cols, sum_p, None, ATOMIC)
+        add_partial(row + 2 * D * D + D + cols, sum_n, None, ATOMIC)
 
     @triton.jit
     def _load_mix(R, bh, cols, inv_n, D: tl.constexpr):
@@ -264,12 +268,13 @@ if HAVE_TRITON:
                     sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d,
                     so_b, so_h, so_n, so_d,
                     D: tl.constexpr, BLOCK: tl.constexpr,
-                    DOT: tl.constexpr):
-        """``dq`` of one chunk of ``span`` queries, and its partial sums in
-        the row ``PART[bh, c]``: ``dA+``, ``dA-`` (``D x D``), the key
-        means' gradients ``dkp``, ``dkn`` and the queries' part of the
-        gradients of ``scale`` and ``power`` (:func:`polarity_backward`),
-        ``D`` each. The
+                    ATOMIC: tl.constexpr, DOT: tl.constexpr):
+        """``dq`` of one chunk of ``span`` queries, and its partial sums
+        into the row ``PART[bh, slot]``
+        (:func:`~pola_mm.ops.launch.slot_row`): ``dA+``, ``dA-`` (``D x
+        D``), the key means' gradients ``dkp``, ``dkn`` and the queries'
+        part of the gradients of ``scale`` and ``power``
+        (:func:`polarity_backward`), ``D`` each. The
         output ``x`` is recomputed from the features (two small products)
         rather than read back: exact in float32 whatever its stored dtype,
         and never saved."""
@@ -333,16 +338,17 @@ if HAVE_TRITON:
             tl.store(_tile_ptrs(DQ, b, hh, rows, cols, so_b, so_h,
                      so_n, so_d), dq.to(DQ.dtype.element_ty),
                      mask=m2)
-        row = PART + (bh * chunks + c) * (2 * D * D + 4 * D)
+        row = slot_row(PART, bh, c, chunks, 2 * D * D + 4 * D, ATOMIC)
         mat = cols[:, None] * D + cols[None, :]
-        tl.store(row + mat, da_pos)
-        tl.store(row + D * D + mat, da_neg)
-        tl.store(row + 2 * D * D + cols, dkp)
-        tl.store(row + 2 * D * D + D + cols, dkn)
+        add_partial(row + mat, da_pos, None, ATOMIC)
+        add_partial(row + D * D + mat, da_neg, None, ATOMIC)
+        add_partial(row + 2 * D * D + cols, dkp, None, ATOMIC)
+        add_partial(row + 2 * D * D + D + cols, dkn, None, ATOMIC)
         # the parameters' gradients (see polarity_backward)
-        tl.store(row + 2 * D * D + 2 * D + cols, w_g * -p * inv_s * sig_s)
-        tl.store(row + 2 * D * D + 3 * D + cols,
-                 w_l * alpha * sig_p * (1.0 - sig_p))
+        add_partial(row + 2 * D * D + 2 * D + cols,
+                    w_g * -p * inv_s * sig_s, None, ATOMIC)
+        add_partial(row + 2 * D * D + 3 * D + cols,
+                    w_l * alpha * sig_p * (1.0 - sig_p), None, ATOMIC)
 
     @triton.jit
     def _key_grad(K, V, KB, G, S, PW, ss_h, ss_d, sp_h, sp_d, alpha,
@@ -353,11 +359,12 @@ if HAVE_TRITON:
                   sw_b, sw_h, sw_n, sw_d,
                   HAS_BIAS: tl.constexpr, NEED_V: tl.constexpr,
                   D: tl.constexpr, BLOCK: tl.constexpr,
-                  DOT: tl.constexpr):
+                  ATOMIC: tl.constexpr, DOT: tl.constexpr):
         """``dk`` (and ``dv``) of one chunk of ``span`` keys from the summed
         query-gradient row ``G[bh]`` (:func:`_query_grad`'s); the keys'
-        part of the gradients of ``scale`` and ``power`` into ``W[bh, c]``
-        ``(2, D)`` (the first chunk adds the queries')."""
+        part of the gradients of ``scale`` and ``power`` into ``W[bh,
+        slot]`` ``(2, D)`` (:func:`~pola_mm.ops.launch.slot_row`; the
+        first chunk adds the queries')."""
         pid = tl.program_id(0)  # int32 division, then int64 offsets
         bh = pid.to(tl.int64)
         c = tl.program_id(1)
@@ -416,9 +423,9 @@ if HAVE_TRITON:
         if c == 0:
             dscale += tl.load(row + 2 * D * D + 2 * D + cols)
             dpower += tl.load(row + 2 * D * D + 3 * D + cols)
-        out = W + (bh * chunks + c) * 2 * D
-        tl.store(out + cols, dscale)
-        tl.store(out + D + cols, dpower)
+        out = slot_row(W, bh, c, chunks, 2 * D, ATOMIC)
+        add_partial(out + cols, dscale, None, ATOMIC)
+        add_partial(out + D + cols, dpower, None, ATOMIC)
 
 
 def _bias_args(k_bias: Optional[Tensor], k: Tensor):
@@ -461,23 +468,27 @@ def _param_args(scale: Tensor, power: Tensor, h: int, d: int) -> tuple:
 
 
 def key_pass(k: Tensor, v: Tensor, k_bias: Optional[Tensor], scale: Tensor,
-             power: Tensor, alpha: float, chunks: int, block: int) -> Tensor:
-    """The key pass: ``(B h, chunks, key_row(d))`` float32 partial rows."""
+             power: Tensor, alpha: float, chunks: int, block: int,
+             atomic: bool) -> Tensor:
+    """The key pass: ``(B h, slots, key_row(d))`` float32 partial rows
+    (:func:`~pola_mm.ops.launch.partial_sums`)."""
     B, h, n, d = k.shape
-    part = _key_pass_fake(k, v, k_bias, scale, power, alpha, chunks, block)
+    part = _key_pass_fake(k, v, k_bias, scale, power, alpha, chunks, block,
+                          atomic)
     kb, sb = _bias_args(k_bias, k)
     with on_device(k):
         _key_pass[(B * h, chunks)](
             k, v, kb, *_param_args(scale, power, h, d), alpha, part, h, n,
             _span(n, chunks, block), *_strides(k), *_strides(v), *sb,
-            HAS_BIAS=k_bias is not None, D=d, BLOCK=block,
+            HAS_BIAS=k_bias is not None, D=d, BLOCK=block, ATOMIC=atomic,
             **_config('key_pass', d).options())
     return part
 
 
-def _key_pass_fake(k, v, k_bias, scale, power, alpha, chunks, block):
+def _key_pass_fake(k, v, k_bias, scale, power, alpha, chunks, block,
+                   atomic):
     B, h, _, d = k.shape
-    return k.new_empty(B * h, chunks, key_row(d), dtype=torch.float32)
+    return partial_sums(B * h, chunks, (key_row(d), ), k.device, atomic)
 
 
 def query_pass(q: Tensor, R: Tensor, scale: Tensor, power: Tensor,
@@ -504,37 +515,39 @@ def _query_pass_fake(q, R, scale, power, alpha, n, eps, block):
 
 def query_grad(q: Tensor, dx: Tensor, rz: Tensor, R: Tensor, scale: Tensor,
                power: Tensor, alpha: float, n: int, chunks: int,
-               block: int) -> Tuple[Tensor, Tensor]:
-    """The queries' backward: ``dq`` and ``(B h, chunks, grad_row(d))``
+               block: int, atomic: bool) -> Tuple[Tensor, Tensor]:
+    """The queries' backward: ``dq`` and ``(B h, slots, grad_row(d))``
     float32 partial rows."""
     B, h, N, d = q.shape
     dq, part = _query_grad_fake(q, dx, rz, R, scale, power, alpha, n, chunks,
-                                block)
+                                block, atomic)
     with on_device(q):
         _query_grad[(B * h, chunks)](
             q, dx, rz, R, *_param_args(scale, power, h, d), alpha, dq, part,
             h, N, 1.0 / n, _span(N, chunks, block), *_strides(q),
-            *_strides(dx), *_strides(dq), D=d, BLOCK=block,
+            *_strides(dx), *_strides(dq), D=d, BLOCK=block, ATOMIC=atomic,
             **_config('query_grad', d).options())
     return dq, part
 
 
-def _query_grad_fake(q, dx, rz, R, scale, power, alpha, n, chunks, block):
+def _query_grad_fake(q, dx, rz, R, scale, power, alpha, n, chunks, block,
+                     atomic):
     B, h, N, d = q.shape
     return (_token_major(B, h, N, d, q),
-            q.new_empty(B * h, chunks, grad_row(d), dtype=torch.float32))
+            partial_sums(B * h, chunks, (grad_row(d), ), q.device, atomic))
 
 
 def key_grad(k: Tensor, v: Tensor, k_bias: Optional[Tensor], G: Tensor,
              scale: Tensor, power: Tensor, alpha: float, chunks: int,
-             block: int, need_v: bool) -> Tuple[Tensor, Tensor, Tensor]:
+             block: int, need_v: bool,
+             atomic: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """The keys' backward from the summed query-gradient rows ``G`` ``(B
     h, grad_row(d))``: ``dk``, ``dv`` (empty unless ``need_v``) and ``(B
-    h, chunks, 2, d)`` float32 partial gradients of ``scale`` and
+    h, slots, 2, d)`` float32 partial gradients of ``scale`` and
     ``power`` (the queries' included)."""
     B, h, n, d = k.shape
     dk, dv, w = _key_grad_fake(k, v, k_bias, G, scale, power, alpha, chunks,
-                               block, need_v)
+                               block, need_v, atomic)
     kb, sb = _bias_args(k_bias, k)
     dv_arg = dv if need_v else dk
     with on_device(k):
@@ -543,16 +556,16 @@ def key_grad(k: Tensor, v: Tensor, k_bias: Optional[Tensor], G: Tensor,
             w, h, n, 1.0 / n, _span(n, chunks, block), *_strides(k),
             *_strides(v), *sb, *_strides(dk), *_strides(dv_arg),
             HAS_BIAS=k_bias is not None, NEED_V=need_v, D=d, BLOCK=block,
-            **_config('key_grad', d).options())
+            ATOMIC=atomic, **_config('key_grad', d).options())
     return dk, dv, w
 
 
 def _key_grad_fake(k, v, k_bias, G, scale, power, alpha, chunks, block,
-                   need_v):
+                   need_v, atomic):
     B, h, n, d = k.shape
     dv = (_token_major(B, h, n, d, v) if need_v else v.new_empty(0))
     return (_token_major(B, h, n, d, k), dv,
-            k.new_empty(B * h, chunks, 2, d, dtype=torch.float32))
+            partial_sums(B * h, chunks, (2, d), k.device, atomic))
 
 
 key_pass = register_kernel('polarity_key_pass', key_pass, _key_pass_fake)
@@ -567,7 +580,8 @@ def polarity_forward(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
                      power: Tensor, alpha: float,
                      k_bias: Optional[Tensor] = None, eps: float = EPS, *,
                      block_n: Optional[int] = None,
-                     chunks: Optional[int] = None
+                     chunks: Optional[int] = None,
+                     atomic: Optional[bool] = None
                      ) -> Tuple[Tensor, Tensor, Tensor]:
     """The forward kernels: key pass, sum of its chunks, query pass.
 
@@ -583,6 +597,8 @@ def polarity_forward(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
             :func:`~pola_mm.ops.launch.launch_config`).
         chunks: programs per image and head of the key pass (default
             :func:`~pola_mm.ops.launch.split_tokens`).
+        atomic: add the chunks' partial sums atomically (default:
+            :func:`~pola_mm.ops.launch.reduce_atomically`).
 
     Returns:
         ``x`` ``(B, h, N, d)`` in ``q``'s dtype (laid out ``(B, N, h,
@@ -594,7 +610,9 @@ def polarity_forward(q: Tensor, k: Tensor, v: Tensor, scale: Tensor,
     n = k.shape[2]
     kb_block = block_n or _config('key_pass', d).block
     chunks, _ = split_tokens(n, kb_block, B * h, q.device, chunks)
-    R = key_pass(k, v, k_bias, scale, power, alpha, chunks, kb_block).sum(1)
+    atomic = reduce_atomically() if atomic is None else atomic
+    R = sum_slots(key_pass(k, v, k_bias, scale, power, alpha, chunks,
+                           kb_block, atomic))
     x, rz = query_pass(q, R, scale, power, alpha, n, eps,
                        block_n or _config('query_pass', d).block)
     return x, rz, R
@@ -604,7 +622,8 @@ def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
                       scale: Tensor, power: Tensor, alpha: float,
                       k_bias: Optional[Tensor], rz: Tensor, R: Tensor, *,
                       need_v: bool = True, block_n: Optional[int] = None,
-                      chunks: Optional[int] = None
+                      chunks: Optional[int] = None,
+                      atomic: Optional[bool] = None
                       ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor,
                                  Tensor]:
     """The backward kernels: queries, sum of their chunks, keys.
@@ -615,8 +634,8 @@ def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
             :func:`polarity_forward`.
         rz, R: what :func:`polarity_forward` returned (beside ``x``).
         need_v: compute ``dv``.
-        block_n, chunks: as for :func:`polarity_forward` (``chunks`` for
-            both passes).
+        block_n, chunks, atomic: as for :func:`polarity_forward`
+            (``chunks`` for both passes).
 
     Returns:
         ``dq``, ``dk``, ``dv`` (None unless ``need_v``) in their inputs'
@@ -635,11 +654,13 @@ def polarity_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor,
     kb = block_n or _config('key_grad', d).block
     cq, _ = split_tokens(N, qb, bh, q.device, chunks)
     ck, _ = split_tokens(n, kb, bh, q.device, chunks)
-    dq, part = query_grad(q, dx, rz, R, scale, power, alpha, n, cq, qb)
-    G = part.sum(1)
+    atomic = reduce_atomically() if atomic is None else atomic
+    dq, part = query_grad(q, dx, rz, R, scale, power, alpha, n, cq, qb,
+                          atomic)
+    G = sum_slots(part)
     dk, dv, w = key_grad(k, v, k_bias, G, scale, power, alpha, ck, kb,
-                         need_v)
-    dparams = w.view(B, h, ck, 2, d).sum((0, 2))
+                         need_v, atomic)
+    dparams = w.view(B, h, -1, 2, d).sum((0, 2))
     return dq, dk, dv if need_v else None, dparams[:, 0], dparams[:, 1]
 
 
