@@ -11,14 +11,14 @@ attention ops compiled for sm_80 / sm_86 / sm_89 / sm_90 on this machine.
   local memory (spills), shared memory within each target's per-block
   limit, registers that let a block reside, on all four targets, for the
   shipped head widths (32: Pola-Swin, PolaPP; 64: Pola-PVT, PolaPP) in
-  float32 and float16, every flag both ways (key bias, rotary tables,
-  ``dv`` needed or not): 288 builds, about 3 minutes on 2 cores
-  (measured 2026-12-06; every build compiles afresh,
-  in a temporary Triton cache). Should that grow past ~4 minutes,
-  restrict it to the models' own flags (polarity ``d = 32`` without key
-  bias, ``d = 64`` with it, PaCS with and without the tables). The tool's
-  default covers every width, dtype and flag (648 builds, about 6
-  minutes).
+  float32 and float16, every flag both ways (key bias, rotary encoding,
+  scaled keys, atomic or per-chunk partial sums, ``dv`` needed or not):
+  720 builds, about 3 minutes on 2 cores (measured 2026-12-07; every
+  build compiles afresh, in a temporary Triton cache). Should that grow
+  past ~4 minutes, restrict it to the models' own flags (polarity ``d =
+  32`` without key bias, ``d = 64`` with it, PaCS with the rotary
+  encoding and with scaled keys). The tool's default covers every width,
+  dtype and flag (1620 builds, about 6 minutes).
 - The check can fail: forced bad launch settings (32 registers a thread;
   eight pipeline stages of 128-token tiles; 16 warps of 255 registers)
   give a spilling build, one over the shared-memory limit and one over

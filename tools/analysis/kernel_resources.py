@@ -8,7 +8,7 @@ compile, asks for more shared memory than its target allows, or spills
 (pola_mm.analysis.kernel_resources). Examples::
 
     # everything the dispatch can pick (every head width the kernels take,
-    # dtype, flag and target: 648 builds, about 6 minutes on 2 cores)
+    # dtype, flag and target: 1620 builds, about 6 minutes on 2 cores)
     python tools/analysis/kernel_resources.py --json resources.json
     # the shipped models' head widths, as a table for docs/performance.md
     python tools/analysis/kernel_resources.py --d 32 64 \\
