@@ -311,13 +311,14 @@ def test_traffic_counts_the_token_maps(tmp_path):
     chunked = launches(per_chunk['polarity', 'float16'])['key_pass'][1]
     assert chunked > wrote  # a row per chunk, read back by torch's sum
     assert per_chunk['polarity', 'float16']['glue']['forward'][0] >= chunked
-    # dx, q, (x,) 1 / z and the small rows: x only where it is float32;
-    # in half precision also the float32 dq that the two flows' programs
-    # add to (in float32 it is the output itself)
-    half = launches(reports['pacs', 'float16'])['query_grad'][0]
-    full = launches(reports['pacs', 'float32'])['query_grad'][0]
-    assert 4 * token_map('float16') < half < 5 * token_map('float16')
-    assert 3 * token_map('float32') < full < 4 * token_map('float32')
+    # read: dx, q, (x,) 1 / z and the small rows, x only where it is
+    # float32; written: the float32 dq that the two flows' programs add to
+    # (torch casts it to the queries' dtype)
+    half = launches(reports['pacs', 'float16'])['query_grad']
+    full = launches(reports['pacs', 'float32'])['query_grad']
+    assert 2 * token_map('float16') < half[0] < 3 * token_map('float16')
+    assert 3 * token_map('float32') < full[0] < 4 * token_map('float32')
+    assert half[1] >= token_map('float32') and full[1] >= token_map('float32')
 
 
 def test_traffic_with_fewer_keys_than_queries(tmp_path):
