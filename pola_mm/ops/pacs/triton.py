@@ -590,8 +590,8 @@ def fits(q: Tensor, k: Tensor, v: Tensor, hw: Optional[Size2] = None,
         return False
     if q.numel() == 0 or k.numel() == 0:
         return False
-    if hw is not None and (k.shape[2] != N or int(hw[0]) * int(hw[1]) != N):
-        return False
+    if hw is not None and (k.shape[2] != N or hw[0] * hw[1] != N):
+        return False  # (no int(): a traced graph's sizes stay symbolic)
     tensors = (q, k, v)
     if k_bias is not None:
         try:
@@ -639,7 +639,7 @@ def _rotary(hw: Optional[Size2], d: int, device: torch.device
     ``W``; ``(None, 0)`` without rotary encoding."""
     if hw is None:
         return None, 0
-    return rotary_factors(hw, 2 * d, device=device), int(hw[1])
+    return rotary_factors(hw, 2 * d, device=device), hw[1]
 
 
 def _rot_args(rot: Optional[Tensor], map_w: int,
