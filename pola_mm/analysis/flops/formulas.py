@@ -20,10 +20,9 @@ instead of by the aten operations they run, filled by
 - :func:`pola_mm.ops.pacs_attention` and
   :func:`~pola_mm.ops.pacs_attention_pytorch`:
   ``pacs_attention_flops(...)['op']``, with the rotary encoding when the
-  op is given rotary tables, and with the scaled inputs (``q / s``,
-  ``k + positional_encoding``, ``k / s``) when the module calling it is a
-  :class:`~pola_mm.models.layers.PolarityAttention` (PolaFormer's
-  ``feature_map='pacs'``, which computes them before the op);
+  op is given the map ``hw`` (or the formula rotary tables), and with the
+  scaled inputs (``q / s``, ``k + positional_encoding``, ``k / s``) when it
+  is given ``scale`` (PolaFormer's ``feature_map='pacs'``);
 - :func:`pola_mm.ops.resize_pos_table`: 0, like the rotary tables: they
   depend on the map's size only, not on the image.
 
