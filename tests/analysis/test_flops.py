@@ -274,6 +274,11 @@ def test_get_flops_tool(tmp_path, capsys, config, opts, shape, kind,
 
 
 def test_get_flops_tool_bad_input(tmp_path, capsys):
+    from mmengine.logging import MMLogger
+
+    # mmpretrain logs through the latest MMLogger: one made now writes to
+    # this test's captured streams, not to an earlier test's closed ones
+    MMLogger.get_instance('test_get_flops_tool_bad_input')
     tool = _get_flops_tool()
     # configs of installed packages by their mim names
     path = tool.resolve_config(
