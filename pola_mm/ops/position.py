@@ -143,7 +143,7 @@ def _separable_resize(table: Tensor, ref_hw: Size2, hw: Size2,
                                                            int(hw[1]))
     C = table.shape[-1]
     dt = torch.promote_types(table.dtype, torch.float32)
-    real = _has_storage(table)
+    real = has_storage(table)
     wh = resize_matrix(Hr, H, mode, table.device, dt, cache=real)
     ww = resize_matrix(Wr, W, mode, table.device, dt, cache=real)
     rows = wh @ table.to(dt).reshape(Hr, Wr * C)  # (H, Wr * C)
@@ -165,7 +165,7 @@ def resize_pos_table_pytorch(table: Tensor, ref_hw: Size2, hw: Size2,
     return grid.flatten(2).transpose(1, 2).to(table.dtype)
 
 
-def _has_storage(t: Tensor) -> bool:
+def has_storage(t: Tensor) -> bool:
     """False for meta and fake tensors (their data pointer is 0)."""
     try:
         return t.data_ptr() != 0

@@ -17,6 +17,7 @@ softmax blocks and the fast PaCS implementation
 (:mod:`~pola_mm.ops.pacs.cpu`, which multiplies channel pairs as complex
 numbers, the same rotation) all use these tables and this rotation.
 """
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -50,7 +51,8 @@ def theta_shift(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
 
 
 def rotary_factors(hw: Size2, width: int, base: float = 10000.,
-                   device: Optional[torch.device] = None) -> Tensor:
+                   device: Optional[torch.device] = None,
+                   cache: bool = False) -> Tensor:
     """The separable factors of :func:`rotary_tables`, float32.
 
     Args:
@@ -58,6 +60,9 @@ def rotary_factors(hw: Size2, width: int, base: float = 10000.,
         width: feature width ``w``, a multiple of 4.
         base: frequency base.
         device: where to make them (default: the CPU).
+        cache: keep them per map, width, base and device (``hw`` plain
+            ints, and not for the meta and fake tensors of a tracing mode):
+            every layer of a stage and its backward read the same ones.
 
     Returns:
         ``(2, H + W, w / 2)``: ``[0]`` the sines, ``[1]`` the cosines; rows
@@ -69,13 +74,23 @@ def rotary_factors(hw: Size2, width: int, base: float = 10000.,
         raise ValueError(f'rotary encoding needs a feature width divisible '
                          f'by 4, got {width} (use a head width divisible by '
                          '4 for softmax blocks, by 2 for PaCS blocks)')
-    H, W = hw  # ints, or a traced graph's sizes (int() would fix them)
+    build = _factors if not cache else _cached_factors
+    return build(hw[0], hw[1], width, base, device)
+
+
+def _factors(H, W, width: int, base: float,
+             device: Optional[torch.device]) -> Tensor:
+    """:func:`rotary_factors` of an ``H x W`` map (ints, or a traced
+    graph's sizes: int() would fix them)."""
     angle = 1.0 / (base**torch.linspace(0, 1, width // 4, device=device))
     angle = angle.unsqueeze(-1).repeat(1, 2).flatten()  # (w / 2)
     at = torch.cat([torch.arange(H, device=device, dtype=angle.dtype),
                     torch.arange(W, device=device, dtype=angle.dtype)])
     at = at[:, None] * angle  # (H + W, w / 2)
     return torch.stack([torch.sin(at), torch.cos(at)])
+
+
+_cached_factors = functools.lru_cache(maxsize=64)(_factors)
 
 
 def expand_factors(factors: Tensor, hw: Size2) -> Tuple[Tensor, Tensor]:

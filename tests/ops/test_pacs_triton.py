@@ -352,3 +352,18 @@ def test_imports_and_runs_without_triton():
     out = subprocess.run([sys.executable, '-c', code], capture_output=True,
                          text=True, env=subprocess_env(), timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == 'ok', out.stderr
+
+
+def test_rotary_factors_cached_for_real_maps():
+    """The kernels' rotary factors are built once per map, width and
+    device (every layer of a stage and its backward read them), equal to
+    a fresh build; a tracing mode's tensors are not kept."""
+    from pola_mm.ops.rotary import rotary_factors
+    q = torch.zeros(1, 2, 70, 32, device=DEVICE)
+    first, w = pacs_triton._rotary((7, 10), q)
+    again, _ = pacs_triton._rotary((7, 10), q)
+    assert w == 10 and first is again
+    assert torch.equal(first, rotary_factors((7, 10), 64, device=DEVICE))
+    meta, _ = pacs_triton._rotary((7, 10), q.to('meta'))
+    assert meta.device.type == 'meta'
+    assert pacs_triton._rotary((7, 10), q.to('meta'))[0] is not meta

@@ -71,11 +71,12 @@ from torch import Tensor
 
 from ...type_aliases import Size2
 from ..custom_ops import register_kernel
-from ..dispatch import records_grad
+from ..dispatch import capturing, records_grad
 from ..features import EPS, sum_to
 from ..launch import (WIDTHS, LaunchConfig, config_key, guarded, launch_config,
                       on_device, partial_sums, probe_inputs, recomputed_grads,
                       reduce_atomically, split_tokens, sum_slots)
+from ..position import has_storage
 from ..rotary import rotary_factors
 from .cpu import pacs_attention_torch
 
@@ -632,14 +633,18 @@ def _temps(t: Tensor, h: int, width: int) -> Tensor:
     return t.reshape(h, width).contiguous()
 
 
-def _rotary(hw: Optional[Size2], d: int, device: torch.device
-            ) -> Tuple[Optional[Tensor], int]:
-    """The kernels' rotary arguments: the factors ``(2, H + W, d)`` of the
-    map ``hw`` (:func:`~pola_mm.ops.rotary.rotary_factors`, float32) and
-    ``W``; ``(None, 0)`` without rotary encoding."""
+def _rotary(hw: Optional[Size2], q: Tensor) -> Tuple[Optional[Tensor], int]:
+    """The kernels' rotary arguments for the queries ``q``: the factors
+    ``(2, H + W, d)`` of the map ``hw``
+    (:func:`~pola_mm.ops.rotary.rotary_factors`, float32; cached in eager
+    mode for tensors with data and a map of plain ints) and ``W``; ``(None,
+    0)`` without rotary encoding."""
     if hw is None:
         return None, 0
-    return rotary_factors(hw, 2 * d, device=device), hw[1]
+    cache = (not capturing() and all(type(s) is int for s in hw)
+             and has_storage(q))
+    return (rotary_factors(hw, 2 * q.shape[-1], device=q.device,
+                           cache=cache), hw[1])
 
 
 def _rot_args(rot: Optional[Tensor], map_w: int,
@@ -866,7 +871,7 @@ def pacs_forward(q: Tensor, k: Tensor, v: Tensor, t1: Tensor, t2: Tensor,
     block = _block_size(block_n, 'key_pass', d)
     t1c, t2c = _temps(t1, H, 2 * d), _temps(t2, H, 2 * d)
     tkc = None if tk is None else _temps(tk, H, d)
-    rot, map_w = _rotary(hw, d, q.device)
+    rot, map_w = _rotary(hw, q)
     nchunks, per = split_tokens(n, block, B * H, q.device, chunks)
     atomic = reduce_atomically() if atomic is None else atomic
     m_part, ks_part = key_pass(k, v, k_bias, tkc, rot, map_w, nchunks, per,
@@ -920,7 +925,7 @@ def pacs_backward(dx: Tensor, q: Tensor, k: Tensor, v: Tensor, t1: Tensor,
     block = _block_size(block_n, 'query_grad', d)
     t1c, t2c = _temps(t1, H, 2 * d), _temps(t2, H, 2 * d)
     tkc = None if tk is None else _temps(tk, H, d)
-    rot, map_w = _rotary(hw, d, q.device)
+    rot, map_w = _rotary(hw, q)
     M = M.to(torch.float32).contiguous()
     k_mean = k_mean.to(torch.float32).contiguous()
     rz = rz.to(torch.float32).contiguous()
